@@ -1,0 +1,191 @@
+"""One bookie process from start to stop: check directories, connect to
+ZooKeeper, check cookies, recover storage, serve, register, follow disk usage,
+and on SIGTERM/SIGINT unregister, drain the journal, checkpoint and exit."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+import trio
+
+from bookie.config import BookieConfig
+from bookie.cookie import CookieError
+from bookie.disk_usage import ReadOnlyPolicy, measure
+from bookie.entry_index import RocksEntryIndex
+from bookie.entry_log import FileEntryLog
+from bookie.journal import FileJournal, JournalCorruptError
+from bookie.ledger_storage import LedgerStorage
+from bookie.registration import Registration, check_and_write_cookies
+from bookie.server import BookieServer
+from bookie.startup_recovery import RecoveryReport, recover
+from coordination.async_store import AsyncMetadataStore
+from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout
+from coordination.store import MetadataError
+from coordination.zk_store import KazooMetadataStore
+
+log = logging.getLogger(__name__)
+
+INDEX_DIRECTORY = "index"
+ENTRY_LOG_DIRECTORY = "entrylogs"
+JOURNAL_DIRECTORY = "journal"
+
+
+class StartupError(Exception):
+    """The bookie cannot start; the message is one clear line for the operator."""
+
+
+def check_directory(path: Path, what: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise StartupError(f"cannot create the {what} {path}: {error.strerror}") from None
+    if not path.is_dir():
+        raise StartupError(f"the {what} {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(f"the {what} {path} is not writable by this user")
+
+
+def open_storage(config: BookieConfig) -> tuple[FileJournal, LedgerStorage]:
+    journal_dir = Path(config.journal_dir) / JOURNAL_DIRECTORY
+    entry_log_dir = Path(config.ledger_dir) / ENTRY_LOG_DIRECTORY
+    index_dir = Path(config.ledger_dir) / INDEX_DIRECTORY
+    for directory in (journal_dir, entry_log_dir, index_dir):
+        directory.mkdir(exist_ok=True)
+    journal = FileJournal(
+        journal_dir, file_bytes_max=config.journal_file_bytes_max, preallocate_bytes=config.journal_preallocate_bytes
+    )
+    storage = LedgerStorage(
+        FileEntryLog(entry_log_dir, log_bytes_max=config.entry_log_bytes_max),
+        RocksEntryIndex(index_dir),
+        write_cache_bytes=config.write_cache_bytes,
+        read_cache_bytes=config.read_cache_bytes,
+        read_ahead_bytes=config.read_ahead_bytes,
+    )
+    return journal, storage
+
+
+async def run_bookie(
+    config: BookieConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run one bookie until SIGTERM/SIGINT (or cancellation). Raises
+    StartupError, with a message for the operator, when it cannot start."""
+    check_directory(Path(config.journal_dir), "journal directory")
+    check_directory(Path(config.ledger_dir), "ledger directory")
+    bookie_id = config.identity
+    try:
+        store = await trio.to_thread.run_sync(
+            lambda: KazooMetadataStore.connect(
+                config.zk_hosts, config.root, session_timeout_ms=config.session_timeout_ms
+            )
+        )
+    except MetadataError as error:
+        raise StartupError(str(error)) from None
+    async with AsyncMetadataStore(store) as metadata:
+        layout = ClusterLayout()
+        try:
+            await check_and_write_cookies(metadata, layout, bookie_id, Path(config.journal_dir), Path(config.ledger_dir))
+        except CookieError as error:
+            raise StartupError(str(error)) from None
+        try:
+            journal, storage = await trio.to_thread.run_sync(open_storage, config)
+        except Exception as error:  # RocksDB reports a held lock or corruption this way
+            raise StartupError(f"cannot open the bookie's storage: {error}") from None
+        try:
+            await _serve(config, metadata, layout, journal, storage, handle_signals, task_status)
+        finally:
+            storage.close()
+            journal.close()
+
+
+async def _serve(config, metadata, layout, journal, storage, handle_signals, task_status) -> None:
+    directories = [Path(config.journal_dir), Path(config.ledger_dir)]
+    policy = ReadOnlyPolicy(
+        threshold=config.disk_usage_threshold, low_water_mark=config.disk_usage_lwm, quota_bytes=config.disk_quota_bytes
+    )
+    usage = await trio.to_thread.run_sync(lambda: measure(directories, count_own_bytes=config.disk_quota_bytes is not None))
+    starts_read_only = policy.update(usage)
+    if starts_read_only:
+        log.warning("starting read-only: %s", policy.reason)
+    try:
+        core, report = await trio.to_thread.run_sync(
+            lambda: recover(
+                bookie_id=config.identity, limits=config.limits, journal=journal, storage=storage, read_only=starts_read_only
+            )
+        )
+    except JournalCorruptError as error:
+        raise StartupError(f"the journal cannot be replayed: {error}") from None
+    server = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after)
+    server.set_disk_read_only(starts_read_only)
+    _record_usage(server, usage, policy)
+    info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only)
+    registration = Registration(metadata, layout, info, stale_wait_s=2 * config.session_timeout_ms / 1000 + 10)
+    server.on_read_only_change = registration.set_read_only
+    stop = trio.Event()
+    try:
+        await server.listen()
+    except OSError as error:
+        raise StartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        async with trio.open_nursery() as helpers:
+            if handle_signals:
+                helpers.start_soon(_wait_for_signal, stop)
+            helpers.start_soon(_follow_disk_usage, server, policy, directories, config)
+            await helpers.start(registration.run)
+            _announce(config, report, starts_read_only)
+            task_status.started(server)
+            await stop.wait()
+            helpers.cancel_scope.cancel()
+        log.info("stopping bookie %s", config.identity)
+        with trio.move_on_after(5):
+            await registration.unregister()
+        server.stop()
+
+
+async def _wait_for_signal(stop: trio.Event) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signal_number in signals:
+            log.info("received %s", signal.Signals(signal_number).name)
+            stop.set()
+            return
+
+
+async def _follow_disk_usage(server: BookieServer, policy: ReadOnlyPolicy, directories: list[Path], config: BookieConfig) -> None:
+    count_own_bytes = config.disk_quota_bytes is not None
+    while True:
+        await trio.sleep(config.disk_check_interval_ms / 1000)
+        try:
+            usage = await trio.to_thread.run_sync(lambda: measure(directories, count_own_bytes=count_own_bytes))
+        except OSError as error:
+            log.error("cannot measure disk usage: %s", error)
+            continue
+        was_read_only = policy.read_only
+        read_only = policy.update(usage)
+        if read_only != was_read_only:
+            log.warning("disk usage: %s", policy.reason or "back under the low water mark")
+        _record_usage(server, usage, policy)
+        server.set_disk_read_only(read_only)
+
+
+def _record_usage(server: BookieServer, usage, policy: ReadOnlyPolicy) -> None:
+    server.core.info.update(
+        free_bytes=usage.free_bytes,
+        total_bytes=usage.total_bytes,
+        disk_used_fraction=round(usage.used_fraction, 4),
+        own_bytes=usage.own_bytes,
+        read_only_reason=policy.reason or (server.journal_failed or ""),
+        journal_failed=server.journal_failed is not None,
+    )
+
+
+def _announce(config: BookieConfig, report: RecoveryReport, read_only: bool) -> None:
+    mode = "read-only" if read_only else "writable"
+    message = (
+        f"bookie {config.identity} serving on {config.host}:{config.port} ({mode}); "
+        f"replayed {report.records_replayed} journal records, {report.ledgers} ledgers"
+    )
+    log.info(message)
+    print(message, flush=True)

@@ -1,0 +1,270 @@
+"""A trio client for one bookie connection: handshake, pipelined requests
+matched to responses by request id, writes coalesced into one send, and a
+bound on requests in flight (callers wait for a slot).
+
+    async with BookieClient.connect("127.0.0.1:3181") as client:
+        response = await client.add(entry_bytes, master_key)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator, Callable
+
+import trio
+
+from bookie.protocol import (
+    FRAME_BYTES_MAX_DEFAULT,
+    LAST_ADD_CONFIRMED,
+    PROTOCOL_VERSION,
+    AddFlag,
+    AddRequest,
+    AddResponse,
+    BatchReadRequest,
+    BatchReadResponse,
+    FrameDecoder,
+    GetInfoRequest,
+    GetInfoResponse,
+    Hello,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    ProtocolError,
+    ReadFlag,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    decode_hello_reply,
+    decode_response,
+    encode_hello,
+    encode_request,
+)
+
+RECEIVE_BYTES = 256 * 1024
+Callback = Callable[["Response | BookieConnectionError"], None]
+
+
+class BookieConnectionError(Exception):
+    """The connection to the bookie failed or was refused; requests still in
+    flight on it have an unknown outcome."""
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    host, separator, port = address.rpartition(":")
+    if not separator or not host or not port.isdigit():
+        raise ValueError(f"bookie address must be HOST:PORT, got {address!r}")
+    return host, int(port)
+
+
+class BookieClient:
+    def __init__(self, stream: trio.SocketStream, address: str, bookie_id: str, frame_bytes_max: int, requests_in_flight_max: int):
+        self.address = address
+        self.bookie_id = bookie_id
+        self.frame_bytes_max = frame_bytes_max
+        self._stream = stream
+        self._slots = trio.Semaphore(requests_in_flight_max)
+        self._pending: dict[int, Callback] = {}
+        self._next_request_id = 1
+        self._output: list[bytes] = []
+        self._output_ready = trio.Event()
+        self._failure: BookieConnectionError | None = None
+        self._decoder: FrameDecoder | None = None
+
+    # --- lifetime -----------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        address: str,
+        *,
+        peer_name: str = "quire-client",
+        requests_in_flight_max: int = 10_000,
+        frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+    ) -> AsyncIterator["BookieClient"]:
+        host, port = parse_address(address)
+        try:
+            stream = await trio.open_tcp_stream(host, port)
+        except OSError as error:
+            raise BookieConnectionError(f"cannot connect to bookie {address}: {error}") from None
+        try:
+            client = await cls._handshake(stream, address, peer_name, requests_in_flight_max, frame_bytes_max)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(client._read_loop)
+                nursery.start_soon(client._write_loop)
+                try:
+                    yield client
+                finally:
+                    nursery.cancel_scope.cancel()
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    @classmethod
+    async def _handshake(
+        cls, stream: trio.SocketStream, address: str, peer_name: str, requests_in_flight_max: int, frame_bytes_max: int
+    ) -> "BookieClient":
+        decoder = FrameDecoder(frame_bytes_max)
+        try:
+            await stream.send_all(encode_hello(Hello(PROTOCOL_VERSION, peer_name)))
+            while True:
+                frames = list(decoder.frames())
+                if frames:
+                    break
+                data = await stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    raise BookieConnectionError(f"bookie {address} closed the connection during the handshake")
+                decoder.feed(data)
+            reply = decode_hello_reply(frames[0])
+        except (ProtocolError, trio.BrokenResourceError) as error:
+            raise BookieConnectionError(f"handshake with bookie {address} failed: {error}") from None
+        if reply.status is not Status.OK:
+            raise BookieConnectionError(
+                f"bookie {address} refused the handshake ({reply.status.name}, it speaks protocol {reply.protocol_version})"
+            )
+        client = cls(stream, address, reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max)
+        client._decoder = decoder
+        client._early_frames = frames[1:]
+        return client
+
+    @property
+    def closed(self) -> bool:
+        return self._failure is not None
+
+    @property
+    def requests_in_flight(self) -> int:
+        return len(self._pending)
+
+    def _fail(self, reason: str) -> None:
+        if self._failure is None:
+            self._failure = BookieConnectionError(f"connection to bookie {self.address} lost: {reason}")
+        pending, self._pending = self._pending, {}
+        for callback in pending.values():
+            self._slots.release()
+            callback(self._failure)
+
+    # --- requests -------------------------------------------------------------
+
+    async def submit(self, request_factory: Callable[[int], Request], callback: Callback) -> int:
+        """Send a request built for a fresh request id; `callback` later gets
+        the response or a BookieConnectionError. Waits while the in-flight
+        bound is reached; returns the request id."""
+        if self._failure is not None:
+            raise self._failure
+        await self._slots.acquire()
+        if self._failure is not None:
+            self._slots.release()
+            raise self._failure
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        frame = encode_request(request_factory(request_id))
+        if len(frame) - 4 > self.frame_bytes_max:
+            self._slots.release()
+            raise ValueError(f"request of {len(frame)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
+        self._pending[request_id] = callback
+        if not self._output:
+            self._output_ready.set()
+        self._output.append(frame)
+        return request_id
+
+    async def call(self, request_factory: Callable[[int], Request]) -> Response:
+        done = trio.Event()
+        result: list = []
+
+        def callback(response) -> None:
+            result.append(response)
+            done.set()
+
+        request_id = await self.submit(request_factory, callback)
+        try:
+            await done.wait()
+        except trio.Cancelled:
+            # Nobody will look at the answer: forget the request (its answer,
+            # if it comes, is dropped) and free its slot.
+            if self._pending.pop(request_id, None) is not None:
+                self._slots.release()
+            raise
+        if isinstance(result[0], BookieConnectionError):
+            raise result[0]
+        return result[0]
+
+    async def add(self, entry: bytes, master_key: bytes, *, recovery: bool = False) -> AddResponse:
+        flags = AddFlag.RECOVERY_ADD if recovery else AddFlag.NONE
+        return await self.call(lambda request_id: AddRequest(request_id, flags, master_key, entry))
+
+    async def read(
+        self,
+        ledger_id: int,
+        entry_id: int = LAST_ADD_CONFIRMED,
+        *,
+        fence: bool = False,
+        master_key: bytes | None = None,
+        previous_lac: int | None = None,
+        timeout_ms: int | None = None,
+    ) -> ReadResponse:
+        """Read one entry (LAST_ADD_CONFIRMED: the bookie's LAC entry). With
+        `fence`, the bookie fences the ledger first. With `previous_lac`, the
+        bookie answers once its LAC passes it, or after `timeout_ms`."""
+        flags = ReadFlag.FENCE if fence else ReadFlag.NONE
+        return await self.call(
+            lambda request_id: ReadRequest(request_id, flags, ledger_id, entry_id, master_key, previous_lac, timeout_ms)
+        )
+
+    async def read_lac(self, ledger_id: int) -> ReadLacResponse:
+        return await self.call(lambda request_id: ReadLacRequest(request_id, ledger_id))
+
+    async def batch_read(self, ledger_id: int, first_entry_id: int, *, entries_max: int = 1000, bytes_max: int = 4 * 1024 * 1024) -> BatchReadResponse:
+        return await self.call(lambda request_id: BatchReadRequest(request_id, ledger_id, first_entry_id, entries_max, bytes_max))
+
+    async def get_info(self) -> GetInfoResponse:
+        return await self.call(lambda request_id: GetInfoRequest(request_id))
+
+    async def list_entries(self, ledger_id: int, first_entry_id: int = 0, last_entry_id: int = 2**64 - 1) -> ListEntriesResponse:
+        return await self.call(lambda request_id: ListEntriesRequest(request_id, ledger_id, first_entry_id, last_entry_id))
+
+    # --- I/O tasks ----------------------------------------------------------------
+
+    def _dispatch(self, fields: list) -> None:
+        response = decode_response(fields)
+        callback = self._pending.pop(response.request_id, None)
+        if callback is not None:
+            self._slots.release()
+            callback(response)
+
+    async def _read_loop(self) -> None:
+        decoder = self._decoder
+        try:
+            for fields in self._early_frames:
+                self._dispatch(fields)
+            while True:
+                data = await self._stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    self._fail("closed by the bookie")
+                    return
+                decoder.feed(data)
+                for fields in decoder.frames():
+                    self._dispatch(fields)
+        except ProtocolError as error:
+            self._fail(f"protocol error: {error}")
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(str(error) or type(error).__name__)
+        finally:
+            self._fail("connection closed")
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                if not self._output:
+                    await self._output_ready.wait()
+                    self._output_ready = trio.Event()
+                    continue
+                data = b"".join(self._output)
+                self._output.clear()
+                await self._stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+            self._fail(str(error) or type(error).__name__)
+        finally:
+            self._fail("connection closed")
+

@@ -1,0 +1,86 @@
+"""A bookie's configuration: addresses, directories and every bound it runs
+under, checked up front so that a bad value is one clear error."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bookie.protocol import FRAME_BYTES_MAX_DEFAULT
+from bookie.request_core import CoreLimits
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class BookieConfig:
+    journal_dir: Path
+    ledger_dir: Path
+    zk_hosts: str = "127.0.0.1:2181"
+    root: str = "/quire"
+    host: str = "127.0.0.1"  # address to listen on
+    port: int = 3181
+    advertised_host: str | None = None  # address clients use; default: host, or the hostname for 0.0.0.0
+    bookie_id: str | None = None  # default: advertised_host:port
+    rack: str | None = None
+    session_timeout_ms: int = 10_000
+    # wire
+    frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
+    connection_output_bytes_max: int = 16 * MIB  # stop reading a client whose responses pile up
+    # journal
+    journal_file_bytes_max: int = 256 * MIB
+    journal_preallocate_bytes: int = 4 * MIB
+    group_wait_ms: float = 0.0  # 0: flush as soon as the previous fsync ends
+    group_bytes: int = 1 * MIB
+    journal_queue_bytes_max: int = 64 * MIB  # stop reading clients past this much unjournalled data
+    # ledger storage
+    write_cache_bytes: int = 64 * MIB
+    read_cache_bytes: int = 32 * MIB
+    read_ahead_bytes: int = 256 * 1024
+    entry_log_bytes_max: int = 1024 * MIB
+    checkpoint_interval_ms: int = 10_000
+    read_threads_max: int = 4
+    # disks
+    disk_usage_threshold: float = 0.95  # fraction of a file system: past it, read-only
+    disk_usage_lwm: float = 0.90  # back to writable below it
+    disk_quota_bytes: int | None = None  # optional cap on this bookie's own files
+    disk_check_interval_ms: int = 1_000
+    limits: CoreLimits = field(default_factory=CoreLimits)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
+            raise ValueError(f"root must be an absolute ZooKeeper path like /quire, got {self.root!r}")
+        if not 0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1:
+            raise ValueError(
+                f"need 0 < disk_usage_lwm ({self.disk_usage_lwm}) <= disk_usage_threshold ({self.disk_usage_threshold}) <= 1"
+            )
+        if self.disk_quota_bytes is not None and self.disk_quota_bytes < 1:
+            raise ValueError("disk_quota_bytes must be positive")
+        if self.frame_bytes_max < 64 * 1024:
+            raise ValueError("frame_bytes_max must be at least 64 KiB")
+        if self.write_cache_bytes < 2 * self.frame_bytes_max // 16:
+            raise ValueError("write_cache_bytes is too small for the frame bound")
+        for name in (
+            "session_timeout_ms", "connection_output_bytes_max", "journal_queue_bytes_max", "group_bytes",
+            "checkpoint_interval_ms", "read_threads_max", "disk_check_interval_ms",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.group_wait_ms < 0:
+            raise ValueError("group_wait_ms must not be negative")
+        if Path(self.journal_dir).resolve() == Path(self.ledger_dir).resolve():
+            raise ValueError("journal and ledger directories must differ")
+
+    @property
+    def advertised_address(self) -> str:
+        host = self.advertised_host
+        if host is None:
+            host = socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"{host}:{self.port}"
+
+    @property
+    def identity(self) -> str:
+        return self.bookie_id or self.advertised_address

@@ -1,0 +1,95 @@
+"""The RocksDB (rocksdict) index of a bookie: entry locations, ledger states and
+the journal checkpoint mark, written together in one synced batch.
+
+Keys: b"E" + ledger id + entry id (big-endian u64s, so entries of a ledger are
+adjacent and ordered) -> (log id, offset, size); b"L" + ledger id -> msgpack
+[master key, fenced, last-add-confirmed]; b"M" -> the mark (file id, offset).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import msgpack
+from rocksdict import Options, Rdict, WriteBatch, WriteOptions
+
+from bookie.storage_interfaces import JOURNAL_START, EntryLocation, JournalPosition, LedgerStateRecord
+
+_ENTRY_KEY = struct.Struct(">cQQ")
+_LEDGER_KEY = struct.Struct(">cQ")
+_LOCATION = struct.Struct(">QQI")
+_MARK = struct.Struct(">QQ")
+_MARK_KEY = b"M"
+
+
+class MarkRegressionError(AssertionError):
+    """A checkpoint tried to move the journal mark backwards (a bug)."""
+
+
+class RocksEntryIndex:
+    def __init__(self, directory: Path) -> None:
+        options = Options(raw_mode=True)
+        options.create_if_missing(True)
+        self.directory = Path(directory)
+        self._db = Rdict(str(self.directory), options)
+        self._sync = WriteOptions()
+        self._sync.sync = True
+        self._mark = self._read_mark()
+
+    def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
+        value = self._db.get(_ENTRY_KEY.pack(b"E", ledger_id, entry_id))
+        return None if value is None else EntryLocation(*_LOCATION.unpack(value))
+
+    def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
+        found: list[int] = []
+        iterator = self._db.iter()
+        iterator.seek(_ENTRY_KEY.pack(b"E", ledger_id, first_entry_id))
+        end = _ENTRY_KEY.pack(b"E", ledger_id, last_entry_id)
+        while iterator.valid() and len(found) < ids_max:
+            key = iterator.key()
+            if key > end:
+                break
+            found.append(_ENTRY_KEY.unpack(key)[2])
+            iterator.next()
+        return found
+
+    def commit_checkpoint(
+        self,
+        locations: Iterable[tuple[int, int, EntryLocation]],
+        ledger_states: dict[int, LedgerStateRecord],
+        mark: JournalPosition,
+    ) -> None:
+        if mark < self._mark:
+            raise MarkRegressionError(f"checkpoint mark {mark} is behind the stored mark {self._mark}")
+        batch = WriteBatch(raw_mode=True)
+        for ledger_id, entry_id, location in locations:
+            batch.put(_ENTRY_KEY.pack(b"E", ledger_id, entry_id), _LOCATION.pack(*location))
+        for ledger_id, state in ledger_states.items():
+            value = msgpack.packb([state.master_key, state.fenced, state.last_add_confirmed])
+            batch.put(_LEDGER_KEY.pack(b"L", ledger_id), value)
+        batch.put(_MARK_KEY, _MARK.pack(*mark))
+        self._db.write(batch, self._sync)
+        self._mark = mark
+
+    def _read_mark(self) -> JournalPosition:
+        value = self._db.get(_MARK_KEY)
+        return JOURNAL_START if value is None else JournalPosition(*_MARK.unpack(value))
+
+    def load_mark(self) -> JournalPosition:
+        return self._mark
+
+    def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]:
+        iterator = self._db.iter()
+        iterator.seek(b"L")
+        while iterator.valid():
+            key = iterator.key()
+            if not key.startswith(b"L"):
+                break
+            master_key, fenced, last_add_confirmed = msgpack.unpackb(iterator.value())
+            yield _LEDGER_KEY.unpack(key)[1], LedgerStateRecord(master_key, fenced, last_add_confirmed)
+            iterator.next()
+
+    def close(self) -> None:
+        self._db.close()

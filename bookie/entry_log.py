@@ -1,0 +1,191 @@
+"""Entry log files: where entries rest after a checkpoint, sorted by (ledger, entry).
+
+Each record carries the bookie's own CRC32C over ledger id, entry id and bytes,
+whatever digest the client chose, so a flipped bit on disk is always found
+when the entry is read back (and answered with IO_ERROR, never NO_ENTRY).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from pathlib import Path
+
+import crc32c
+
+from bookie.durable_files import fsync_directory
+
+from bookie.storage_interfaces import CorruptEntryError, EntryLocation
+
+LOG_MAGIC = b"QLOG"
+LOG_VERSION = 1
+LOG_HEADER = struct.Struct(">4sIQ")  # magic, version, log id
+RECORD_FRAME = struct.Struct(">II")  # body length, crc32c of body
+RECORD_KEY = struct.Struct(">QQ")  # ledger id, entry id
+RECORD_OVERHEAD = RECORD_FRAME.size + RECORD_KEY.size
+SUFFIX = ".log"
+
+
+def entry_log_name(log_id: int) -> str:
+    return f"{log_id:016x}{SUFFIX}"
+
+
+class FileEntryLog:
+    """Appends happen on one thread at a time (the checkpoint); reads may come
+    from any thread and only ever name records that `sync` made durable."""
+
+    def __init__(self, directory: Path, *, log_bytes_max: int = 1024 * 1024 * 1024, write_buffer_bytes: int = 4 * 1024 * 1024):
+        if log_bytes_max < 1024 * 1024:
+            raise ValueError("entry log_bytes_max must be at least 1 MiB")
+        self.directory = Path(directory)
+        self.log_bytes_max = log_bytes_max
+        self.write_buffer_bytes = write_buffer_bytes
+        self._read_fds: dict[int, int] = {}
+        self._read_fds_lock = threading.Lock()
+        self._log_id = max(self.log_ids(), default=0)
+        self._fd: int | None = None
+        self._offset = 0
+        self._buffer: list[bytes] = []
+        self._buffer_bytes = 0
+        self._unsynced_fds: list[int] = []
+
+    def log_ids(self) -> list[int]:
+        ids = []
+        for path in self.directory.iterdir():
+            if path.name.endswith(SUFFIX):
+                try:
+                    ids.append(int(path.name[: -len(SUFFIX)], 16))
+                except ValueError:
+                    continue
+        return sorted(ids)
+
+    # --- writing ----------------------------------------------------------------
+
+    def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
+        size = RECORD_OVERHEAD + len(data)
+        if self._fd is None or (self._offset + size > self.log_bytes_max and self._offset > LOG_HEADER.size):
+            self._roll()
+        key = RECORD_KEY.pack(ledger_id, entry_id)
+        checksum = crc32c.crc32c(data, crc32c.crc32c(key))
+        self._buffer.append(RECORD_FRAME.pack(len(key) + len(data), checksum))
+        self._buffer.append(key)
+        self._buffer.append(data)
+        location = EntryLocation(self._log_id, self._offset, size)
+        self._offset += size
+        self._buffer_bytes += size
+        if self._buffer_bytes >= self.write_buffer_bytes:
+            self._write_buffer()
+        return location
+
+    def _roll(self) -> None:
+        if self._fd is not None:
+            self._write_buffer()
+            self._unsynced_fds.append(self._fd)
+        self._log_id += 1
+        path = self.directory / entry_log_name(self._log_id)
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        header = LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, self._log_id)
+        os.pwrite(self._fd, header, 0)
+        self._offset = len(header)
+        fsync_directory(self.directory)
+
+    def _write_buffer(self) -> None:
+        if not self._buffer:
+            return
+        data = b"".join(self._buffer)
+        start = self._offset - self._buffer_bytes
+        written = os.pwrite(self._fd, data, start)
+        if written != len(data):
+            raise OSError(f"short entry log write: {written} of {len(data)} bytes")
+        self._buffer.clear()
+        self._buffer_bytes = 0
+
+    def sync(self) -> None:
+        if self._fd is None:
+            return
+        self._write_buffer()
+        for fd in self._unsynced_fds:
+            os.fdatasync(fd)
+            os.close(fd)
+        self._unsynced_fds.clear()
+        os.fdatasync(self._fd)
+
+    # --- reading ----------------------------------------------------------------
+
+    def _read_fd(self, log_id: int) -> int:
+        fd = self._read_fds.get(log_id)
+        if fd is None:
+            with self._read_fds_lock:
+                fd = self._read_fds.get(log_id)
+                if fd is None:
+                    try:
+                        fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+                    except FileNotFoundError:
+                        raise CorruptEntryError(f"entry log {entry_log_name(log_id)} is missing") from None
+                    self._read_fds[log_id] = fd
+        return fd
+
+    def read(self, location: EntryLocation, ledger_id: int, entry_id: int) -> bytes:
+        raw = os.pread(self._read_fd(location.log_id), location.size, location.offset)
+        parsed = _parse_record(raw, 0)
+        where = f"{entry_log_name(location.log_id)}@{location.offset}"
+        if parsed is None or parsed[3] != location.size:
+            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: checksum or framing failure at {where}")
+        record_ledger, record_entry, data, _ = parsed
+        if (record_ledger, record_entry) != (ledger_id, entry_id):
+            raise CorruptEntryError(
+                f"index says ledger {ledger_id} entry {entry_id} is at {where}, "
+                f"but ledger {record_ledger} entry {record_entry} is there"
+            )
+        return data
+
+    def read_following(
+        self, location: EntryLocation, ledger_id: int, bytes_max: int
+    ) -> list[tuple[int, EntryLocation, bytes]]:
+        start = location.offset + location.size
+        raw = os.pread(self._read_fd(location.log_id), bytes_max, start)
+        found = []
+        position = 0
+        while True:
+            parsed = _parse_record(raw, position)
+            if parsed is None or parsed[0] != ledger_id:
+                break
+            _, entry_id, data, size = parsed
+            found.append((entry_id, EntryLocation(location.log_id, start + position, size), data))
+            position += size
+        return found
+
+    def forget_log(self, log_id: int) -> None:
+        with self._read_fds_lock:
+            fd = self._read_fds.pop(log_id, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            self.sync()
+            os.close(self._fd)
+            self._fd = None
+        with self._read_fds_lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+
+
+def _parse_record(raw: bytes, position: int) -> tuple[int, int, bytes, int] | None:
+    """(ledger id, entry id, data, record size) of an intact record at
+    `position`, or None if the bytes there are not one."""
+    if position + RECORD_OVERHEAD > len(raw):
+        return None
+    length, checksum = RECORD_FRAME.unpack_from(raw, position)
+    body_start = position + RECORD_FRAME.size
+    end = body_start + length
+    if length < RECORD_KEY.size or end > len(raw):
+        return None
+    body = memoryview(raw)[body_start:end]
+    if crc32c.crc32c(body) != checksum:
+        return None
+    ledger_id, entry_id = RECORD_KEY.unpack_from(raw, body_start)
+    return ledger_id, entry_id, bytes(body[RECORD_KEY.size :]), RECORD_FRAME.size + length
+

@@ -1,0 +1,241 @@
+"""The bookie's write-ahead journal on disk: append, fsync, replay, roll, delete.
+
+Files are preallocated with zeros (measured here: fdatasync of an overwrite is
+about half the latency of an append that grows the file), records carry a
+length and a CRC32C so that a torn tail ends replay of its file, and after any
+I/O error the journal refuses further appends: the bookie must not write past
+a hole whose contents it does not know.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import struct
+from pathlib import Path
+from typing import Iterator
+
+import crc32c
+
+from bookie.durable_files import fsync_directory
+
+from bookie.storage_interfaces import JournalPosition, JournalRecord, RecordKind
+
+log = logging.getLogger(__name__)
+
+FILE_MAGIC = b"QJNL"
+FILE_VERSION = 1
+FILE_HEADER = struct.Struct(">4sIQ")  # magic, version, file id
+RECORD_FRAME = struct.Struct(">II")  # body length, crc32c of body
+RECORD_HEAD = struct.Struct(">BQq")  # kind, ledger id, entry id
+RECORD_OVERHEAD = RECORD_FRAME.size + RECORD_HEAD.size
+SUFFIX = ".journal"
+
+
+class JournalError(Exception):
+    """The journal cannot take more records (an I/O error happened, or the
+    disk has no room); the bookie must turn read-only."""
+
+
+class JournalCorruptError(Exception):
+    """A journal file does not belong here (bad header): refuse to start."""
+
+
+def journal_file_name(file_id: int) -> str:
+    return f"{file_id:016x}{SUFFIX}"
+
+
+def encode_records(records: list[JournalRecord]) -> bytes:
+    parts: list[bytes] = []
+    for record in records:
+        head = RECORD_HEAD.pack(record.kind, record.ledger_id, record.entry_id)
+        checksum = crc32c.crc32c(record.data, crc32c.crc32c(head))
+        parts.append(RECORD_FRAME.pack(len(head) + len(record.data), checksum))
+        parts.append(head)
+        parts.append(record.data)
+    return b"".join(parts)
+
+
+class FileJournal:
+    """A directory of journal files. `append` and `sync` run on one thread."""
+
+    def __init__(
+        self, directory: Path, *, file_bytes_max: int = 256 * 1024 * 1024, preallocate_bytes: int = 4 * 1024 * 1024
+    ) -> None:
+        if file_bytes_max < 64 * 1024:
+            raise ValueError("journal file_bytes_max must be at least 64 KiB")
+        if preallocate_bytes < 4096:
+            raise ValueError("journal preallocate_bytes must be at least 4 KiB")
+        self.directory = Path(directory)
+        self.file_bytes_max = file_bytes_max
+        self.preallocate_bytes = preallocate_bytes
+        self.failed: str | None = None
+        self._fd: int | None = None
+        self._file_id = -1
+        self._offset = 0
+        self._allocated = 0
+        self._unsynced_fds: list[int] = []
+
+    # --- files ----------------------------------------------------------------
+
+    def file_ids(self) -> list[int]:
+        ids = []
+        for path in self.directory.iterdir():
+            if path.name.endswith(SUFFIX):
+                try:
+                    ids.append(int(path.name[: -len(SUFFIX)], 16))
+                except ValueError:
+                    continue
+        return sorted(ids)
+
+    def start_new_file(self, after: JournalPosition) -> JournalPosition:
+        """Open a fresh file with an id above every existing file and above
+        `after`, so that positions (and the checkpoint mark) only move forward."""
+        file_id = max([after.file_id, self._file_id, *self.file_ids()]) + 1
+        self._open_file(file_id)
+        return JournalPosition(file_id, self._offset)
+
+    def _open_file(self, file_id: int) -> None:
+        path = self.directory / journal_file_name(file_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            header = FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, file_id)
+            os.pwrite(fd, header + bytes(self.preallocate_bytes - len(header)), 0)
+            os.fdatasync(fd)
+            fsync_directory(self.directory)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        if self._fd is not None:
+            # The old file may hold records not yet synced: sync() covers it.
+            if self._fd not in self._unsynced_fds:
+                os.close(self._fd)
+        self._fd = fd
+        self._file_id = file_id
+        self._offset = FILE_HEADER.size
+        self._allocated = self.preallocate_bytes
+
+    # --- writing ----------------------------------------------------------------
+
+    def append(self, records: list[JournalRecord]) -> JournalPosition:
+        if self.failed:
+            raise JournalError(f"journal failed earlier: {self.failed}")
+        assert self._fd is not None, "start_new_file() must be called before append()"
+        data = encode_records(records)
+        try:
+            if self._offset + len(data) > self.file_bytes_max and self._offset > FILE_HEADER.size:
+                self._unsynced_fds.append(self._fd)
+                self._open_file(self._file_id + 1)
+            if self._offset + len(data) > self._allocated:
+                self._preallocate(self._offset + len(data))
+            written = os.pwrite(self._fd, data, self._offset)
+            if written != len(data):
+                raise OSError(errno.EIO, f"short journal write: {written} of {len(data)} bytes")
+        except OSError as error:
+            self.failed = f"{error} (file {journal_file_name(self._file_id)})"
+            raise JournalError(self.failed) from error
+        self._offset += len(data)
+        if self._fd not in self._unsynced_fds:
+            self._unsynced_fds.append(self._fd)
+        return JournalPosition(self._file_id, self._offset)
+
+    def _preallocate(self, needed_end: int) -> None:
+        new_allocated = self._allocated
+        while new_allocated < needed_end:
+            new_allocated += self.preallocate_bytes
+        zeros = bytes(min(new_allocated - self._allocated, 64 * 1024 * 1024))
+        position = self._allocated
+        while position < new_allocated:
+            chunk = zeros[: new_allocated - position]
+            os.pwrite(self._fd, chunk, position)
+            position += len(chunk)
+        self._allocated = new_allocated
+
+    def sync(self) -> None:
+        if self.failed:
+            raise JournalError(f"journal failed earlier: {self.failed}")
+        try:
+            # Older files first: a record is durable only when every record
+            # before it is, and a rolled file may still hold unsynced records.
+            for fd in self._unsynced_fds:
+                os.fdatasync(fd)
+        except OSError as error:
+            # After a failed fsync the page cache no longer says what is on
+            # disk; never retry it (PostgreSQL's "fsyncgate").
+            self.failed = f"fsync failed: {error}"
+            raise JournalError(self.failed) from error
+        for fd in self._unsynced_fds:
+            if fd != self._fd:
+                os.close(fd)
+        self._unsynced_fds.clear()
+
+    # --- reading back -----------------------------------------------------------
+
+    def replay(self, start: JournalPosition) -> Iterator[tuple[JournalRecord, JournalPosition]]:
+        for file_id in self.file_ids():
+            if file_id < start.file_id:
+                continue
+            yield from self._replay_file(file_id, start.offset if file_id == start.file_id else 0)
+
+    def _replay_file(self, file_id: int, offset: int) -> Iterator[tuple[JournalRecord, JournalPosition]]:
+        path = self.directory / journal_file_name(file_id)
+        with open(path, "rb") as file:
+            data = file.read()
+        if len(data) < FILE_HEADER.size:
+            log.warning("journal file %s has no complete header; treating it as empty", path)
+            return
+        magic, version, header_file_id = FILE_HEADER.unpack_from(data)
+        if magic != FILE_MAGIC or version != FILE_VERSION or header_file_id != file_id:
+            raise JournalCorruptError(f"{path} is not journal file {file_id} (magic {magic!r}, id {header_file_id})")
+        position = max(offset, FILE_HEADER.size)
+        view = memoryview(data)
+        while position + RECORD_OVERHEAD <= len(data):
+            length, checksum = RECORD_FRAME.unpack_from(data, position)
+            if length == 0:
+                return  # preallocated zeros: the end of what was written
+            body_start = position + RECORD_FRAME.size
+            body_end = body_start + length
+            if length < RECORD_HEAD.size or body_end > len(data) or crc32c.crc32c(view[body_start:body_end]) != checksum:
+                log.warning("journal %s: torn or corrupt record at offset %d ends replay of this file", path, position)
+                return
+            kind, ledger_id, entry_id = RECORD_HEAD.unpack_from(data, body_start)
+            try:
+                record_kind = RecordKind(kind)
+            except ValueError:
+                log.warning("journal %s: unknown record kind %d at offset %d ends this file", path, kind, position)
+                return
+            record = JournalRecord(record_kind, ledger_id, entry_id, bytes(view[body_start + RECORD_HEAD.size : body_end]))
+            position = body_end
+            yield record, JournalPosition(file_id, position)
+
+    # --- cleaning up ------------------------------------------------------------
+
+    def delete_before(self, mark: JournalPosition) -> list[int]:
+        deleted = []
+        for file_id in self.file_ids():
+            if file_id >= mark.file_id or file_id == self._file_id:
+                continue
+            (self.directory / journal_file_name(file_id)).unlink(missing_ok=True)
+            deleted.append(file_id)
+        if deleted:
+            fsync_directory(self.directory)
+        return deleted
+
+    @property
+    def current_file_id(self) -> int:
+        return self._file_id
+
+    def close(self) -> None:
+        fds = set(self._unsynced_fds)
+        if self._fd is not None:
+            fds.add(self._fd)
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._unsynced_fds.clear()
+        self._fd = None
+

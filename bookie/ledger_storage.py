@@ -1,0 +1,163 @@
+"""Ledger storage in the manner of BookKeeper's DbLedgerStorage.
+
+Durable entries land in a double-buffered write cache; a checkpoint writes the
+full buffer sorted into the entry log, commits the index, ledger states and
+journal mark in one synced batch, then drops the buffer. Reads go write cache
+-> read cache -> index -> entry log, with read-ahead into the read cache. The
+logic only talks to the EntryLog and EntryIndex interfaces, so the simulator
+runs it over memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bookie.read_cache import ReadCache
+from bookie.storage_interfaces import (
+    CorruptEntryError,
+    EntryIndex,
+    EntryLocation,
+    EntryLog,
+    JournalPosition,
+    LedgerStateRecord,
+    ReadOutcome,
+)
+from bookie.write_cache import WriteCache
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """One checkpoint's work: kept whole and retried as is if it fails."""
+
+    entries: list[tuple[int, int, bytes]]
+    ledger_states: dict[int, LedgerStateRecord]
+    mark: JournalPosition
+    attempts: int = 0
+    locations: list[tuple[int, int, EntryLocation]] = field(default_factory=list)
+
+    @property
+    def entry_bytes(self) -> int:
+        return sum(len(data) for _, _, data in self.entries)
+
+
+class LedgerStorage:
+    def __init__(
+        self,
+        entry_log: EntryLog,
+        entry_index: EntryIndex,
+        *,
+        write_cache_bytes: int = 64 * 1024 * 1024,
+        read_cache_bytes: int = 32 * 1024 * 1024,
+        read_ahead_bytes: int = 256 * 1024,
+    ) -> None:
+        self.entry_log = entry_log
+        self.entry_index = entry_index
+        self.write_cache = WriteCache(write_cache_bytes)
+        self.read_cache = ReadCache(read_cache_bytes)
+        self.read_ahead_bytes = read_ahead_bytes
+
+    # --- writes (event loop) --------------------------------------------------
+
+    def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        self.write_cache.put(ledger_id, entry_id, data)
+
+    # --- reads ----------------------------------------------------------------
+
+    def read_memory(self, ledger_id: int, first_entry_id: int, entries_max: int, bytes_max: int) -> tuple[list[bytes], bool]:
+        """Entries served from the caches alone, and whether reading stopped
+        at an entry that is not in memory (so the disk must be asked)."""
+        entries: list[bytes] = []
+        total = 0
+        entry_id = first_entry_id
+        while len(entries) < entries_max:
+            data = self.write_cache.get(ledger_id, entry_id)
+            if data is None:
+                data = self.read_cache.get(ledger_id, entry_id)
+                if data is None:
+                    return entries, True
+            if entries and total + len(data) > bytes_max:
+                break
+            entries.append(data)
+            total += len(data)
+            entry_id += 1
+        return entries, False
+
+    def read(self, ledger_id: int, first_entry_id: int, entries_max: int, bytes_max: int) -> ReadOutcome:
+        """Consecutive entries from `first_entry_id`; may do disk I/O, so the
+        trio driver calls it from a worker thread."""
+        entries: list[bytes] = []
+        total = 0
+        entry_id = first_entry_id
+        while len(entries) < entries_max:
+            try:
+                data = self._get(ledger_id, entry_id)
+            except (CorruptEntryError, OSError):
+                return ReadOutcome(entries, True)
+            if data is None:
+                break
+            if entries and total + len(data) > bytes_max:
+                break
+            entries.append(data)
+            total += len(data)
+            entry_id += 1
+        return ReadOutcome(entries, False)
+
+    def _get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        data = self.write_cache.get(ledger_id, entry_id)
+        if data is not None:
+            return data
+        data = self.read_cache.get(ledger_id, entry_id)
+        if data is not None:
+            return data
+        location = self.entry_index.get(ledger_id, entry_id)
+        if location is None:
+            # A checkpoint may have moved the entry from the write cache to
+            # the index between the two lookups above: look once more.
+            return self.write_cache.get(ledger_id, entry_id)
+        data = self.entry_log.read(location, ledger_id, entry_id)
+        if self.read_ahead_bytes:
+            self._read_ahead(ledger_id, location)
+        return data
+
+    def _read_ahead(self, ledger_id: int, location: EntryLocation) -> None:
+        try:
+            following = self.entry_log.read_following(location, ledger_id, self.read_ahead_bytes)
+        except OSError:
+            return  # read-ahead is an optimisation; the read itself succeeded
+        for entry_id, entry_location, data in following:
+            # Only the copy the index points at: a recovery add may have
+            # written a newer copy of the entry into a later log.
+            if self.entry_index.get(ledger_id, entry_id) == entry_location:
+                self.read_cache.put(ledger_id, entry_id, data)
+
+    def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
+        indexed = self.entry_index.entry_ids(ledger_id, first_entry_id, last_entry_id, ids_max)
+        cached = self.write_cache.entry_ids(ledger_id, first_entry_id, last_entry_id)
+        return sorted(set(indexed).union(cached))[:ids_max]
+
+    # --- checkpoints ------------------------------------------------------------
+
+    def begin_checkpoint(self, ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition) -> Checkpoint:
+        """Event loop: swap the write cache out. `mark` must be the journal
+        position of the last record whose effect is in the cache or in
+        `ledger_states`."""
+        return Checkpoint(self.write_cache.begin_flush(), ledger_states, mark)
+
+    def run_checkpoint(self, checkpoint: Checkpoint) -> None:
+        """Worker thread: write the entries, sync, commit index and mark."""
+        checkpoint.attempts += 1
+        locations = [
+            (ledger_id, entry_id, self.entry_log.append(ledger_id, entry_id, data))
+            for ledger_id, entry_id, data in checkpoint.entries
+        ]
+        self.entry_log.sync()
+        self.entry_index.commit_checkpoint(locations, checkpoint.ledger_states, checkpoint.mark)
+        checkpoint.locations = locations
+
+    def end_checkpoint(self) -> None:
+        """Event loop: the checkpoint is durable; drop the flushed buffer."""
+        self.write_cache.end_flush()
+
+    def close(self) -> None:
+        self.entry_log.close()
+        self.entry_index.close()

@@ -1,0 +1,493 @@
+"""The bookie wire protocol: length-prefixed msgpack frames and the messages in them.
+
+Pure code: bytes in, messages out (and back), as h11 does for HTTP. A frame is a
+4-byte big-endian length followed by a msgpack array; a peer that sends a frame
+longer than `frame_bytes_max`, bytes that are not msgpack, or an array of the
+wrong shape gets a `ProtocolError`, and the driver closes that one connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Union
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
+LENGTH_PREFIX = struct.Struct(">I")
+U64_MAX = 2**64 - 1
+I64_MIN = -(2**63)
+# The entry id a READ names to mean "the bookie's last-add-confirmed entry".
+LAST_ADD_CONFIRMED = -1
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that break the protocol; close its connection."""
+
+
+class Op(enum.IntEnum):
+    HELLO = 0
+    ADD = 1
+    READ = 2
+    READ_LAC = 3
+    BATCH_READ = 4
+    GET_INFO = 5
+    LIST_ENTRIES = 6
+
+
+class Status(enum.IntEnum):
+    """Result codes, named after BookKeeper's for operators who know it."""
+
+    OK = 0
+    NO_LEDGER = 1
+    NO_ENTRY = 2
+    BAD_REQUEST = 3
+    IO_ERROR = 4
+    UNAUTHORIZED = 5
+    FENCED = 6
+    READ_ONLY = 7
+    TOO_MANY_REQUESTS = 8
+    BAD_VERSION = 9  # handshake: protocol versions do not match
+
+
+class AddFlag(enum.IntFlag):
+    NONE = 0
+    RECOVERY_ADD = 1
+
+
+class ReadFlag(enum.IntFlag):
+    NONE = 0
+    FENCE = 1
+
+
+# --- messages -----------------------------------------------------------------
+# Field order in each dataclass is the order on the wire, after (op, request_id).
+
+
+@dataclass(slots=True)
+class Hello:
+    protocol_version: int
+    peer_name: str
+
+
+@dataclass(slots=True)
+class HelloReply:
+    status: Status
+    protocol_version: int
+    bookie_id: str
+    frame_bytes_max: int
+
+
+@dataclass(slots=True)
+class AddRequest:
+    request_id: int
+    flags: int
+    master_key: bytes
+    entry: bytes  # header | digest | payload, as the client encoded it
+
+
+@dataclass(slots=True)
+class ReadRequest:
+    request_id: int
+    flags: int
+    ledger_id: int
+    entry_id: int  # or LAST_ADD_CONFIRMED
+    master_key: bytes | None = None  # required with FENCE
+    previous_lac: int | None = None  # long poll: answer once the LAC passes it
+    timeout_ms: int | None = None  # long poll bound
+
+
+@dataclass(slots=True)
+class ReadLacRequest:
+    request_id: int
+    ledger_id: int
+
+
+@dataclass(slots=True)
+class BatchReadRequest:
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    entries_max: int
+    bytes_max: int
+
+
+@dataclass(slots=True)
+class GetInfoRequest:
+    request_id: int
+
+
+@dataclass(slots=True)
+class ListEntriesRequest:
+    request_id: int
+    ledger_id: int
+    first_entry_id: int
+    last_entry_id: int
+
+
+@dataclass(slots=True)
+class AddResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(slots=True)
+class ReadResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    entry_id: int
+    last_add_confirmed: int
+    entry: bytes | None = None
+
+
+@dataclass(slots=True)
+class ReadLacResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    last_add_confirmed: int
+
+
+@dataclass(slots=True)
+class BatchReadResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    first_entry_id: int
+    entries: list[bytes] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GetInfoResponse:
+    request_id: int
+    status: Status
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ListEntriesResponse:
+    request_id: int
+    status: Status
+    ledger_id: int
+    ranges: list[tuple[int, int]] = field(default_factory=list)  # inclusive [first, last] runs
+
+
+Request = Union[AddRequest, ReadRequest, ReadLacRequest, BatchReadRequest, GetInfoRequest, ListEntriesRequest]
+Response = Union[AddResponse, ReadResponse, ReadLacResponse, BatchReadResponse, GetInfoResponse, ListEntriesResponse]
+
+_REQUEST_OPS: dict[type, Op] = {
+    AddRequest: Op.ADD,
+    ReadRequest: Op.READ,
+    ReadLacRequest: Op.READ_LAC,
+    BatchReadRequest: Op.BATCH_READ,
+    GetInfoRequest: Op.GET_INFO,
+    ListEntriesRequest: Op.LIST_ENTRIES,
+}
+_RESPONSE_OPS: dict[type, Op] = {
+    AddResponse: Op.ADD,
+    ReadResponse: Op.READ,
+    ReadLacResponse: Op.READ_LAC,
+    BatchReadResponse: Op.BATCH_READ,
+    GetInfoResponse: Op.GET_INFO,
+    ListEntriesResponse: Op.LIST_ENTRIES,
+}
+_REQUEST_TYPES = {op: cls for cls, op in _REQUEST_OPS.items()}
+_RESPONSE_TYPES = {op: cls for cls, op in _RESPONSE_OPS.items()}
+
+
+# --- frames -------------------------------------------------------------------
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode_frame(fields: list[Any]) -> bytes:
+    body = _packer.pack(fields)
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Splits a byte stream into msgpack arrays, enforcing the frame bound."""
+
+    def __init__(self, frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT) -> None:
+        if frame_bytes_max < 1:
+            raise ValueError("frame_bytes_max must be positive")
+        self.frame_bytes_max = frame_bytes_max
+        self._buffer = bytearray()
+        self._position = 0
+
+    @property
+    def buffered_bytes(self) -> int:
+        return len(self._buffer) - self._position
+
+    def feed(self, data: bytes) -> None:
+        if self._position and self._position == len(self._buffer):
+            self._buffer.clear()
+            self._position = 0
+        self._buffer += data
+
+    def frames(self) -> Iterator[list[Any]]:
+        """Yield every complete frame buffered so far, decoded to a list."""
+        buffer = self._buffer
+        while True:
+            start = self._position
+            if len(buffer) - start < 4:
+                break
+            (length,) = LENGTH_PREFIX.unpack_from(buffer, start)
+            if length > self.frame_bytes_max:
+                raise ProtocolError(f"frame of {length} bytes exceeds the bound of {self.frame_bytes_max}")
+            if length == 0:
+                raise ProtocolError("empty frame")
+            end = start + 4 + length
+            if len(buffer) < end:
+                break
+            body = bytes(buffer[start + 4 : end])
+            self._position = end
+            try:
+                fields = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+            except Exception as error:  # msgpack raises several unrelated types
+                raise ProtocolError(f"frame is not valid msgpack: {error}") from None
+            if not isinstance(fields, list) or not fields:
+                raise ProtocolError("frame must hold a non-empty msgpack array")
+            yield fields
+        # Drop consumed bytes once they dominate the buffer, so it never grows
+        # past one frame plus one read.
+        if self._position > 65536 and self._position * 2 > len(buffer):
+            del buffer[: self._position]
+            self._position = 0
+
+
+# --- field checks -------------------------------------------------------------
+
+
+def _int(value: Any, name: str, low: int, high: int) -> int:
+    if type(value) is not int or not low <= value <= high:
+        raise ProtocolError(f"field {name} must be an integer in [{low}, {high}], got {value!r:.40}")
+    return value
+
+
+def _u64(value: Any, name: str) -> int:
+    return _int(value, name, 0, U64_MAX)
+
+
+def _entry_id(value: Any, name: str) -> int:
+    return _int(value, name, LAST_ADD_CONFIRMED, U64_MAX)
+
+
+def _i64(value: Any, name: str) -> int:
+    return _int(value, name, I64_MIN, 2**63 - 1)
+
+
+def _bytes(value: Any, name: str) -> bytes:
+    if type(value) is not bytes:
+        raise ProtocolError(f"field {name} must be binary, got {type(value).__name__}")
+    return value
+
+
+def _optional(check, value: Any, name: str):
+    return None if value is None else check(value, name)
+
+
+def _status(value: Any) -> Status:
+    try:
+        return Status(_int(value, "status", 0, 255))
+    except ValueError:
+        raise ProtocolError(f"unknown status {value!r}") from None
+
+
+def _arity(fields: list[Any], count: int, what: str) -> None:
+    if len(fields) != count:
+        raise ProtocolError(f"{what} needs {count} fields, got {len(fields)}")
+
+
+# --- handshake ----------------------------------------------------------------
+
+
+def encode_hello(hello: Hello) -> bytes:
+    return encode_frame([Op.HELLO, hello.protocol_version, hello.peer_name])
+
+
+def decode_hello(fields: list[Any]) -> Hello:
+    if fields[0] != Op.HELLO:
+        raise ProtocolError("the first frame must be a HELLO")
+    _arity(fields, 3, "HELLO")
+    if type(fields[2]) is not str:
+        raise ProtocolError("HELLO peer name must be a string")
+    return Hello(_int(fields[1], "protocol_version", 0, 2**31), fields[2])
+
+
+def encode_hello_reply(reply: HelloReply) -> bytes:
+    return encode_frame([Op.HELLO, int(reply.status), reply.protocol_version, reply.bookie_id, reply.frame_bytes_max])
+
+
+def decode_hello_reply(fields: list[Any]) -> HelloReply:
+    if fields[0] != Op.HELLO:
+        raise ProtocolError("the first frame from a bookie must be a HELLO reply")
+    _arity(fields, 5, "HELLO reply")
+    if type(fields[3]) is not str:
+        raise ProtocolError("HELLO reply bookie id must be a string")
+    return HelloReply(
+        _status(fields[1]),
+        _int(fields[2], "protocol_version", 0, 2**31),
+        fields[3],
+        _int(fields[4], "frame_bytes_max", 1, 2**32 - 1),
+    )
+
+
+# --- requests -----------------------------------------------------------------
+
+
+def encode_request(request: Request) -> bytes:
+    op = _REQUEST_OPS[type(request)]
+    if op is Op.ADD:
+        return encode_frame([op, request.request_id, request.flags, request.master_key, request.entry])
+    if op is Op.READ:
+        return encode_frame(
+            [
+                op,
+                request.request_id,
+                request.flags,
+                request.ledger_id,
+                request.entry_id,
+                request.master_key,
+                request.previous_lac,
+                request.timeout_ms,
+            ]
+        )
+    if op is Op.READ_LAC:
+        return encode_frame([op, request.request_id, request.ledger_id])
+    if op is Op.BATCH_READ:
+        return encode_frame(
+            [op, request.request_id, request.ledger_id, request.first_entry_id, request.entries_max, request.bytes_max]
+        )
+    if op is Op.GET_INFO:
+        return encode_frame([op, request.request_id])
+    return encode_frame([op, request.request_id, request.ledger_id, request.first_entry_id, request.last_entry_id])
+
+
+def decode_request(fields: list[Any]) -> Request:
+    """Turn a frame's fields into a request, or raise ProtocolError."""
+    op = fields[0]
+    if type(op) is not int or op not in _REQUEST_TYPES:
+        raise ProtocolError(f"unknown request op {op!r:.40}")
+    if len(fields) < 2:
+        raise ProtocolError("request without a request id")
+    request_id = _u64(fields[1], "request_id")
+    if op == Op.ADD:
+        _arity(fields, 5, "ADD")
+        return AddRequest(
+            request_id,
+            _int(fields[2], "flags", 0, 2**31),
+            _bytes(fields[3], "master_key"),
+            _bytes(fields[4], "entry"),
+        )
+    if op == Op.READ:
+        _arity(fields, 8, "READ")
+        return ReadRequest(
+            request_id,
+            _int(fields[2], "flags", 0, 2**31),
+            _u64(fields[3], "ledger_id"),
+            _entry_id(fields[4], "entry_id"),
+            _optional(_bytes, fields[5], "master_key"),
+            _optional(_i64, fields[6], "previous_lac"),
+            _optional(lambda value, name: _int(value, name, 0, 2**31), fields[7], "timeout_ms"),
+        )
+    if op == Op.READ_LAC:
+        _arity(fields, 3, "READ_LAC")
+        return ReadLacRequest(request_id, _u64(fields[2], "ledger_id"))
+    if op == Op.BATCH_READ:
+        _arity(fields, 6, "BATCH_READ")
+        return BatchReadRequest(
+            request_id,
+            _u64(fields[2], "ledger_id"),
+            _u64(fields[3], "first_entry_id"),
+            _int(fields[4], "entries_max", 1, 2**31),
+            _int(fields[5], "bytes_max", 1, 2**40),
+        )
+    if op == Op.GET_INFO:
+        _arity(fields, 2, "GET_INFO")
+        return GetInfoRequest(request_id)
+    _arity(fields, 5, "LIST_ENTRIES")
+    return ListEntriesRequest(
+        request_id, _u64(fields[2], "ledger_id"), _u64(fields[3], "first_entry_id"), _u64(fields[4], "last_entry_id")
+    )
+
+
+# --- responses ----------------------------------------------------------------
+
+
+def encode_response(response: Response) -> bytes:
+    op = _RESPONSE_OPS[type(response)]
+    head = [op, response.request_id, int(response.status)]
+    if op is Op.ADD:
+        return encode_frame(head + [response.ledger_id, response.entry_id])
+    if op is Op.READ:
+        return encode_frame(
+            head + [response.ledger_id, response.entry_id, response.last_add_confirmed, response.entry]
+        )
+    if op is Op.READ_LAC:
+        return encode_frame(head + [response.ledger_id, response.last_add_confirmed])
+    if op is Op.BATCH_READ:
+        return encode_frame(head + [response.ledger_id, response.first_entry_id, response.entries])
+    if op is Op.GET_INFO:
+        return encode_frame(head + [response.info])
+    return encode_frame(head + [response.ledger_id, [list(run) for run in response.ranges]])
+
+
+def decode_response(fields: list[Any]) -> Response:
+    """Turn a frame's fields into a response, or raise ProtocolError."""
+    op = fields[0]
+    if type(op) is not int or op not in _RESPONSE_TYPES:
+        raise ProtocolError(f"unknown response op {op!r:.40}")
+    if len(fields) < 3:
+        raise ProtocolError("response without request id and status")
+    request_id = _u64(fields[1], "request_id")
+    status = _status(fields[2])
+    if op == Op.ADD:
+        _arity(fields, 5, "ADD response")
+        return AddResponse(request_id, status, _u64(fields[3], "ledger_id"), _u64(fields[4], "entry_id"))
+    if op == Op.READ:
+        _arity(fields, 7, "READ response")
+        return ReadResponse(
+            request_id,
+            status,
+            _u64(fields[3], "ledger_id"),
+            _entry_id(fields[4], "entry_id"),
+            _i64(fields[5], "last_add_confirmed"),
+            _optional(_bytes, fields[6], "entry"),
+        )
+    if op == Op.READ_LAC:
+        _arity(fields, 5, "READ_LAC response")
+        return ReadLacResponse(request_id, status, _u64(fields[3], "ledger_id"), _i64(fields[4], "last_add_confirmed"))
+    if op == Op.BATCH_READ:
+        _arity(fields, 6, "BATCH_READ response")
+        entries = fields[5]
+        if not isinstance(entries, list):
+            raise ProtocolError("BATCH_READ entries must be an array")
+        return BatchReadResponse(
+            request_id,
+            status,
+            _u64(fields[3], "ledger_id"),
+            _u64(fields[4], "first_entry_id"),
+            [_bytes(entry, "entry") for entry in entries],
+        )
+    if op == Op.GET_INFO:
+        _arity(fields, 4, "GET_INFO response")
+        if not isinstance(fields[3], dict):
+            raise ProtocolError("GET_INFO info must be a map")
+        return GetInfoResponse(request_id, status, fields[3])
+    _arity(fields, 5, "LIST_ENTRIES response")
+    runs = fields[4]
+    if not isinstance(runs, list):
+        raise ProtocolError("LIST_ENTRIES ranges must be an array")
+    ranges = []
+    for run in runs:
+        if not isinstance(run, list) or len(run) != 2:
+            raise ProtocolError("LIST_ENTRIES range must be a pair")
+        ranges.append((_u64(run[0], "first"), _u64(run[1], "last")))
+    return ListEntriesResponse(request_id, status, _u64(fields[3], "ledger_id"), ranges)

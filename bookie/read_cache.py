@@ -1,0 +1,40 @@
+"""A bounded least-recently-used cache of entries read from entry logs,
+filled by read-ahead; shared by reader threads, so guarded by a lock."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+
+class ReadCache:
+    def __init__(self, bytes_max: int) -> None:
+        self.bytes_max = bytes_max
+        self.bytes = 0
+        self._entries: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, ledger_id: int, entry_id: int) -> bytes | None:
+        key = (ledger_id, entry_id)
+        with self._lock:
+            data = self._entries.get(key)
+            if data is not None:
+                self._entries.move_to_end(key)
+            return data
+
+    def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        if len(data) > self.bytes_max:
+            return
+        key = (ledger_id, entry_id)
+        with self._lock:
+            previous = self._entries.pop(key, None)
+            if previous is not None:
+                self.bytes -= len(previous)
+            self._entries[key] = data
+            self.bytes += len(data)
+            while self.bytes > self.bytes_max:
+                _, evicted = self._entries.popitem(last=False)
+                self.bytes -= len(evicted)
+
+    def __len__(self) -> int:
+        return len(self._entries)

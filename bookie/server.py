@@ -1,0 +1,451 @@
+"""The bookie's trio driver: carries out what the request core decides.
+
+It moves bytes (one reader and one writer task per connection, responses
+coalesced into one send), group-commits the journal in a worker thread and
+reports durability back to the core, runs checkpoints, serves reads from
+memory or from a worker thread, and expires long polls. Every queue has a
+bound: a client whose responses pile up, or a journal queue past its bound,
+stops the reading of requests until there is room.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+
+from bookie.config import BookieConfig
+from bookie.journal import JournalError
+from bookie.ledger_storage import Checkpoint, LedgerStorage
+from bookie.protocol import (
+    PROTOCOL_VERSION,
+    FrameDecoder,
+    HelloReply,
+    ProtocolError,
+    Status,
+    decode_hello,
+    decode_request,
+    encode_hello_reply,
+    encode_response,
+)
+from bookie.request_core import (
+    AppendJournal,
+    BookieCore,
+    ListEntries,
+    ReadEntries,
+    Respond,
+    StoreEntry,
+)
+from bookie.storage_interfaces import Journal, JournalPosition, JournalRecord, ReadOutcome
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES = 256 * 1024
+HANDSHAKE_TIMEOUT_S = 10.0
+CHECKPOINT_TRIES_MAX = 10
+CHECKPOINT_RETRY_DELAY_MAX_S = 5.0
+
+
+def now_ms() -> float:
+    return trio.current_time() * 1000.0
+
+
+class Wakeup:
+    """A level-triggered flag one task waits on and others set."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()
+
+
+@dataclass(eq=False)
+class _Connection:
+    id: int
+    stream: trio.SocketStream
+    peer: str
+    output: list[bytes] = field(default_factory=list)
+    output_bytes: int = 0
+    writer_wakeup: Wakeup = field(default_factory=Wakeup)
+    drained: Wakeup = field(default_factory=Wakeup)
+
+    def queue(self, frame: bytes) -> None:
+        if not self.output:
+            self.writer_wakeup.set()
+        self.output.append(frame)
+        self.output_bytes += len(frame)
+
+
+@dataclass
+class ServerStats:
+    connections_accepted: int = 0
+    protocol_errors: int = 0
+    journal_batches: int = 0
+    journal_records: int = 0
+    checkpoints: int = 0
+    journal_files_deleted: int = 0
+
+
+class BookieServer:
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        core: BookieCore,
+        storage: LedgerStorage,
+        journal: Journal,
+        journal_position: JournalPosition,
+    ) -> None:
+        self.config = config
+        self.core = core
+        self.storage = storage
+        self.journal = journal
+        self.stats = ServerStats()
+        self.port: int | None = None
+        self.on_read_only_change = None  # callable(bool), set by the owner
+        self.journal_failed: str | None = None
+        self._connections: dict[int, _Connection] = {}
+        self._next_connection_id = 1
+        self._journal_records: list[JournalRecord] = []
+        self._journal_tokens: list[int] = []
+        self._journal_bytes = 0
+        self._journal_oldest_ms = 0.0
+        self._journal_wakeup = Wakeup()
+        self._journal_room = Wakeup()
+        self._journal_busy = False
+        self._journal_idle = Wakeup()
+        self._synced_position = journal_position
+        self._checkpoint_mark = journal_position
+        self._checkpoint_wakeup = Wakeup()
+        self._tick_wakeup = Wakeup()
+        self._read_limiter = trio.CapacityLimiter(config.read_threads_max)
+        self._service_nursery: trio.Nursery | None = None
+        self._network_scope: trio.CancelScope | None = None
+        self._disk_read_only = False
+        self._listeners: list[trio.SocketListener] = []
+
+    # --- lifetime -----------------------------------------------------------
+
+    async def listen(self) -> int:
+        """Open the listening socket; raises OSError (port in use, bad
+        address) before anything else starts. Returns the port."""
+        self._listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        self.port = self._listeners[0].socket.getsockname()[1]
+        return self.port
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Serve (after `listen()`) until `stop()`; then drain the journal,
+        checkpoint and close."""
+        assert self._listeners, "listen() must come before run()"
+        async with trio.open_nursery() as service_nursery:
+            self._service_nursery = service_nursery
+            service_nursery.start_soon(self._journal_loop)
+            service_nursery.start_soon(self._checkpoint_loop)
+            service_nursery.start_soon(self._tick_loop)
+            with trio.CancelScope() as network_scope:
+                self._network_scope = network_scope
+                async with trio.open_nursery() as network_nursery:
+                    await network_nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+                    task_status.started(self.port)
+            log.info("stopping: draining the journal and checkpointing")
+            with trio.move_on_after(30):
+                while self._journal_records or self._journal_busy:
+                    await self._journal_idle.wait()
+            await self._checkpoint()
+            service_nursery.cancel_scope.cancel()
+
+    def stop(self) -> None:
+        if self._network_scope is not None:
+            self._network_scope.cancel()
+
+    # --- actions ------------------------------------------------------------
+
+    def _execute(self, actions: list) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is Respond:
+                connection = self._connections.get(action.connection_id)
+                if connection is not None:
+                    connection.queue(encode_response(action.response))
+            elif kind is AppendJournal:
+                if not self._journal_records:
+                    self._journal_oldest_ms = now_ms()
+                    self._journal_wakeup.set()
+                self._journal_records.append(action.record)
+                self._journal_tokens.append(action.token)
+                self._journal_bytes += len(action.record.data)
+                if self._journal_bytes >= self.config.group_bytes:
+                    self._journal_wakeup.set()
+            elif kind is StoreEntry:
+                self.storage.put(action.ledger_id, action.entry_id, action.data)
+                write_cache = self.storage.write_cache
+                if write_cache.wants_flush():
+                    self._checkpoint_wakeup.set()
+                    if write_cache.is_full() and not self.core.adds_paused:
+                        log.warning("write cache full: adds wait for the checkpoint")
+                        self._execute(self.core.set_adds_paused(True, now_ms()))
+                        self._tick_wakeup.set()
+            elif kind is ReadEntries:
+                self._read(action)
+            elif kind is ListEntries:
+                self._service_nursery.start_soon(self._list, action)
+            else:
+                raise AssertionError(f"unknown action {action!r}")
+
+    def _read(self, action: ReadEntries) -> None:
+        entries, missed = self.storage.read_memory(
+            action.ledger_id, action.first_entry_id, action.entries_max, action.bytes_max
+        )
+        if not missed:
+            self._execute(self.core.read_completed(action.token, ReadOutcome(entries, False)))
+        else:
+            self._service_nursery.start_soon(self._read_from_disk, action, entries)
+
+    async def _read_from_disk(self, action: ReadEntries, from_memory: list[bytes]) -> None:
+        outcome = await trio.to_thread.run_sync(
+            self.storage.read,
+            action.ledger_id,
+            action.first_entry_id + len(from_memory),
+            action.entries_max - len(from_memory),
+            action.bytes_max - sum(map(len, from_memory)),
+            limiter=self._read_limiter,
+        )
+        if from_memory:
+            outcome = ReadOutcome(from_memory + outcome.entries, outcome.failed)
+        self._execute(self.core.read_completed(action.token, outcome))
+
+    async def _list(self, action: ListEntries) -> None:
+        try:
+            entry_ids = await trio.to_thread.run_sync(
+                self.storage.entry_ids,
+                action.ledger_id,
+                action.first_entry_id,
+                action.last_entry_id,
+                action.ids_max,
+                limiter=self._read_limiter,
+            )
+            failed = False
+        except OSError:
+            log.exception("listing entries of ledger %d failed", action.ledger_id)
+            entry_ids, failed = [], True
+        self._execute(self.core.list_completed(action.token, entry_ids, failed))
+
+    # --- read-only mode -------------------------------------------------------
+
+    def set_disk_read_only(self, read_only: bool) -> None:
+        self._disk_read_only = read_only
+        self._update_read_only()
+
+    def _update_read_only(self) -> None:
+        read_only = self._disk_read_only or self.journal_failed is not None
+        if read_only != self.core.read_only:
+            log.warning("bookie turns %s", "read-only" if read_only else "writable")
+            self._execute(self.core.set_read_only(read_only))
+            if self.on_read_only_change is not None:
+                self.on_read_only_change(read_only)
+
+    # --- journal: group commit -------------------------------------------------
+
+    async def _journal_loop(self) -> None:
+        group_wait_s = self.config.group_wait_ms / 1000.0
+        while True:
+            if not self._journal_records:
+                self._journal_busy = False
+                self._journal_idle.set()
+                await self._journal_wakeup.wait()
+                continue
+            self._journal_busy = True
+            if group_wait_s > 0 and self._journal_bytes < self.config.group_bytes:
+                # Group commit: let more adds join until the oldest has waited
+                # group_wait_ms or group_bytes are waiting.
+                with trio.move_on_at((self._journal_oldest_ms / 1000.0) + group_wait_s):
+                    while self._journal_bytes < self.config.group_bytes:
+                        await self._journal_wakeup.wait()
+            records, tokens = self._journal_records, self._journal_tokens
+            self._journal_records, self._journal_tokens, self._journal_bytes = [], [], 0
+            self._journal_room.set()
+            if self.journal_failed is not None:
+                self._execute(self.core.journal_failed([token for token in tokens if token]))
+                continue
+            try:
+                position = await trio.to_thread.run_sync(self._append_and_sync, records)
+            except JournalError as error:
+                self.journal_failed = str(error)
+                log.error("journal failed, the bookie turns read-only until restarted: %s", error)
+                self._update_read_only()
+                self._execute(self.core.journal_failed([token for token in tokens if token]))
+                continue
+            self.stats.journal_batches += 1
+            self.stats.journal_records += len(records)
+            self._synced_position = position
+            self._execute(self.core.journal_synced([token for token in tokens if token], now_ms()))
+
+    def _append_and_sync(self, records: list[JournalRecord]) -> JournalPosition:
+        position = self.journal.append(records)
+        self.journal.sync()
+        return position
+
+    # --- checkpoints -------------------------------------------------------------
+
+    async def _checkpoint_loop(self) -> None:
+        interval_s = self.config.checkpoint_interval_ms / 1000.0
+        while True:
+            with trio.move_on_after(interval_s):
+                await self._checkpoint_wakeup.wait()
+            await self._checkpoint()
+
+    async def _checkpoint(self) -> None:
+        mark = self._synced_position
+        write_cache = self.storage.write_cache
+        if write_cache.active_entries == 0 and mark == self._checkpoint_mark and not self.core.has_dirty_ledger_states:
+            return
+        checkpoint = self.storage.begin_checkpoint(self.core.take_dirty_ledger_states(), mark)
+        await self._run_checkpoint(checkpoint)
+        self.storage.end_checkpoint()
+        self._checkpoint_mark = checkpoint.mark
+        self.stats.checkpoints += 1
+        deleted = await trio.to_thread.run_sync(self.journal.delete_before, checkpoint.mark)
+        self.stats.journal_files_deleted += len(deleted)
+        if self.core.adds_paused and not write_cache.is_full():
+            self._execute(self.core.set_adds_paused(False, now_ms()))
+
+    async def _run_checkpoint(self, checkpoint: Checkpoint) -> None:
+        delay_s = 0.1
+        while True:
+            try:
+                await trio.to_thread.run_sync(self.storage.run_checkpoint, checkpoint)
+                return
+            except OSError as error:
+                # The entries are safe in the journal; the mark just does not
+                # move. Stop taking adds until a checkpoint succeeds.
+                if checkpoint.attempts >= CHECKPOINT_TRIES_MAX:
+                    raise
+                log.error("checkpoint failed (attempt %d): %s", checkpoint.attempts, error)
+                self._disk_read_only = True
+                self._update_read_only()
+                await trio.sleep(delay_s)
+                delay_s = min(delay_s * 2, CHECKPOINT_RETRY_DELAY_MAX_S)
+
+    # --- long polls and waiting adds --------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:
+            deadline_ms = self.core.next_deadline_ms()
+            if deadline_ms is None:
+                await self._tick_wakeup.wait()
+                continue
+            with trio.move_on_at(deadline_ms / 1000.0):
+                await self._tick_wakeup.wait()
+            self._execute(self.core.tick(now_ms()))
+
+    # --- connections --------------------------------------------------------------
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        connection_id = self._next_connection_id
+        self._next_connection_id += 1
+        try:
+            peer = "%s:%s" % stream.socket.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        connection = _Connection(connection_id, stream, peer)
+        self.stats.connections_accepted += 1
+        decoder = FrameDecoder(self.config.frame_bytes_max)
+        try:
+            if not await self._handshake(connection, decoder):
+                return
+            self._connections[connection_id] = connection
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
+                if await self._read_requests(connection, decoder):
+                    # The client finished sending: give the writer a bounded
+                    # moment to send what is already answered.
+                    with trio.move_on_after(1):
+                        while connection.output:
+                            await connection.drained.wait()
+                nursery.cancel_scope.cancel()
+        except ProtocolError as error:
+            self._protocol_error(connection, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            pass
+        finally:
+            self._connections.pop(connection_id, None)
+            self._execute(self.core.connection_closed(connection_id))
+            await trio.aclose_forcefully(stream)
+
+    def _protocol_error(self, connection: _Connection, error: ProtocolError) -> None:
+        self.stats.protocol_errors += 1
+        log.info("closing connection %d from %s: protocol error: %s", connection.id, connection.peer, error)
+
+    async def _handshake(self, connection: _Connection, decoder: FrameDecoder) -> bool:
+        with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+            while True:
+                for fields in decoder.frames():
+                    hello = decode_hello(fields)
+                    if hello.protocol_version != PROTOCOL_VERSION:
+                        reply = HelloReply(Status.BAD_VERSION, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
+                        await connection.stream.send_all(encode_hello_reply(reply))
+                        log.info("refusing %s: protocol version %d", connection.peer, hello.protocol_version)
+                        return False
+                    reply = HelloReply(Status.OK, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
+                    await connection.stream.send_all(encode_hello_reply(reply))
+                    return True
+                data = await connection.stream.receive_some(RECEIVE_BYTES)
+                if not data:
+                    return False
+                decoder.feed(data)
+
+    async def _read_requests(self, connection: _Connection, decoder: FrameDecoder) -> bool:
+        """Read and handle requests until the client closes (True) or breaks
+        the protocol or the connection (False). Errors stay here, so that
+        the connection's nursery never has to carry them."""
+        try:
+            await self._read_loop(connection, decoder)
+            return True
+        except ProtocolError as error:
+            self._protocol_error(connection, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        return False
+
+    async def _read_loop(self, connection: _Connection, decoder: FrameDecoder) -> None:
+        core, execute = self.core, self._execute
+        output_max = self.config.connection_output_bytes_max
+        journal_max = self.config.journal_queue_bytes_max
+        # Frames that arrived with the handshake are handled first.
+        data = b""
+        while True:
+            if data:
+                decoder.feed(data)
+            now = now_ms()
+            deadline_before = core.next_deadline_ms()
+            for fields in decoder.frames():
+                execute(core.receive(connection.id, decode_request(fields), now))
+            if core.next_deadline_ms() != deadline_before:
+                self._tick_wakeup.set()
+            while connection.output_bytes > output_max:
+                await connection.drained.wait()
+            while self._journal_bytes > journal_max:
+                await self._journal_room.wait()
+            data = await connection.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return
+
+    async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
+        try:
+            while True:
+                if not connection.output:
+                    await connection.writer_wakeup.wait()
+                    continue
+                data = b"".join(connection.output)
+                connection.output.clear()
+                connection.output_bytes = 0
+                connection.drained.set()
+                await connection.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            cancel_scope.cancel()

@@ -1,0 +1,190 @@
+"""In-memory Journal, EntryLog and EntryIndex for the simulator and unit tests.
+
+They keep what was written apart from what was synced: `crash()` throws away
+everything not yet synced, as a power cut would. `corrupt()` flips a byte of a
+stored entry so that reading it back fails its checksum, as on a bad disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import crc32c
+
+from bookie.storage_interfaces import (
+    JOURNAL_START,
+    CorruptEntryError,
+    EntryLocation,
+    JournalPosition,
+    JournalRecord,
+    LedgerStateRecord,
+)
+
+# Simulated positions and locations count records, not bytes.
+_RECORD_SIZE_OVERHEAD = 24
+
+
+class SimJournal:
+    def __init__(self) -> None:
+        self._files: dict[int, list[JournalRecord]] = {}
+        self._synced: dict[int, int] = {}  # file id -> records durable in it
+        self._current = -1
+
+    def append(self, records: list[JournalRecord]) -> JournalPosition:
+        assert self._current >= 0, "start_new_file() must be called before append()"
+        file = self._files[self._current]
+        file.extend(records)
+        return JournalPosition(self._current, len(file))
+
+    def sync(self) -> None:
+        for file_id, records in self._files.items():
+            self._synced[file_id] = len(records)
+
+    def crash(self) -> None:
+        for file_id, records in self._files.items():
+            del records[self._synced.get(file_id, 0) :]
+        self._current = -1
+
+    def replay(self, start: JournalPosition) -> Iterator[tuple[JournalRecord, JournalPosition]]:
+        for file_id in sorted(self._files):
+            if file_id < start.file_id:
+                continue
+            first = start.offset if file_id == start.file_id else 0
+            records = self._files[file_id]
+            for index in range(first, len(records)):
+                yield records[index], JournalPosition(file_id, index + 1)
+
+    def start_new_file(self, after: JournalPosition) -> JournalPosition:
+        self._current = max([after.file_id, self._current, *self._files]) + 1
+        self._files[self._current] = []
+        self._synced[self._current] = 0
+        return JournalPosition(self._current, 0)
+
+    def delete_before(self, mark: JournalPosition) -> list[int]:
+        deleted = [file_id for file_id in self._files if file_id < mark.file_id and file_id != self._current]
+        for file_id in deleted:
+            del self._files[file_id]
+            del self._synced[file_id]
+        return sorted(deleted)
+
+    def file_ids(self) -> list[int]:
+        return sorted(self._files)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _StoredEntry:
+    ledger_id: int
+    entry_id: int
+    data: bytearray
+    checksum: int
+
+
+class SimEntryLog:
+    def __init__(self, *, log_entries_max: int = 1000) -> None:
+        self.log_entries_max = log_entries_max
+        self._logs: dict[int, list[_StoredEntry]] = {}
+        self._synced: dict[int, int] = {}
+        self._current = 0
+
+    def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
+        log = self._logs.get(self._current)
+        if log is None or len(log) >= self.log_entries_max:
+            self._current += 1
+            log = self._logs[self._current] = []
+            self._synced[self._current] = 0
+        log.append(_StoredEntry(ledger_id, entry_id, bytearray(data), crc32c.crc32c(data)))
+        return EntryLocation(self._current, len(log) - 1, len(data) + _RECORD_SIZE_OVERHEAD)
+
+    def sync(self) -> None:
+        for log_id, log in self._logs.items():
+            self._synced[log_id] = len(log)
+
+    def crash(self) -> None:
+        for log_id, log in self._logs.items():
+            del log[self._synced[log_id] :]
+
+    def _stored(self, location: EntryLocation) -> _StoredEntry:
+        log = self._logs.get(location.log_id)
+        if log is None or location.offset >= len(log):
+            raise CorruptEntryError(f"entry log {location.log_id} has no record {location.offset}")
+        return log[location.offset]
+
+    def read(self, location: EntryLocation, ledger_id: int, entry_id: int) -> bytes:
+        stored = self._stored(location)
+        if crc32c.crc32c(bytes(stored.data)) != stored.checksum:
+            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: checksum failure")
+        if (stored.ledger_id, stored.entry_id) != (ledger_id, entry_id):
+            raise CorruptEntryError(f"ledger {ledger_id} entry {entry_id}: another entry is at {location}")
+        return bytes(stored.data)
+
+    def read_following(
+        self, location: EntryLocation, ledger_id: int, bytes_max: int
+    ) -> list[tuple[int, EntryLocation, bytes]]:
+        log = self._logs.get(location.log_id, [])
+        found = []
+        total = 0
+        for offset in range(location.offset + 1, min(len(log), self._synced.get(location.log_id, 0))):
+            stored = log[offset]
+            if stored.ledger_id != ledger_id or crc32c.crc32c(bytes(stored.data)) != stored.checksum:
+                break
+            total += len(stored.data)
+            if total > bytes_max:
+                break
+            found.append((stored.entry_id, EntryLocation(location.log_id, offset, len(stored.data) + _RECORD_SIZE_OVERHEAD), bytes(stored.data)))
+        return found
+
+    def corrupt(self, ledger_id: int, entry_id: int, byte_index: int = 0) -> int:
+        """Flip one byte of every stored copy of the entry; return how many."""
+        copies = 0
+        for log in self._logs.values():
+            for stored in log:
+                if (stored.ledger_id, stored.entry_id) == (ledger_id, entry_id) and stored.data:
+                    stored.data[byte_index % len(stored.data)] ^= 0xFF
+                    copies += 1
+        return copies
+
+    def close(self) -> None:
+        pass
+
+
+class SimEntryIndex:
+    """Commits are atomic and durable at once, as a synced RocksDB batch is."""
+
+    def __init__(self) -> None:
+        self._locations: dict[tuple[int, int], EntryLocation] = {}
+        self._states: dict[int, LedgerStateRecord] = {}
+        self._mark = JOURNAL_START
+
+    def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
+        return self._locations.get((ledger_id, entry_id))
+
+    def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
+        ids = sorted(entry for ledger, entry in self._locations if ledger == ledger_id and first_entry_id <= entry <= last_entry_id)
+        return ids[:ids_max]
+
+    def commit_checkpoint(
+        self,
+        locations: Iterable[tuple[int, int, EntryLocation]],
+        ledger_states: dict[int, LedgerStateRecord],
+        mark: JournalPosition,
+    ) -> None:
+        assert mark >= self._mark, f"checkpoint mark {mark} is behind the stored mark {self._mark}"
+        for ledger_id, entry_id, location in locations:
+            self._locations[(ledger_id, entry_id)] = location
+        for ledger_id, state in ledger_states.items():
+            self._states[ledger_id] = LedgerStateRecord(state.master_key, state.fenced, state.last_add_confirmed)
+        self._mark = mark
+
+    def load_mark(self) -> JournalPosition:
+        return self._mark
+
+    def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]:
+        for ledger_id, state in sorted(self._states.items()):
+            yield ledger_id, LedgerStateRecord(state.master_key, state.fenced, state.last_add_confirmed)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,127 @@
+"""The small storage interfaces a bookie is built on: Journal, EntryLog, EntryIndex.
+
+Each has a real implementation (files, RocksDB) and a simulated one (memory,
+where data not yet synced is lost on a simulated crash), so that the request
+core and the ledger storage logic run unchanged in production and in `sim/`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterable, Iterator, NamedTuple, Protocol
+
+
+class RecordKind(enum.IntEnum):
+    ADD = 1  # data = the entry bytes
+    MASTER_KEY = 2  # data = the ledger's master key
+    FENCE = 3  # data = b""
+
+
+@dataclass(frozen=True, slots=True)
+class JournalRecord:
+    kind: RecordKind
+    ledger_id: int
+    entry_id: int  # -1 for records that are not about one entry
+    data: bytes
+
+
+class JournalPosition(NamedTuple):
+    """A point in the journal: everything before it has been written there.
+    Positions order lexicographically, which is journal order."""
+
+    file_id: int
+    offset: int
+
+
+JOURNAL_START = JournalPosition(0, 0)
+
+
+class EntryLocation(NamedTuple):
+    log_id: int
+    offset: int  # where the record starts
+    size: int  # whole record, framing included
+
+
+@dataclass(slots=True)
+class LedgerStateRecord:
+    """What a bookie keeps about each ledger besides its entries."""
+
+    master_key: bytes
+    fenced: bool = False
+    last_add_confirmed: int = -1
+
+
+class ReadOutcome(NamedTuple):
+    entries: list[bytes]  # consecutive entries from the first asked for
+    failed: bool  # reading stopped at an entry that is stored but unreadable
+
+
+class CorruptEntryError(Exception):
+    """A stored entry cannot be read back intact (checksum or framing failure).
+    A bookie answers IO_ERROR for it, never NO_ENTRY."""
+
+
+class Journal(Protocol):
+    def append(self, records: list[JournalRecord]) -> JournalPosition:
+        """Write records after everything written before (not durable yet);
+        return the position just after the last one."""
+
+    def sync(self) -> None:
+        """Make everything appended so far durable."""
+
+    def replay(self, start: JournalPosition) -> Iterator[tuple[JournalRecord, JournalPosition]]:
+        """Every intact record at or after `start`, in order, each with the
+        position just after it. A torn tail ends a file; replay goes on with
+        the next file."""
+
+    def start_new_file(self) -> JournalPosition:
+        """Continue in a fresh file (after replay, never append behind a torn
+        tail); return the position of its first record."""
+
+    def delete_before(self, mark: JournalPosition) -> list[int]:
+        """Delete files that hold only records before `mark`; return their ids."""
+
+    def close(self) -> None: ...
+
+
+class EntryLog(Protocol):
+    def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
+        """Buffer one entry for the current log (not durable until `sync`)."""
+
+    def sync(self) -> None:
+        """Write and make durable everything appended so far."""
+
+    def read(self, location: EntryLocation, ledger_id: int, entry_id: int) -> bytes:
+        """The entry at `location`; CorruptEntryError if it is not intact or is
+        not the entry named."""
+
+    def read_following(
+        self, location: EntryLocation, ledger_id: int, bytes_max: int
+    ) -> list[tuple[int, EntryLocation, bytes]]:
+        """Read-ahead: the intact records of `ledger_id` stored right after
+        `location`, up to about `bytes_max`, as (entry id, location, data)."""
+
+    def close(self) -> None: ...
+
+
+class EntryIndex(Protocol):
+    def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None: ...
+
+    def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
+        """Indexed entry ids of the ledger within [first, last], ascending."""
+
+    def commit_checkpoint(
+        self,
+        locations: Iterable[tuple[int, int, EntryLocation]],
+        ledger_states: dict[int, LedgerStateRecord],
+        mark: JournalPosition,
+    ) -> None:
+        """Durably and atomically record entry locations, ledger states and
+        the journal mark that they cover."""
+
+    def load_mark(self) -> JournalPosition: ...
+
+    def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,159 @@
+"""`quire bookie run|format|ls|info|simpletest`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import trio
+
+from quire.cli import UsageError, byte_size, configure_logging, fraction, port_number, positive_int
+from quire.metadata_access import open_metadata
+
+
+def add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=port_number, default=3181)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--advertised-host", help="address clients use (default: --host, or the host name for 0.0.0.0)")
+    parser.add_argument("--bookie-id", help="stable identity (default: ADVERTISED_HOST:PORT)")
+    parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--rack", help="rack label used by placement")
+    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000)
+    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2)
+    parser.add_argument("--journal-file-bytes-max", type=byte_size, default=256 * 1024**2)
+    parser.add_argument("--group-wait-ms", type=float, default=0.0, help="group commit wait (0: flush once the previous fsync ends)")
+    parser.add_argument("--group-bytes", type=byte_size, default=1024**2)
+    parser.add_argument("--write-cache-bytes", type=byte_size, default=64 * 1024**2)
+    parser.add_argument("--read-cache-bytes", type=byte_size, default=32 * 1024**2)
+    parser.add_argument("--entry-log-bytes-max", type=byte_size, default=1024**3)
+    parser.add_argument("--checkpoint-interval-ms", type=positive_int, default=10_000)
+    parser.add_argument("--disk-usage-threshold", type=fraction, default=0.95)
+    parser.add_argument("--disk-usage-lwm", type=fraction, default=0.90)
+    parser.add_argument("--disk-quota-bytes", type=byte_size, help="turn read-only once the bookie's own files reach this size")
+    parser.add_argument("--disk-check-interval-ms", type=positive_int, default=1_000)
+    parser.add_argument("--adds-in-flight-max", type=positive_int, default=20_000)
+    parser.add_argument("--reads-in-flight-max", type=positive_int, default=10_000)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    from bookie.bookie_process import StartupError, run_bookie
+    from bookie.config import BookieConfig
+    from bookie.request_core import CoreLimits
+
+    try:
+        config = BookieConfig(
+            journal_dir=arguments.journal_dir,
+            ledger_dir=arguments.ledger_dir,
+            zk_hosts=arguments.zk,
+            root=arguments.root,
+            host=arguments.host,
+            port=arguments.port,
+            advertised_host=arguments.advertised_host,
+            bookie_id=arguments.bookie_id,
+            rack=arguments.rack,
+            session_timeout_ms=arguments.session_timeout_ms,
+            frame_bytes_max=arguments.frame_bytes_max,
+            journal_file_bytes_max=arguments.journal_file_bytes_max,
+            group_wait_ms=arguments.group_wait_ms,
+            group_bytes=arguments.group_bytes,
+            write_cache_bytes=arguments.write_cache_bytes,
+            read_cache_bytes=arguments.read_cache_bytes,
+            entry_log_bytes_max=arguments.entry_log_bytes_max,
+            checkpoint_interval_ms=arguments.checkpoint_interval_ms,
+            disk_usage_threshold=arguments.disk_usage_threshold,
+            disk_usage_lwm=arguments.disk_usage_lwm,
+            disk_quota_bytes=arguments.disk_quota_bytes,
+            disk_check_interval_ms=arguments.disk_check_interval_ms,
+            limits=CoreLimits(
+                adds_in_flight_max=arguments.adds_in_flight_max, reads_in_flight_max=arguments.reads_in_flight_max
+            ),
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    configure_logging(arguments.log_level, f"bookie {config.identity}")
+    try:
+        trio.run(run_bookie, config)
+    except StartupError as error:
+        raise UsageError(str(error)) from None
+    return 0
+
+
+def add_format(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bookie-id", required=True, help="the bookie to forget (as listed by `quire bookie ls`)")
+    parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--force", action="store_true", help="really delete: the bookie's data is lost for good")
+
+
+def format_(arguments: argparse.Namespace) -> int:
+    from bookie.registration import format_bookie
+
+    if not arguments.force:
+        raise UsageError("formatting deletes the bookie's data and identity; add --force to do it")
+
+    async def go() -> None:
+        async with open_metadata(arguments.zk, arguments.root) as metadata:
+            from coordination.cluster_layout import ClusterLayout
+
+            await format_bookie(metadata, ClusterLayout(), arguments.bookie_id, [arguments.journal_dir, arguments.ledger_dir])
+
+    trio.run(go)
+    print(f"bookie {arguments.bookie_id} formatted: it starts as a new bookie next time")
+    return 0
+
+
+def list_(arguments: argparse.Namespace) -> int:
+    from coordination.cluster_layout import ClusterLayout, list_bookies
+
+    async def go() -> None:
+        async with open_metadata(arguments.zk, arguments.root) as metadata:
+            layout = ClusterLayout()
+            for read_only in (False, True):
+                bookies = await trio.to_thread.run_sync(lambda: list_bookies(metadata.store, layout, read_only=read_only))
+                for bookie_id, info in sorted(bookies.items()):
+                    mode = "read-only" if read_only else "writable"
+                    print(f"{bookie_id}\t{info.address}\t{mode}\t{info.rack or '-'}")
+
+    trio.run(go)
+    return 0
+
+
+def add_info(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("address", help="HOST:PORT of the bookie")
+
+
+def info(arguments: argparse.Namespace) -> int:
+    from bookie.client import BookieClient, BookieConnectionError, parse_address
+
+    try:
+        parse_address(arguments.address)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+    async def go() -> dict:
+        async with BookieClient.connect(arguments.address) as client:
+            return (await client.get_info()).info
+
+    try:
+        print(json.dumps(trio.run(go), indent=2, sort_keys=True))
+    except BookieConnectionError as error:
+        raise UsageError(str(error)) from None
+    return 0
+
+
+def add_simpletest(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--count", type=positive_int, default=1000, help="entries per bookie (default %(default)s)")
+    parser.add_argument("--entry-bytes", type=byte_size, default=1024)
+
+
+def simpletest(arguments: argparse.Namespace) -> int:
+    from quire.simpletest import run_simpletest
+
+    configure_logging("warning", "simpletest")
+    try:
+        ok = trio.run(run_simpletest, arguments.zk, arguments.root, arguments.count, arguments.entry_bytes)
+    except RuntimeError as error:
+        raise UsageError(str(error)) from None
+    return 0 if ok else 1

@@ -1,0 +1,141 @@
+"""The `quire` command line: one parser, one handler per command.
+
+A bad argument prints what is wrong and exits 2; a process that cannot start
+prints one clear line and exits 2; nothing prints a traceback for an error an
+operator can fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+from typing import Callable, Sequence
+
+EXIT_USAGE = 2
+_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_SIZE_FACTORS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+class UsageError(Exception):
+    """A command was given something it cannot use; exit 2 with the message."""
+
+
+def byte_size(text: str) -> int:
+    """Parse '4096', '64MiB', '1g' into bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (examples: 4096, 64MiB, 1GiB)")
+    unit = (match.group(2) or "").lower().rstrip("b").rstrip("i")
+    return int(match.group(1)) * _SIZE_FACTORS[unit]
+
+
+def fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"port must be in 1..65535, got {value}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors are one line (what is wrong, where to look), then exit 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--zk", default="127.0.0.1:2181", metavar="HOSTS", help="ZooKeeper hosts (default %(default)s)")
+    parser.add_argument("--root", default="/quire", metavar="PATH", help="ZooKeeper chroot of the cluster (default %(default)s)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from quire import bookie_commands, cluster_commands, zk_commands
+
+    parser = _Parser(prog="quire", description="quire: a replicated ledger cluster")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+
+    def group(name: str, help_text: str) -> argparse._SubParsersAction:
+        sub = commands.add_parser(name, help=help_text)
+        return sub.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_Parser)
+
+    def command(subparsers, name: str, help_text: str, handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        _common(sub)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    zk = group("zk", "run a local ZooKeeper")
+    zk_commands.add_run(command(zk, "run", "run ZooKeeper in the foreground until SIGTERM/SIGINT", zk_commands.run))
+
+    bookie = group("bookie", "storage nodes")
+    bookie_commands.add_run(command(bookie, "run", "run a bookie in the foreground until SIGTERM/SIGINT", bookie_commands.run))
+    bookie_commands.add_format(
+        command(bookie, "format", "forget a bookie: delete its cookie and empty its directories", bookie_commands.format_)
+    )
+    command(bookie, "ls", "list registered bookies", bookie_commands.list_)
+    bookie_commands.add_info(command(bookie, "info", "ask a bookie for its state", bookie_commands.info))
+    bookie_commands.add_simpletest(
+        command(
+            bookie, "simpletest", "write entries to every bookie through the bookie protocol and read them back",
+            bookie_commands.simpletest,
+        )
+    )
+
+    cluster = group("cluster", "a local cluster of background processes")
+    cluster_commands.add_up(command(cluster, "up", "start ZooKeeper and bookies in the background", cluster_commands.up))
+    cluster_commands.add_data_dir(command(cluster, "status", "show the processes of a local cluster", cluster_commands.status))
+    cluster_commands.add_data_dir(command(cluster, "down", "stop a local cluster", cluster_commands.down))
+    return parser
+
+
+def configure_logging(level: str, role: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format=f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    # kazoo logs every reconnect attempt at INFO; keep it to warnings.
+    logging.getLogger("kazoo").setLevel(max(logging.WARNING, getattr(logging, level.upper())))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    arguments = parser.parse_args(argv)
+    try:
+        return arguments.handler(arguments)
+    except UsageError as error:
+        print(f"quire {arguments.command} {arguments.action}: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

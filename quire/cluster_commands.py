@@ -1,0 +1,66 @@
+"""`quire cluster up|status|down`: a local cluster in the background."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from quire.cli import UsageError, port_number, positive_int
+
+
+def add_data_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, required=True, metavar="DIR")
+
+
+def add_up(parser: argparse.ArgumentParser) -> None:
+    add_data_dir(parser)
+    parser.add_argument("--bookies", type=positive_int, default=3)
+    parser.add_argument("--brokers", type=int, default=1, help="brokers to start (none exist yet: 0 or 1 accepted)")
+    parser.add_argument("--zk-port", type=port_number, default=2181)
+    parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
+
+
+def up(arguments: argparse.Namespace) -> int:
+    from quire.local_cluster import ClusterError
+    from quire.local_cluster import up as cluster_up
+
+    if arguments.root != "/quire" and not arguments.root.startswith("/"):
+        raise UsageError(f"--root must be an absolute path, got {arguments.root!r}")
+    try:
+        state = cluster_up(
+            arguments.data_dir,
+            bookies=arguments.bookies,
+            zk_port=arguments.zk_port,
+            bookie_base_port=arguments.bookie_base_port,
+            root=arguments.root,
+        )
+    except ClusterError as error:
+        raise UsageError(str(error)) from None
+    print(f"cluster up: --zk {state.zk_hosts} --root {state.root}; logs in {arguments.data_dir}/logs")
+    return 0
+
+
+def status(arguments: argparse.Namespace) -> int:
+    from quire.local_cluster import status as cluster_status
+
+    state, rows = cluster_status(arguments.data_dir)
+    if state is None:
+        raise UsageError(f"no cluster in {arguments.data_dir} (start one with `quire cluster up --data-dir ...`)")
+    if not rows:
+        print(f"cluster in {arguments.data_dir} is stopped")
+        return 1
+    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}")
+    for row in rows:
+        print(
+            f"{row['name']:<12} {row['role']:<10} {row['pid']:>7} {row['address']:<21} "
+            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB"
+        )
+    return 0 if all(row["state"] != "down" for row in rows) else 1
+
+
+def down(arguments: argparse.Namespace) -> int:
+    from quire.local_cluster import down as cluster_down
+
+    if cluster_down(arguments.data_dir) is None:
+        raise UsageError(f"no cluster in {arguments.data_dir}")
+    return 0

@@ -1,0 +1,288 @@
+"""A local cluster of background processes under one data directory:
+ZooKeeper and N bookies (brokers join when they exist). `cluster.json` in the
+directory records every process (pid, address, command, log) as it starts,
+so that `status` and `down` work even after a failed `up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+STATE_FILE = "cluster.json"
+START_DEADLINE_S = 60.0
+STOP_DEADLINE_S = 30.0
+
+
+class ClusterError(Exception):
+    """The cluster cannot do what was asked; the message says why."""
+
+
+@dataclass
+class ProcessRecord:
+    role: str  # zookeeper | bookie
+    name: str
+    pid: int
+    address: str
+    command: list[str]
+    log: str
+    data_dirs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ClusterState:
+    data_dir: str
+    zk_hosts: str
+    root: str
+    processes: list[ProcessRecord] = field(default_factory=list)
+
+    def save(self) -> None:
+        path = Path(self.data_dir) / STATE_FILE
+        temporary = path.with_suffix(".tmp")
+        temporary.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        os.replace(temporary, path)
+
+    @classmethod
+    def load(cls, data_dir: Path) -> "ClusterState | None":
+        path = Path(data_dir) / STATE_FILE
+        if not path.exists():
+            return None
+        fields = json.loads(path.read_text())
+        fields["processes"] = [ProcessRecord(**record) for record in fields["processes"]]
+        return cls(**fields)
+
+
+def quire_command(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "quire", *arguments]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def process_alive(record: ProcessRecord) -> bool:
+    """Whether the recorded pid still runs our command (not a reused pid)."""
+    try:
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{record.pid}/stat") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except OSError:
+        return False
+    return [part.decode(errors="replace") for part in cmdline if part] == record.command
+
+
+def log_tail(path: str, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _spawn(state: ClusterState, record_fields: dict, command: list[str], log_path: Path) -> ProcessRecord:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    record = ProcessRecord(pid=process.pid, command=command, log=str(log_path), **record_fields)
+    state.processes.append(record)
+    state.save()
+    return record
+
+
+def up(
+    data_dir: Path,
+    *,
+    bookies: int = 3,
+    zk_port: int = 2181,
+    bookie_base_port: int = 3181,
+    root: str = "/quire",
+    bookie_options: list[str] | None = None,
+    progress=print,
+) -> ClusterState:
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    previous = ClusterState.load(data_dir)
+    if previous is not None and any(process_alive(record) for record in previous.processes):
+        raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `quire cluster down --data-dir {data_dir}`")
+    ports = [zk_port] + [bookie_base_port + index for index in range(bookies)]
+    busy = [port for port in ports if port_in_use(port)]
+    if busy:
+        raise ClusterError(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")
+    zk_hosts = f"127.0.0.1:{zk_port}"
+    state = ClusterState(str(data_dir), zk_hosts, root)
+    state.save()
+    try:
+        zk_dir = data_dir / "zookeeper"
+        zk = _spawn(
+            state,
+            dict(role="zookeeper", name="zookeeper", address=zk_hosts, data_dirs=[str(zk_dir)]),
+            quire_command("zk", "run", "--port", str(zk_port), "--data-dir", str(zk_dir)),
+            data_dir / "logs" / "zookeeper.log",
+        )
+        _wait_for_zookeeper(zk, zk_port)
+        progress(f"zookeeper serving on {zk_hosts}")
+        for index in range(bookies):
+            port = bookie_base_port + index
+            name = f"bookie-{index + 1}"
+            journal_dir, ledger_dir = data_dir / name / "journal", data_dir / name / "ledgers"
+            _spawn(
+                state,
+                dict(role="bookie", name=name, address=f"127.0.0.1:{port}", data_dirs=[str(journal_dir), str(ledger_dir)]),
+                quire_command(
+                    "bookie", "run", "--zk", zk_hosts, "--root", root, "--port", str(port),
+                    "--journal-dir", str(journal_dir), "--ledger-dir", str(ledger_dir), *(bookie_options or []),
+                ),
+                data_dir / "logs" / f"{name}.log",
+            )
+        _wait_for_bookies(state)
+        for record in state.processes:
+            if record.role == "bookie":
+                progress(f"{record.name} serving on {record.address}")
+    except BaseException:
+        down(data_dir, progress=lambda message: None)
+        raise
+    return state
+
+
+def _wait_for_zookeeper(record: ProcessRecord, port: int) -> None:
+    from coordination.zk_launcher import four_letter_word
+
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if not process_alive(record):
+            raise ClusterError(f"zookeeper exited during start:\n{log_tail(record.log)}")
+        try:
+            if four_letter_word("127.0.0.1", port, "ruok", 1.0) == "imok":
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise ClusterError(f"zookeeper did not answer within {START_DEADLINE_S:.0f}s:\n{log_tail(record.log)}")
+
+
+def _wait_for_bookies(state: ClusterState) -> None:
+    from coordination.cluster_layout import ClusterLayout, list_bookies
+    from coordination.zk_store import KazooMetadataStore
+
+    expected = {record.address: record for record in state.processes if record.role == "bookie"}
+    deadline = time.monotonic() + START_DEADLINE_S
+    with KazooMetadataStore.connect(state.zk_hosts, state.root) as store:
+        while True:
+            for record in expected.values():
+                if not process_alive(record):
+                    raise ClusterError(f"{record.name} exited during start:\n{log_tail(record.log)}")
+            registered = {
+                info.address
+                for read_only in (False, True)
+                for info in list_bookies(store, ClusterLayout(), read_only=read_only).values()
+            }
+            if set(expected) <= registered:
+                return
+            if time.monotonic() > deadline:
+                missing = sorted(set(expected) - registered)
+                raise ClusterError(f"bookies {', '.join(missing)} did not register within {START_DEADLINE_S:.0f}s")
+            time.sleep(0.1)
+
+
+def stop_process(record: ProcessRecord, deadline_s: float = STOP_DEADLINE_S) -> bool:
+    """SIGTERM, wait, SIGKILL. Return whether the process had to be killed."""
+    if not process_alive(record):
+        return False
+    try:
+        os.kill(record.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not process_alive(record):
+            return False
+        time.sleep(0.05)
+    try:
+        os.kill(record.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def down(data_dir: Path, *, progress=print) -> ClusterState | None:
+    state = ClusterState.load(Path(data_dir).resolve())
+    if state is None:
+        return None
+    # Bookies before ZooKeeper, so that they can unregister.
+    order = {"broker": 0, "bookie": 1, "zookeeper": 2}
+    for role in sorted({record.role for record in state.processes}, key=lambda role: order.get(role, 0)):
+        records = [record for record in state.processes if record.role == role]
+        for record in records:
+            if process_alive(record):
+                os.kill(record.pid, signal.SIGTERM)
+        for record in records:
+            killed = stop_process(record)
+            progress(f"{record.name} {'killed after the stop deadline' if killed else 'stopped'}")
+    state.processes = []
+    state.save()
+    return state
+
+
+def directory_bytes(paths: list[str]) -> int:
+    total = 0
+    for path in paths:
+        for directory, _, files in os.walk(path):
+            for name in files:
+                try:
+                    total += os.stat(os.path.join(directory, name)).st_blocks * 512
+                except OSError:
+                    pass
+    return total
+
+
+def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
+    """One row per process: name, role, pid, address, state, disk bytes."""
+    state = ClusterState.load(Path(data_dir).resolve())
+    if state is None:
+        return None, []
+    registrations: dict[str, str] = {}
+    zk_record = next((record for record in state.processes if record.role == "zookeeper"), None)
+    if zk_record is not None and process_alive(zk_record):
+        try:
+            from coordination.cluster_layout import ClusterLayout, list_bookies
+            from coordination.zk_store import KazooMetadataStore
+
+            with KazooMetadataStore.connect(state.zk_hosts, state.root, connect_timeout_ms=3000) as store:
+                for read_only in (False, True):
+                    for info in list_bookies(store, ClusterLayout(), read_only=read_only).values():
+                        registrations[info.address] = "read-only" if read_only else "writable"
+        except Exception as error:  # status reports, it does not fail
+            registrations = {"error": str(error)}
+    rows = []
+    for record in state.processes:
+        alive = process_alive(record)
+        if not alive:
+            process_state = "down"
+        elif record.role == "bookie":
+            process_state = registrations.get(record.address, "starting/unregistered")
+        else:
+            process_state = "serving"
+        rows.append(
+            dict(
+                name=record.name, role=record.role, pid=record.pid, address=record.address,
+                state=process_state, disk_bytes=directory_bytes(record.data_dirs), log=record.log,
+            )
+        )
+    return state, rows

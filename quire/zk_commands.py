@@ -1,0 +1,28 @@
+"""`quire zk run`: a local ZooKeeper from Debian's package, in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from quire.cli import UsageError, configure_logging, port_number
+
+
+def add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=port_number, default=2181)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--data-dir", type=Path, required=True, metavar="DIR")
+
+
+def run(arguments: argparse.Namespace) -> int:
+    from coordination.zk_launcher import ZooKeeperNotInstalledError, ZooKeeperStartError, run_foreground
+
+    configure_logging(arguments.log_level, f"zookeeper :{arguments.port}")
+    try:
+        arguments.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot create {arguments.data_dir}: {error.strerror}") from None
+    try:
+        return run_foreground(arguments.port, arguments.data_dir, host=arguments.host)
+    except (ZooKeeperNotInstalledError, ZooKeeperStartError) as error:
+        raise UsageError(str(error).splitlines()[0]) from None
