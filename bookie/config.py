@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bookie.protocol import FRAME_BYTES_MAX_DEFAULT
+from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT
 from bookie.request_core import CoreLimits
 
 MIB = 1024 * 1024

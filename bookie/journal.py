@@ -126,7 +126,7 @@ class FileJournal:
         data = encode_records(records)
         try:
             if self._offset + len(data) > self.file_bytes_max and self._offset > FILE_HEADER.size:
-                self._unsynced_fds.append(self._fd)
+                self._note_unsynced(self._fd)
                 self._open_file(self._file_id + 1)
             if self._offset + len(data) > self._allocated:
                 self._preallocate(self._offset + len(data))
@@ -137,9 +137,12 @@ class FileJournal:
             self.failed = f"{error} (file {journal_file_name(self._file_id)})"
             raise JournalError(self.failed) from error
         self._offset += len(data)
-        if self._fd not in self._unsynced_fds:
-            self._unsynced_fds.append(self._fd)
+        self._note_unsynced(self._fd)
         return JournalPosition(self._file_id, self._offset)
+
+    def _note_unsynced(self, fd: int) -> None:
+        if fd not in self._unsynced_fds:
+            self._unsynced_fds.append(fd)
 
     def _preallocate(self, needed_end: int) -> None:
         new_allocated = self._allocated

@@ -14,8 +14,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Union
 
-from bookie.entry_format import EntryFormatError, parse_header
-from bookie.protocol import (
+from bookie.protocol.entry_format import EntryFormatError, parse_header
+from bookie.protocol.wire import (
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
     AddFlag,

@@ -18,7 +18,7 @@ import trio
 from bookie.config import BookieConfig
 from bookie.journal import JournalError
 from bookie.ledger_storage import Checkpoint, LedgerStorage
-from bookie.protocol import (
+from bookie.protocol.wire import (
     PROTOCOL_VERSION,
     FrameDecoder,
     HelloReply,

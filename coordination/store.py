@@ -180,6 +180,20 @@ def validate_path(path: str) -> None:
             raise ValueError(f"metadata path must not contain '.' or '..', got {path!r}")
 
 
+def validate_data(data: object) -> None:
+    """Raise TypeError unless `data` is bytes."""
+    if not isinstance(data, bytes):
+        raise TypeError(f"node data must be bytes, got {type(data).__name__}")
+
+
+def validate_version(expected_version: object) -> None:
+    """Raise TypeError/ValueError unless `expected_version` is a version or ANY_VERSION."""
+    if not isinstance(expected_version, int) or isinstance(expected_version, bool):
+        raise TypeError(f"expected_version must be an int, got {expected_version!r}")
+    if expected_version < ANY_VERSION:
+        raise ValueError(f"expected_version must be >= {ANY_VERSION}, got {expected_version}")
+
+
 def parent_of(path: str) -> str:
     head = path.rsplit("/", 1)[0]
     return head or "/"

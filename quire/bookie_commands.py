@@ -125,7 +125,7 @@ def add_info(parser: argparse.ArgumentParser) -> None:
 
 
 def info(arguments: argparse.Namespace) -> int:
-    from bookie.client import BookieClient, BookieConnectionError, parse_address
+    from ledger_client.bookie_client import BookieClient, BookieConnectionError, parse_address
 
     try:
         parse_address(arguments.address)

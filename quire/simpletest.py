@@ -9,8 +9,8 @@ import time
 
 import trio
 
-from bookie.client import BookieClient
-from bookie.entry_format import DigestManager, DigestType, master_key
+from ledger_client.bookie_client import BookieClient
+from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.protocol import AddFlag, AddRequest, Status
 from coordination.cluster_layout import ClusterLayout, list_bookies
 from quire.metadata_access import open_metadata

@@ -491,3 +491,42 @@ def decode_response(fields: list[Any]) -> Response:
             raise ProtocolError("LIST_ENTRIES range must be a pair")
         ranges.append((_u64(run[0], "first"), _u64(run[1], "last")))
     return ListEntriesResponse(request_id, status, _u64(fields[3], "ledger_id"), ranges)
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "FRAME_BYTES_MAX_DEFAULT",
+    "LENGTH_PREFIX",
+    "LAST_ADD_CONFIRMED",
+    "ProtocolError",
+    "Op",
+    "Status",
+    "AddFlag",
+    "ReadFlag",
+    "Hello",
+    "HelloReply",
+    "AddRequest",
+    "ReadRequest",
+    "ReadLacRequest",
+    "BatchReadRequest",
+    "GetInfoRequest",
+    "ListEntriesRequest",
+    "AddResponse",
+    "ReadResponse",
+    "ReadLacResponse",
+    "BatchReadResponse",
+    "GetInfoResponse",
+    "ListEntriesResponse",
+    "Request",
+    "Response",
+    "encode_frame",
+    "FrameDecoder",
+    "encode_hello",
+    "decode_hello",
+    "encode_hello_reply",
+    "decode_hello_reply",
+    "encode_request",
+    "decode_request",
+    "encode_response",
+    "decode_response",
+]

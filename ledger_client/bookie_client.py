@@ -13,7 +13,7 @@ from typing import AsyncIterator, Callable
 
 import trio
 
-from bookie.protocol import (
+from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
@@ -42,6 +42,7 @@ from bookie.protocol import (
     encode_hello,
     encode_request,
 )
+from ledger_client.exception_groups import unwrap_single_exception
 
 RECEIVE_BYTES = 256 * 1024
 Callback = Callable[["Response | BookieConnectionError"], None]
@@ -92,13 +93,14 @@ class BookieClient:
             raise BookieConnectionError(f"cannot connect to bookie {address}: {error}") from None
         try:
             client = await cls._handshake(stream, address, peer_name, requests_in_flight_max, frame_bytes_max)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(client._read_loop)
-                nursery.start_soon(client._write_loop)
-                try:
-                    yield client
-                finally:
-                    nursery.cancel_scope.cancel()
+            with unwrap_single_exception():
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(client._read_loop)
+                    nursery.start_soon(client._write_loop)
+                    try:
+                        yield client
+                    finally:
+                        nursery.cancel_scope.cancel()
         finally:
             await trio.aclose_forcefully(stream)
 

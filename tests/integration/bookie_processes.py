@@ -1,0 +1,168 @@
+"""Real bookie processes for integration tests: started with the `quire`
+command line on ports chosen at run time, killed -9 or stopped on demand, and
+always stopped by the fixture, even when the test fails.
+
+Tests import the `bookies` fixture from here."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+
+from ledger_client.bookie_client import BookieClient, BookieConnectionError
+from coordination.zk_launcher import die_with_parent_hook
+from tests.support import free_port
+
+START_DEADLINE_S = 30.0
+
+
+@dataclass
+class BookieProcess:
+    zk_hosts: str
+    root: str
+    directory: Path
+    port: int
+    options: list[str] = field(default_factory=list)
+    process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def journal_dir(self) -> Path:
+        return self.directory / "journal"
+
+    @property
+    def ledger_dir(self) -> Path:
+        return self.directory / "ledgers"
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / "bookie.log"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "quire", "bookie", "run",
+            "--zk", self.zk_hosts, "--root", self.root, "--port", str(self.port),
+            "--journal-dir", str(self.journal_dir), "--ledger-dir", str(self.ledger_dir),
+            "--session-timeout-ms", "4000",
+            *self.options,
+        ]
+
+    def start(self) -> None:
+        assert not self.running, "bookie already running"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(self.command())}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent_hook(),
+            )
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    async def wait_serving(self, deadline_s: float = START_DEADLINE_S) -> dict:
+        """Wait until the bookie answers GET_INFO; return its info."""
+        end = trio.current_time() + deadline_s
+        while True:
+            if not self.running:
+                raise AssertionError(f"bookie exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with trio.fail_after(2):
+                    async with BookieClient.connect(self.address) as client:
+                        return (await client.get_info()).info
+            except (BookieConnectionError, trio.TooSlowError):
+                pass
+            if trio.current_time() > end:
+                raise AssertionError(f"bookie {self.address} not serving after {deadline_s}s:\n{self.log_tail()}")
+            await trio.sleep(0.05)
+
+    async def started(self) -> "BookieProcess":
+        self.start()
+        await self.wait_serving()
+        return self
+
+    def kill(self) -> None:
+        """kill -9: no shutdown, no flush, nothing."""
+        if self.running:
+            self.process.send_signal(signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait(timeout=10)
+
+    def terminate(self, deadline_s: float = 30) -> int:
+        if self.running:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=deadline_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                raise AssertionError(f"bookie did not stop within {deadline_s}s of SIGTERM:\n{self.log_tail()}")
+        return self.process.returncode
+
+    async def restarted(self) -> "BookieProcess":
+        self.kill()
+        return await self.started()
+
+    def run_until_exit(self, deadline_s: float = START_DEADLINE_S) -> tuple[int, str]:
+        """Start and wait for the process to exit by itself (it is expected
+        to refuse to start); return its exit code and the log of this run."""
+        before = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.start()
+        try:
+            code = self.process.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"bookie kept running instead of refusing to start:\n{self.log_tail()}")
+        return code, self.log_path.read_bytes()[before:].decode(errors="replace")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class BookieFactory:
+    zk_hosts: str
+    root: str
+    base: Path
+    created: list[BookieProcess] = field(default_factory=list)
+
+    def new(self, *options: str, port: int | None = None) -> BookieProcess:
+        index = len(self.created) + 1
+        bookie = BookieProcess(self.zk_hosts, self.root, self.base / f"bookie-{index}", port or free_port(), list(options))
+        self.created.append(bookie)
+        return bookie
+
+    async def started(self, *options: str) -> BookieProcess:
+        return await self.new(*options).started()
+
+    def stop_all(self) -> None:
+        for bookie in self.created:
+            if bookie.running:
+                bookie.kill()
+
+
+@pytest.fixture
+def bookies(zk_hosts, zk_root, tmp_path):
+    factory = BookieFactory(zk_hosts, zk_root, tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+        # Pytest shows captured output only when the test failed.
+        for bookie in factory.created:
+            print(f"--- log of bookie {bookie.address} ---\n{bookie.log_tail(60)}", file=sys.stderr)

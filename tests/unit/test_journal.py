@@ -1,0 +1,116 @@
+"""The file journal: append, sync, replay from a mark, torn tails, rolling,
+deleting covered files, and refusing to go on after an I/O error."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from bookie.journal import (
+    FILE_HEADER,
+    FileJournal,
+    JournalCorruptError,
+    JournalError,
+    journal_file_name,
+)
+from bookie.storage_interfaces import JOURNAL_START, JournalPosition, JournalRecord, RecordKind
+
+
+def records(count: int, start: int = 0, size: int = 100) -> list[JournalRecord]:
+    return [JournalRecord(RecordKind.ADD, 1, entry_id, bytes([entry_id % 251]) * size) for entry_id in range(start, start + count)]
+
+
+def open_journal(directory, **options) -> FileJournal:
+    journal = FileJournal(directory, **{"file_bytes_max": 64 * 1024, "preallocate_bytes": 8192, **options})
+    journal.start_new_file(JOURNAL_START)
+    return journal
+
+
+def test_replay_returns_every_synced_record_with_positions(tmp_path):
+    journal = open_journal(tmp_path)
+    written = records(10)
+    journal.append(written[:4])
+    end = journal.append(written[4:])
+    journal.sync()
+    replayed = list(FileJournal(tmp_path).replay(JOURNAL_START))
+    assert [record for record, _ in replayed] == written
+    assert replayed[-1][1] == end
+    # Replaying from a position in the middle yields only what follows it.
+    middle = replayed[3][1]
+    assert [record for record, _ in FileJournal(tmp_path).replay(middle)] == written[4:]
+
+
+def test_torn_tail_ends_replay_of_that_file_only(tmp_path):
+    journal = open_journal(tmp_path)
+    journal.append(records(5))
+    journal.sync()
+    first_file = journal.current_file_id
+    path = tmp_path / journal_file_name(first_file)
+    # Tear the last record: keep its length word, garble its body.
+    data = bytearray(path.read_bytes())
+    last_end = list(FileJournal(tmp_path).replay(JOURNAL_START))[-1][1].offset
+    data[last_end - 10 : last_end] = b"\xff" * 10
+    path.write_bytes(bytes(data))
+    # A restart continues in a new file, whose records still replay.
+    journal = FileJournal(tmp_path)
+    position = journal.start_new_file(JournalPosition(first_file, last_end))
+    journal.append(records(2, start=100))
+    journal.sync()
+    replayed = [record.entry_id for record, _ in FileJournal(tmp_path).replay(JOURNAL_START)]
+    assert replayed == [0, 1, 2, 3, 100, 101]
+    assert position.file_id == first_file + 1
+
+
+def test_zeros_after_the_last_record_end_the_file(tmp_path):
+    journal = open_journal(tmp_path, preallocate_bytes=1 << 20)
+    journal.append(records(3))
+    journal.sync()
+    assert os.path.getsize(tmp_path / journal_file_name(journal.current_file_id)) >= 1 << 20
+    assert len(list(FileJournal(tmp_path).replay(JOURNAL_START))) == 3
+
+
+def test_rolls_to_new_files_and_deletes_only_covered_ones(tmp_path):
+    journal = open_journal(tmp_path, file_bytes_max=64 * 1024)
+    positions = [journal.append(records(50, start=batch * 50, size=200)) for batch in range(20)]
+    journal.sync()
+    files = journal.file_ids()
+    assert len(files) >= 3
+    assert [record.entry_id for record, _ in FileJournal(tmp_path).replay(JOURNAL_START)] == list(range(1000))
+    mark = positions[10]
+    deleted = journal.delete_before(mark)
+    assert deleted == [file_id for file_id in files if file_id < mark.file_id]
+    remaining = [record.entry_id for record, _ in FileJournal(tmp_path).replay(mark)]
+    assert remaining == list(range(550, 1000))
+
+
+def test_a_new_file_is_never_behind_the_mark(tmp_path):
+    journal = FileJournal(tmp_path)
+    # Even with no files on disk, a mark in file 41 makes the next file 42.
+    assert journal.start_new_file(JournalPosition(41, 999)) == JournalPosition(42, FILE_HEADER.size)
+
+
+def test_a_foreign_file_refuses_replay(tmp_path):
+    (tmp_path / journal_file_name(3)).write_bytes(FILE_HEADER.pack(b"QJNL", 1, 4) + bytes(100))
+    with pytest.raises(JournalCorruptError):
+        list(FileJournal(tmp_path).replay(JOURNAL_START))
+
+
+def test_after_an_io_error_the_journal_refuses_more_records(tmp_path):
+    journal = open_journal(tmp_path)
+    journal.append(records(1))
+    os.close(journal._fd)  # the disk goes away under it
+    with pytest.raises(JournalError):
+        journal.append(records(1, start=1))
+    with pytest.raises(JournalError, match="failed earlier"):
+        journal.append(records(1, start=2))
+    journal._fd = None
+    journal._unsynced_fds.clear()
+
+
+def test_records_larger_than_preallocation_are_written_whole(tmp_path):
+    journal = open_journal(tmp_path, preallocate_bytes=4096, file_bytes_max=1 << 20)
+    big = [JournalRecord(RecordKind.ADD, 1, 0, b"z" * 100_000)]
+    journal.append(big)
+    journal.sync()
+    assert [record for record, _ in FileJournal(tmp_path).replay(JOURNAL_START)] == big

@@ -1,0 +1,160 @@
+"""Ledger storage over the real entry log and RocksDB index, and over the
+simulated ones: checkpoints, the read path through every tier, read-ahead,
+corruption, and what a simulated crash keeps."""
+
+from __future__ import annotations
+
+import pytest
+
+from bookie.entry_index import MarkRegressionError, RocksEntryIndex
+from bookie.entry_log import FileEntryLog
+from bookie.ledger_storage import LedgerStorage
+from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
+from bookie.storage_interfaces import (
+    JOURNAL_START,
+    CorruptEntryError,
+    JournalPosition,
+    JournalRecord,
+    LedgerStateRecord,
+    RecordKind,
+)
+
+
+def payload(ledger_id: int, entry_id: int) -> bytes:
+    return f"ledger {ledger_id} entry {entry_id} ".encode() * 10
+
+
+@pytest.fixture(params=["files", "sim"])
+def storage(request, tmp_path):
+    if request.param == "files":
+        (tmp_path / "logs").mkdir()
+        built = LedgerStorage(
+            FileEntryLog(tmp_path / "logs", log_bytes_max=1 << 20), RocksEntryIndex(tmp_path / "index"),
+            write_cache_bytes=1 << 16, read_cache_bytes=1 << 16, read_ahead_bytes=4096,
+        )
+    else:
+        built = LedgerStorage(SimEntryLog(log_entries_max=50), SimEntryIndex(), write_cache_bytes=1 << 16, read_cache_bytes=1 << 16, read_ahead_bytes=4096)
+    yield built
+    built.close()
+
+
+def checkpoint(storage: LedgerStorage, mark=JournalPosition(1, 0), states=None):
+    job = storage.begin_checkpoint(states or {}, mark)
+    storage.run_checkpoint(job)
+    storage.end_checkpoint()
+    return job
+
+
+def test_entries_are_readable_before_during_and_after_a_checkpoint(storage):
+    for entry_id in range(30):
+        storage.put(1, entry_id, payload(1, entry_id))
+    assert storage.read(1, 0, 100, 1 << 20).entries == [payload(1, e) for e in range(30)]
+    job = storage.begin_checkpoint({}, JournalPosition(1, 0))
+    # While flushing, the swapped-out buffer still serves reads.
+    assert storage.read_memory(1, 5, 1, 1 << 20) == ([payload(1, 5)], False)
+    storage.run_checkpoint(job)
+    storage.end_checkpoint()
+    assert storage.read_memory(1, 5, 1, 1 << 20) == ([], True)
+    assert storage.read(1, 0, 100, 1 << 20).entries == [payload(1, e) for e in range(30)]
+    assert [location[:2] for location in job.locations] == [(1, e) for e in range(30)]
+
+
+def test_checkpoint_writes_entries_sorted_by_ledger_then_entry(storage):
+    for ledger_id, entry_id in [(2, 1), (1, 5), (2, 0), (1, 4)]:
+        storage.put(ledger_id, entry_id, payload(ledger_id, entry_id))
+    job = checkpoint(storage)
+    assert [(ledger, entry) for ledger, entry, _ in job.entries] == [(1, 4), (1, 5), (2, 0), (2, 1)]
+
+
+def test_read_ahead_fills_the_read_cache(storage):
+    for entry_id in range(20):
+        storage.put(3, entry_id, payload(3, entry_id))
+    checkpoint(storage)
+    assert storage.read(3, 0, 1, 1 << 20).entries == [payload(3, 0)]
+    assert len(storage.read_cache) > 1
+    assert storage.read_memory(3, 1, 1, 1 << 20) == ([payload(3, 1)], False)
+
+
+def test_range_reads_stop_at_a_gap_and_respect_the_byte_bound(storage):
+    for entry_id in (0, 1, 2, 4):
+        storage.put(1, entry_id, payload(1, entry_id))
+    assert len(storage.read(1, 0, 100, 1 << 20).entries) == 3
+    assert len(storage.read(1, 0, 100, len(payload(1, 0)) * 2).entries) == 2
+    # The first entry is returned even if it alone exceeds the bound.
+    assert len(storage.read(1, 0, 100, 1).entries) == 1
+    assert storage.read(1, 3, 100, 1 << 20).entries == []
+
+
+def test_entry_ids_merge_index_and_write_cache(storage):
+    for entry_id in range(5):
+        storage.put(1, entry_id, payload(1, entry_id))
+    checkpoint(storage)
+    storage.put(1, 7, payload(1, 7))
+    storage.put(2, 0, payload(2, 0))
+    assert storage.entry_ids(1, 0, 100, 100) == [0, 1, 2, 3, 4, 7]
+    assert storage.entry_ids(1, 2, 4, 100) == [2, 3, 4]
+    assert storage.entry_ids(1, 0, 100, 3) == [0, 1, 2]
+
+
+def test_checkpoint_commits_ledger_states_and_mark(storage):
+    state = LedgerStateRecord(b"key", True, 41)
+    checkpoint(storage, JournalPosition(3, 77), {9: state})
+    assert storage.entry_index.load_mark() == JournalPosition(3, 77)
+    assert dict(storage.entry_index.load_ledger_states()) == {9: state}
+
+
+def test_the_mark_never_moves_backwards(tmp_path):
+    index = RocksEntryIndex(tmp_path / "index")
+    index.commit_checkpoint([], {}, JournalPosition(5, 100))
+    with pytest.raises(MarkRegressionError):
+        index.commit_checkpoint([], {}, JournalPosition(5, 99))
+    index.close()
+    # ... and survives a reopen.
+    index = RocksEntryIndex(tmp_path / "index")
+    assert index.load_mark() == JournalPosition(5, 100)
+    index.close()
+
+
+def test_a_flipped_byte_in_the_entry_log_is_a_failed_read_not_a_missing_entry(tmp_path):
+    (tmp_path / "logs").mkdir()
+    storage = LedgerStorage(FileEntryLog(tmp_path / "logs", log_bytes_max=1 << 20), RocksEntryIndex(tmp_path / "index"), read_ahead_bytes=0)
+    for entry_id in range(3):
+        storage.put(1, entry_id, payload(1, entry_id))
+    job = checkpoint(storage)
+    _, _, location = job.locations[1]
+    path = tmp_path / "logs" / f"{location.log_id:016x}.log"
+    data = bytearray(path.read_bytes())
+    data[location.offset + location.size - 3] ^= 0x40
+    path.write_bytes(bytes(data))
+    outcome = storage.read(1, 1, 1, 1 << 20)
+    assert outcome.entries == [] and outcome.failed
+    outcome = storage.read(1, 0, 10, 1 << 20)
+    assert outcome.entries == [payload(1, 0)] and outcome.failed
+    with pytest.raises(CorruptEntryError):
+        storage.entry_log.read(location, 1, 1)
+    storage.close()
+
+
+def test_sim_entry_log_corruption_and_crash():
+    log = SimEntryLog()
+    location = log.append(1, 0, b"data")
+    log.sync()
+    unsynced = log.append(1, 1, b"more")
+    log.crash()
+    with pytest.raises(CorruptEntryError):
+        log.read(unsynced, 1, 1)
+    assert log.read(location, 1, 0) == b"data"
+    assert log.corrupt(1, 0) == 1
+    with pytest.raises(CorruptEntryError):
+        log.read(location, 1, 0)
+
+
+def test_sim_journal_crash_keeps_only_synced_records():
+    journal = SimJournal()
+    journal.start_new_file(JOURNAL_START)
+    kept = [JournalRecord(RecordKind.ADD, 1, 0, b"a")]
+    journal.append(kept)
+    journal.sync()
+    journal.append([JournalRecord(RecordKind.ADD, 1, 1, b"b")])
+    journal.crash()
+    assert [record for record, _ in journal.replay(JOURNAL_START)] == kept

@@ -1,0 +1,188 @@
+"""Frame encoding and decoding: round trips of every message (property tests),
+and malformed input that must raise ProtocolError and nothing else."""
+
+from __future__ import annotations
+
+import struct
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bookie.protocol import (
+    LAST_ADD_CONFIRMED,
+    AddRequest,
+    AddResponse,
+    BatchReadRequest,
+    BatchReadResponse,
+    FrameDecoder,
+    GetInfoRequest,
+    GetInfoResponse,
+    Hello,
+    HelloReply,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    ProtocolError,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Status,
+    decode_hello,
+    decode_hello_reply,
+    decode_request,
+    decode_response,
+    encode_frame,
+    encode_hello,
+    encode_hello_reply,
+    encode_request,
+    encode_response,
+)
+
+u64 = st.integers(0, 2**64 - 1)
+i64 = st.integers(-(2**63), 2**63 - 1)
+entry_ids = st.integers(LAST_ADD_CONFIRMED, 2**64 - 1)
+flags = st.integers(0, 3)
+blobs = st.binary(max_size=300)
+statuses = st.sampled_from(list(Status))
+
+requests = st.one_of(
+    st.builds(AddRequest, u64, flags, blobs, blobs),
+    st.builds(
+        ReadRequest, u64, flags, u64, entry_ids, st.none() | blobs, st.none() | i64, st.none() | st.integers(0, 2**31)
+    ),
+    st.builds(ReadLacRequest, u64, u64),
+    st.builds(BatchReadRequest, u64, u64, u64, st.integers(1, 2**31), st.integers(1, 2**40)),
+    st.builds(GetInfoRequest, u64),
+    st.builds(ListEntriesRequest, u64, u64, u64, u64),
+)
+responses = st.one_of(
+    st.builds(AddResponse, u64, statuses, u64, u64),
+    st.builds(ReadResponse, u64, statuses, u64, entry_ids, i64, st.none() | blobs),
+    st.builds(ReadLacResponse, u64, statuses, u64, i64),
+    st.builds(BatchReadResponse, u64, statuses, u64, u64, st.lists(blobs, max_size=5)),
+    st.builds(GetInfoResponse, u64, statuses, st.dictionaries(st.text(max_size=10), i64 | st.booleans() | st.text(max_size=10), max_size=5)),
+    st.builds(ListEntriesResponse, u64, statuses, u64, st.lists(st.tuples(u64, u64), max_size=5)),
+)
+
+
+def frames_of(data: bytes, frame_bytes_max: int = 1 << 20, chunk: int | None = None):
+    decoder = FrameDecoder(frame_bytes_max)
+    found = []
+    step = chunk or len(data) or 1
+    for start in range(0, len(data), step):
+        decoder.feed(data[start : start + step])
+        found.extend(decoder.frames())
+    return found, decoder
+
+
+@given(st.lists(requests, max_size=8), st.integers(1, 64))
+def test_requests_round_trip_through_frames_split_anywhere(messages, chunk):
+    data = b"".join(encode_request(message) for message in messages)
+    frames, decoder = frames_of(data, chunk=chunk)
+    assert [decode_request(fields) for fields in frames] == messages
+    assert decoder.buffered_bytes == 0
+
+
+@given(st.lists(responses, max_size=8), st.integers(1, 64))
+def test_responses_round_trip_through_frames_split_anywhere(messages, chunk):
+    data = b"".join(encode_response(message) for message in messages)
+    frames, _ = frames_of(data, chunk=chunk)
+    assert [decode_response(fields) for fields in frames] == messages
+
+
+@given(st.integers(0, 2**31), st.text(max_size=30), statuses, u64.filter(lambda n: n < 2**31), st.integers(1, 2**32 - 1))
+def test_handshake_round_trips(version, name, status, reply_version, frame_max):
+    (hello,), _ = frames_of(encode_hello(Hello(version, name)))
+    assert decode_hello(hello) == Hello(version, name)
+    reply = HelloReply(status, reply_version, name, frame_max)
+    (fields,), _ = frames_of(encode_hello_reply(reply))
+    assert decode_hello_reply(fields) == reply
+
+
+@settings(max_examples=500)
+@given(st.binary(max_size=200))
+def test_random_bytes_decode_or_raise_protocol_error_only(data):
+    decoder = FrameDecoder(1 << 16)
+    decoder.feed(data)
+    try:
+        for fields in decoder.frames():
+            decode_request(fields)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=500)
+@given(st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**64 - 1), st.binary(max_size=5), st.text(max_size=5), st.booleans(), st.floats(allow_nan=False), st.lists(i64, max_size=3)), max_size=9))
+def test_random_arrays_decode_or_raise_protocol_error_only(fields):
+    frame = encode_frame(fields) if fields else encode_frame([0])
+    decoder = FrameDecoder(1 << 16)
+    decoder.feed(frame)
+    try:
+        for decoded in decoder.frames():
+            decode_request(decoded)
+            decode_response(decoded)
+    except ProtocolError:
+        pass
+
+
+def test_a_frame_longer_than_the_bound_is_refused_before_it_is_buffered():
+    decoder = FrameDecoder(1024)
+    decoder.feed(struct.pack(">I", 1025))
+    with pytest.raises(ProtocolError, match="exceeds the bound"):
+        list(decoder.frames())
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (b"\xc1", "not valid msgpack"),
+        (msgpack.packb({"a": 1}), "non-empty msgpack array"),
+        (msgpack.packb([]), "non-empty msgpack array"),
+    ],
+)
+def test_malformed_bodies(body, message):
+    decoder = FrameDecoder(1024)
+    decoder.feed(struct.pack(">I", len(body)) + body)
+    with pytest.raises(ProtocolError, match=message):
+        list(decoder.frames())
+
+
+def test_empty_frame_is_a_protocol_error():
+    decoder = FrameDecoder(1024)
+    decoder.feed(struct.pack(">I", 0))
+    with pytest.raises(ProtocolError):
+        list(decoder.frames())
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [99, 1],  # unknown op
+        [1, -1, 0, b"k", b"e"],  # negative request id
+        [1, 1, 0, "text key", b"e"],  # key must be binary
+        [1, 1, 0, b"k"],  # missing field
+        [2, 1, 0, 2**64, 0, None, None, None],  # ledger id out of range
+        [2, 1, 0, 1, -2, None, None, None],  # entry id below LAST_ADD_CONFIRMED
+        [4, 1, 1, 0, 0, 10],  # entries_max 0
+        [True, 1],  # a boolean is not an op
+    ],
+)
+def test_ill_shaped_requests(fields):
+    with pytest.raises(ProtocolError):
+        decode_request(fields)
+
+
+def test_the_first_frame_must_be_a_hello():
+    with pytest.raises(ProtocolError, match="HELLO"):
+        decode_hello([1, 1, 0, b"k", b"e"])
+
+
+def test_decoder_compacts_its_buffer():
+    frame = encode_request(AddRequest(1, 0, b"k", b"x" * 1000))
+    decoder = FrameDecoder()
+    for _ in range(1000):
+        decoder.feed(frame)
+        assert len(list(decoder.frames())) == 1
+    assert len(decoder._buffer) < 200_000
