@@ -9,7 +9,6 @@ a hole whose contents it does not know.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import struct
@@ -18,7 +17,7 @@ from typing import Iterator
 
 import crc32c
 
-from bookie.durable_files import fsync_directory
+from bookie.durable_files import fsync_directory, write_parts_at
 
 from bookie.storage_interfaces import JournalPosition, JournalRecord, RecordKind
 
@@ -46,7 +45,8 @@ def journal_file_name(file_id: int) -> str:
     return f"{file_id:016x}{SUFFIX}"
 
 
-def encode_records(records: list[JournalRecord]) -> bytes:
+def encode_records(records: list[JournalRecord]) -> list[bytes]:
+    """The records' bytes as parts for pwritev (joining would copy them)."""
     parts: list[bytes] = []
     for record in records:
         head = RECORD_HEAD.pack(record.kind, record.ledger_id, record.entry_id)
@@ -54,7 +54,7 @@ def encode_records(records: list[JournalRecord]) -> bytes:
         parts.append(RECORD_FRAME.pack(len(head) + len(record.data), checksum))
         parts.append(head)
         parts.append(record.data)
-    return b"".join(parts)
+    return parts
 
 
 class FileJournal:
@@ -123,26 +123,51 @@ class FileJournal:
         if self.failed:
             raise JournalError(f"journal failed earlier: {self.failed}")
         assert self._fd is not None, "start_new_file() must be called before append()"
-        data = encode_records(records)
+        parts = encode_records(records)
+        size = sum(map(len, parts))
         try:
-            if self._offset + len(data) > self.file_bytes_max and self._offset > FILE_HEADER.size:
+            if self._offset + size > self.file_bytes_max and self._offset > FILE_HEADER.size:
                 self._note_unsynced(self._fd)
                 self._open_file(self._file_id + 1)
-            if self._offset + len(data) > self._allocated:
-                self._preallocate(self._offset + len(data))
-            written = os.pwrite(self._fd, data, self._offset)
-            if written != len(data):
-                raise OSError(errno.EIO, f"short journal write: {written} of {len(data)} bytes")
+            if self._offset + size > self._allocated:
+                self._preallocate(self._offset + size)
+            write_parts_at(self._fd, parts, self._offset)
         except OSError as error:
             self.failed = f"{error} (file {journal_file_name(self._file_id)})"
             raise JournalError(self.failed) from error
-        self._offset += len(data)
+        self._offset += size
         self._note_unsynced(self._fd)
         return JournalPosition(self._file_id, self._offset)
 
     def _note_unsynced(self, fd: int) -> None:
         if fd not in self._unsynced_fds:
             self._unsynced_fds.append(fd)
+
+    def room_bytes(self) -> int:
+        """Bytes of records that fit in space already preallocated in the
+        current file: writing them needs no allocation and no roll."""
+        if self.failed or self._fd is None:
+            return 0
+        return max(0, min(self._allocated, self.file_bytes_max) - self._offset - RECORD_OVERHEAD)
+
+    def needs_prepare(self) -> bool:
+        return (
+            not self.failed
+            and self._fd is not None
+            and self._allocated - self._offset < self.preallocate_bytes // 2
+            and self._allocated < self.file_bytes_max
+        )
+
+    def prepare(self) -> None:
+        """Housekeeping ahead of need, on the journal thread when idle:
+        preallocate the next chunk once less than half a chunk is left."""
+        if self.needs_prepare():
+            try:
+                self._preallocate(self._allocated + 1)
+            except OSError as error:
+                # A full disk shows here first; the append that needs the
+                # space will fail the batch and the bookie turns read-only.
+                log.warning("journal preallocation failed: %s", error)
 
     def _preallocate(self, needed_end: int) -> None:
         new_allocated = self._allocated

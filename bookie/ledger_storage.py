@@ -22,22 +22,22 @@ from bookie.storage_interfaces import (
     LedgerStateRecord,
     ReadOutcome,
 )
-from bookie.write_cache import WriteCache
+from bookie.write_cache import WriteCache, sorted_entries
 
 
 @dataclass(slots=True)
 class Checkpoint:
     """One checkpoint's work: kept whole and retried as is if it fails."""
 
-    entries: list[tuple[int, int, bytes]]
+    buffer: dict[int, dict[int, bytes]]  # the swapped-out write cache, read-only
     ledger_states: dict[int, LedgerStateRecord]
     mark: JournalPosition
     attempts: int = 0
     locations: list[tuple[int, int, EntryLocation]] = field(default_factory=list)
 
     @property
-    def entry_bytes(self) -> int:
-        return sum(len(data) for _, _, data in self.entries)
+    def entries(self) -> list[tuple[int, int, bytes]]:
+        return sorted_entries(self.buffer)
 
 
 class LedgerStorage:
@@ -146,10 +146,7 @@ class LedgerStorage:
     def run_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Worker thread: write the entries, sync, commit index and mark."""
         checkpoint.attempts += 1
-        locations = [
-            (ledger_id, entry_id, self.entry_log.append(ledger_id, entry_id, data))
-            for ledger_id, entry_id, data in checkpoint.entries
-        ]
+        locations = self.entry_log.append_batch(checkpoint.entries)
         self.entry_log.sync()
         self.entry_index.commit_checkpoint(locations, checkpoint.ledger_states, checkpoint.mark)
         checkpoint.locations = locations

@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Union
 
-from bookie.protocol.entry_format import EntryFormatError, parse_header
+from bookie.protocol.entry_format import EntryFormatError, header_fields
 from bookie.protocol.wire import (
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
@@ -191,7 +191,7 @@ class BookieCore:
     # --- events -------------------------------------------------------------
 
     def receive(self, connection_id: int, request: Request, now_ms: float) -> list[Action]:
-        if isinstance(request, AddRequest):
+        if type(request) is AddRequest:
             return self._receive_add(connection_id, request, now_ms)
         if isinstance(request, ReadRequest):
             return self._receive_read(connection_id, request, now_ms)
@@ -364,9 +364,9 @@ class BookieCore:
                 state.fenced = True
                 self._dirty.add(record.ledger_id)
             return []
-        header = parse_header(record.data)
-        if header.last_add_confirmed > state.last_add_confirmed:
-            state.last_add_confirmed = header.last_add_confirmed
+        last_add_confirmed = header_fields(record.data)[2]
+        if last_add_confirmed > state.last_add_confirmed:
+            state.last_add_confirmed = last_add_confirmed
             self._dirty.add(record.ledger_id)
         return [StoreEntry(record.ledger_id, record.entry_id, record.data)]
 
@@ -401,40 +401,33 @@ class BookieCore:
 
     def _receive_add(self, connection_id: int, request: AddRequest, now_ms: float) -> list[Action]:
         try:
-            header = parse_header(request.entry)
+            ledger_id, entry_id, last_add_confirmed, _ = header_fields(request.entry)
         except EntryFormatError:
             return [Respond(connection_id, AddResponse(request.request_id, Status.BAD_REQUEST, 0, 0))]
-        ledger_id, entry_id = header.ledger_id, header.entry_id
-
-        def reply(status: Status) -> list[Action]:
-            return [Respond(connection_id, AddResponse(request.request_id, status, ledger_id, entry_id))]
-
-        if not request.master_key:
-            return reply(Status.BAD_REQUEST)
-        if self.read_only:
-            return reply(Status.READ_ONLY)
-        if self.adds_in_flight >= self.limits.adds_in_flight_max:
-            return reply(Status.TOO_MANY_REQUESTS)
-        actions: list[Action] = []
+        status = None
         state = self.ledgers.get(ledger_id)
-        if state is None:
-            actions.extend(self._create_ledger(ledger_id, request.master_key))
-            state = self.ledgers[ledger_id]
-        elif state.master_key != request.master_key:
-            return reply(Status.UNAUTHORIZED)
-        if state.fenced and not request.flags & AddFlag.RECOVERY_ADD:
-            return reply(Status.FENCED)
+        if not request.master_key:
+            status = Status.BAD_REQUEST
+        elif self.read_only:
+            status = Status.READ_ONLY
+        elif self.adds_in_flight >= self.limits.adds_in_flight_max:
+            status = Status.TOO_MANY_REQUESTS
+        elif state is not None:
+            if state.master_key != request.master_key:
+                status = Status.UNAUTHORIZED
+            elif state.fenced and not request.flags & AddFlag.RECOVERY_ADD:
+                status = Status.FENCED
+        if status is not None:
+            return [Respond(connection_id, AddResponse(request.request_id, status, ledger_id, entry_id))]
+        actions: list[Action] = [] if state is not None else self._create_ledger(ledger_id, request.master_key)
         self.adds_in_flight += 1
         if self.adds_paused:
             deadline_ms = now_ms + self.limits.write_cache_wait_ms_max
-            self._waiting_adds.append(
-                _WaitingAdd(deadline_ms, connection_id, request, ledger_id, entry_id, header.last_add_confirmed)
-            )
+            self._waiting_adds.append(_WaitingAdd(deadline_ms, connection_id, request, ledger_id, entry_id, last_add_confirmed))
             return actions
-        token = self._token()
-        self._pending[token] = _PendingAdd(
-            connection_id, request.request_id, ledger_id, entry_id, header.last_add_confirmed, request.entry
-        )
+        token = self._next_token
+        self._next_token = token + 1
+        self._pending[token] = _PendingAdd(connection_id, request.request_id, ledger_id, entry_id, last_add_confirmed, request.entry)
         actions.append(AppendJournal(JournalRecord(RecordKind.ADD, ledger_id, entry_id, request.entry), token))
         return actions
 

@@ -46,6 +46,15 @@ class SimJournal:
             del records[self._synced.get(file_id, 0) :]
         self._current = -1
 
+    def room_bytes(self) -> int:
+        return 1 << 62  # memory: no preallocation, no rolls
+
+    def needs_prepare(self) -> bool:
+        return False
+
+    def prepare(self) -> None:
+        pass
+
     def replay(self, start: JournalPosition) -> Iterator[tuple[JournalRecord, JournalPosition]]:
         for file_id in sorted(self._files):
             if file_id < start.file_id:
@@ -98,6 +107,9 @@ class SimEntryLog:
             self._synced[self._current] = 0
         log.append(_StoredEntry(ledger_id, entry_id, bytearray(data), crc32c.crc32c(data)))
         return EntryLocation(self._current, len(log) - 1, len(data) + _RECORD_SIZE_OVERHEAD)
+
+    def append_batch(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, int, EntryLocation]]:
+        return [(ledger_id, entry_id, self.append(ledger_id, entry_id, data)) for ledger_id, entry_id, data in entries]
 
     def sync(self) -> None:
         for log_id, log in self._logs.items():

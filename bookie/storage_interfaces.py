@@ -18,7 +18,7 @@ class RecordKind(enum.IntEnum):
     FENCE = 3  # data = b""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class JournalRecord:
     kind: RecordKind
     ledger_id: int
@@ -70,6 +70,15 @@ class Journal(Protocol):
     def sync(self) -> None:
         """Make everything appended so far durable."""
 
+    def room_bytes(self) -> int:
+        """How many bytes of records fit without allocating or rolling."""
+
+    def needs_prepare(self) -> bool:
+        """Whether `prepare` has work to do."""
+
+    def prepare(self) -> None:
+        """Slow housekeeping ahead of need (preallocation), when idle."""
+
     def replay(self, start: JournalPosition) -> Iterator[tuple[JournalRecord, JournalPosition]]:
         """Every intact record at or after `start`, in order, each with the
         position just after it. A torn tail ends a file; replay goes on with
@@ -88,6 +97,10 @@ class Journal(Protocol):
 class EntryLog(Protocol):
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
         """Buffer one entry for the current log (not durable until `sync`)."""
+
+    def append_batch(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, int, EntryLocation]]:
+        """`append` for many (ledger id, entry id, data); returns (ledger id,
+        entry id, location) for each."""
 
     def sync(self) -> None:
         """Write and make durable everything appended so far."""

@@ -67,17 +67,20 @@ class WriteCache:
         """No room: the active half is full and the other is still flushing."""
         return self.active_bytes >= self.half_bytes and self._flushing is not None
 
-    def begin_flush(self) -> list[tuple[int, int, bytes]]:
-        """Swap the active buffer out; return its entries sorted by (ledger, entry)."""
+    def begin_flush(self) -> dict[int, dict[int, bytes]]:
+        """Swap the active buffer out and return it; it is read-only from now
+        on, so a checkpoint thread may sort and write it while the loop
+        keeps serving reads from it."""
         assert self._flushing is None, "a flush is already in progress"
         self._flushing, self.flushing_bytes = self._active, self.active_bytes
         self._active, self.active_bytes, self.active_entries = {}, 0, 0
-        return [
-            (ledger_id, entry_id, data)
-            for ledger_id in sorted(self._flushing)
-            for entry_id, data in sorted(self._flushing[ledger_id].items())
-        ]
+        return self._flushing
 
     def end_flush(self) -> None:
         self._flushing = None
         self.flushing_bytes = 0
+
+
+def sorted_entries(buffer: dict[int, dict[int, bytes]]) -> list[tuple[int, int, bytes]]:
+    """A swapped-out buffer's entries sorted by (ledger, entry)."""
+    return [(ledger_id, entry_id, data) for ledger_id in sorted(buffer) for entry_id, data in sorted(buffer[ledger_id].items())]

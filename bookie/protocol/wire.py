@@ -204,6 +204,7 @@ _RESPONSE_TYPES = {op: cls for cls, op in _RESPONSE_OPS.items()}
 # --- frames -------------------------------------------------------------------
 
 _packer = msgpack.Packer(use_bin_type=True)
+_unpackb = msgpack.unpackb
 
 
 def encode_frame(fields: list[Any]) -> bytes:
@@ -234,27 +235,34 @@ class FrameDecoder:
     def frames(self) -> Iterator[list[Any]]:
         """Yield every complete frame buffered so far, decoded to a list."""
         buffer = self._buffer
-        while True:
-            start = self._position
-            if len(buffer) - start < 4:
-                break
-            (length,) = LENGTH_PREFIX.unpack_from(buffer, start)
-            if length > self.frame_bytes_max:
-                raise ProtocolError(f"frame of {length} bytes exceeds the bound of {self.frame_bytes_max}")
-            if length == 0:
-                raise ProtocolError("empty frame")
-            end = start + 4 + length
-            if len(buffer) < end:
-                break
-            body = bytes(buffer[start + 4 : end])
-            self._position = end
-            try:
-                fields = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
-            except Exception as error:  # msgpack raises several unrelated types
-                raise ProtocolError(f"frame is not valid msgpack: {error}") from None
-            if not isinstance(fields, list) or not fields:
-                raise ProtocolError("frame must hold a non-empty msgpack array")
-            yield fields
+        # msgpack reads straight from the buffer (binary fields come out as
+        # new bytes objects); the view is released before the buffer changes.
+        view = memoryview(buffer)
+        try:
+            while True:
+                start = self._position
+                if len(buffer) - start < 4:
+                    break
+                (length,) = LENGTH_PREFIX.unpack_from(buffer, start)
+                if length > self.frame_bytes_max:
+                    raise ProtocolError(f"frame of {length} bytes exceeds the bound of {self.frame_bytes_max}")
+                if length == 0:
+                    raise ProtocolError("empty frame")
+                end = start + 4 + length
+                if len(buffer) < end:
+                    break
+                self._position = end
+                try:
+                    # msgpack's defaults are raw=False, strict_map_key=True,
+                    # use_list=True; passing them as keywords costs 20%.
+                    fields = _unpackb(view[start + 4 : end])
+                except Exception as error:  # msgpack raises several unrelated types
+                    raise ProtocolError(f"frame is not valid msgpack: {error}") from None
+                if type(fields) is not list or not fields:
+                    raise ProtocolError("frame must hold a non-empty msgpack array")
+                yield fields
+        finally:
+            view.release()
         # Drop consumed bytes once they dominate the buffer, so it never grows
         # past one frame plus one read.
         if self._position > 65536 and self._position * 2 > len(buffer):
@@ -293,11 +301,14 @@ def _optional(check, value: Any, name: str):
     return None if value is None else check(value, name)
 
 
+_STATUSES = {int(status): status for status in Status}
+
+
 def _status(value: Any) -> Status:
-    try:
-        return Status(_int(value, "status", 0, 255))
-    except ValueError:
-        raise ProtocolError(f"unknown status {value!r}") from None
+    status = _STATUSES.get(value) if type(value) is int else None
+    if status is None:
+        raise ProtocolError(f"unknown status {value!r:.40}")
+    return status
 
 
 def _arity(fields: list[Any], count: int, what: str) -> None:
@@ -343,6 +354,9 @@ def decode_hello_reply(fields: list[Any]) -> HelloReply:
 
 
 def encode_request(request: Request) -> bytes:
+    if type(request) is AddRequest:  # the hot path
+        body = _packer.pack([1, request.request_id, request.flags, request.master_key, request.entry])
+        return LENGTH_PREFIX.pack(len(body)) + body
     op = _REQUEST_OPS[type(request)]
     if op is Op.ADD:
         return encode_frame([op, request.request_id, request.flags, request.master_key, request.entry])
@@ -372,6 +386,14 @@ def encode_request(request: Request) -> bytes:
 
 def decode_request(fields: list[Any]) -> Request:
     """Turn a frame's fields into a request, or raise ProtocolError."""
+    if len(fields) == 5:
+        # The hot path: an ADD whose fields have the right types.
+        op, request_id, flags, key, entry = fields
+        if (
+            op == 1 and type(op) is int and type(request_id) is int and 0 <= request_id <= U64_MAX
+            and type(flags) is int and 0 <= flags <= 2**31 and type(key) is bytes and type(entry) is bytes
+        ):
+            return AddRequest(request_id, flags, key, entry)
     op = fields[0]
     if type(op) is not int or op not in _REQUEST_TYPES:
         raise ProtocolError(f"unknown request op {op!r:.40}")
@@ -422,6 +444,9 @@ def decode_request(fields: list[Any]) -> Request:
 
 
 def encode_response(response: Response) -> bytes:
+    if type(response) is AddResponse:  # the hot path
+        body = _packer.pack([1, response.request_id, response.status, response.ledger_id, response.entry_id])
+        return LENGTH_PREFIX.pack(len(body)) + body
     op = _RESPONSE_OPS[type(response)]
     head = [op, response.request_id, int(response.status)]
     if op is Op.ADD:
@@ -441,6 +466,14 @@ def encode_response(response: Response) -> bytes:
 
 def decode_response(fields: list[Any]) -> Response:
     """Turn a frame's fields into a response, or raise ProtocolError."""
+    if len(fields) == 5 and fields[0] == 1 and type(fields[0]) is int:
+        # The hot path: an ADD response whose fields have the right types.
+        _, request_id, status, ledger_id, entry_id = fields
+        if (
+            type(request_id) is int and 0 <= request_id <= U64_MAX and type(ledger_id) is int
+            and 0 <= ledger_id <= U64_MAX and type(entry_id) is int and 0 <= entry_id <= U64_MAX
+        ):
+            return AddResponse(request_id, _status(status), ledger_id, entry_id)
     op = fields[0]
     if type(op) is not int or op not in _RESPONSE_TYPES:
         raise ProtocolError(f"unknown response op {op!r:.40}")

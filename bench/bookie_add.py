@@ -1,0 +1,232 @@
+"""Benchmark: one bookie on loopback, one client pipelining adds, fsync on.
+
+Starts a real ZooKeeper and a real bookie process in a scratch directory,
+measures the raw fdatasync latency of the same disk as the physical
+reference (4 KiB overwrites of a preallocated file, as the journal writes),
+then pipelines 1 KiB adds at each window. Prints one JSON object per result:
+
+    .venv/bin/python -m bench.bookie_add            # or: quire bench bookie_add
+
+Targets (issue 2): >= 40,000 entries/s at window 1000; p50 add latency at
+window 1 within 3x the measured fdatasync p50 plus 0.2 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from quire.progress import Progress
+from bookie.protocol import AddFlag, AddRequest, DigestManager, DigestType, Status, master_key
+from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook
+from ledger_client.bookie_client import BookieClient
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, int(round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def measure_fdatasync(directory: Path, count: int, block_bytes: int = 4096) -> dict:
+    path = directory / "fdatasync-probe"
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, bytes(block_bytes * count))
+        os.fsync(fd)
+        block = os.urandom(block_bytes)
+        latencies = []
+        for index in range(count):
+            started = time.perf_counter()
+            os.pwrite(fd, block, index * block_bytes)
+            os.fdatasync(fd)
+            latencies.append((time.perf_counter() - started) * 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    latencies.sort()
+    return {
+        "name": "fdatasync",
+        "parameters": {"block_bytes": block_bytes, "count": count, "pattern": "overwrite of a preallocated file"},
+        "latency_ms_p50": round(percentile(latencies, 0.5), 4),
+        "latency_ms_p99": round(percentile(latencies, 0.99), 4),
+        "latency_ms_mean": round(statistics.fmean(latencies), 4),
+    }
+
+
+async def pipeline_adds(address: str, *, window: int, entry_bytes: int, seconds: float, warmup_s: float, ledger_id: int, progress: Progress) -> dict:
+    password = b"bench"
+    key = master_key(password)
+    digest = DigestManager(ledger_id, DigestType.CRC32C, password)
+    payload = os.urandom(entry_bytes)
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    measuring = False
+    measured_entries = 0
+    all_done = trio.Event()
+    outstanding = 0
+
+    def on_response(started: float, response) -> None:
+        nonlocal outstanding, measured_entries
+        outstanding -= 1
+        status = getattr(response, "status", None)
+        if status is not Status.OK:
+            name = status.name if status is not None else type(response).__name__
+            errors[name] = errors.get(name, 0) + 1
+        elif measuring and started >= measure_start:
+            latencies.append((time.perf_counter() - started) * 1000)
+            measured_entries += 1
+        if outstanding == 0 and stop:
+            all_done.set()
+
+    stop = False
+    measure_start = float("inf")
+    async with BookieClient.connect(address, requests_in_flight_max=window) as client:
+        entry_id = 0
+        began = time.perf_counter()
+        measure_start = began + warmup_s
+        deadline = measure_start + seconds
+        last_progress = began
+        while True:
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+            if not measuring and now >= measure_start:
+                measuring = True
+            entry = digest.encode(entry_id, entry_id - 1, 0, payload)
+            entry_id += 1
+            outstanding += 1
+            # Latency runs from when the request gets its slot in the window
+            # (the factory is called then), not from when it began to wait.
+            sent_at = [0.0]
+
+            def build(request_id: int, entry=entry, sent_at=sent_at) -> AddRequest:
+                sent_at[0] = time.perf_counter()
+                return AddRequest(request_id, AddFlag.NONE, key, entry)
+
+            await client.submit(build, lambda response, sent_at=sent_at: on_response(sent_at[0], response))
+            if now - last_progress > 0.25:
+                progress.update(now - began)
+                last_progress = now
+        ended = time.perf_counter()
+        stop = True
+        if outstanding:
+            await all_done.wait()
+    progress.update(warmup_s + seconds)
+    elapsed = ended - measure_start
+    latencies.sort()
+    return {
+        "name": "bookie_add",
+        "parameters": {"window": window, "entry_bytes": entry_bytes, "seconds": seconds, "fsync": True},
+        "entries": measured_entries,
+        "entries_per_s": round(measured_entries / elapsed, 1),
+        "mb_per_s": round(measured_entries * entry_bytes / elapsed / 1e6, 2),
+        "latency_ms_p50": round(percentile(latencies, 0.5), 4),
+        "latency_ms_p99": round(percentile(latencies, 0.99), 4),
+        "latency_ms_p999": round(percentile(latencies, 0.999), 4),
+        "errors": errors,
+    }
+
+
+def start_bookie(zk: ZooKeeperServer, directory: Path, port: int, extra: list[str]) -> subprocess.Popen:
+    log = open(directory / "bookie.log", "ab")
+    command = [
+        sys.executable, "-m", "quire", "bookie", "run", "--zk", zk.address, "--root", "/bench",
+        "--port", str(port), "--journal-dir", str(directory / "journal"), "--ledger-dir", str(directory / "ledgers"),
+        "--log-level", "warning", *extra,
+    ]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent_hook())
+
+
+async def wait_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
+    end = time.monotonic() + deadline_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"bookie exited with {process.returncode}")
+        try:
+            async with BookieClient.connect(address) as client:
+                await client.get_info()
+                return
+        except Exception:
+            if time.monotonic() > end:
+                raise
+            await trio.sleep(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/bookie_add.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--windows", default="1,1000", help="comma-separated pipeline windows (default %(default)s)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per window")
+    parser.add_argument("--warmup-seconds", type=float, default=2.0)
+    parser.add_argument("--entry-bytes", type=int, default=1024)
+    parser.add_argument("--fdatasync-count", type=int, default=2000)
+    parser.add_argument("--data-dir", type=Path, help="scratch directory (default: a new one under ./.bench)")
+    parser.add_argument("--bookie-option", action="append", default=[], help="extra `quire bookie run` option (repeatable)")
+    arguments = parser.parse_args(argv)
+    try:
+        windows = [int(window) for window in arguments.windows.split(",")]
+    except ValueError:
+        parser.error(f"--windows must be integers, got {arguments.windows!r}")
+    base = arguments.data_dir or Path(".bench")
+    base.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="bookie-add-", dir=base))
+    zk = ZooKeeperServer(free_port(), directory / "zookeeper", die_with_parent=True)
+    bookie = None
+    results = []
+    try:
+        reference = measure_fdatasync(directory, arguments.fdatasync_count)
+        print(json.dumps(reference), flush=True)
+        zk.start()
+        port = free_port()
+        bookie = start_bookie(zk, directory, port, [option for extra in arguments.bookie_option for option in extra.split()])
+        address = f"127.0.0.1:{port}"
+        trio.run(wait_serving, address, bookie)
+        for index, window in enumerate(windows):
+            with Progress(f"window {window}", total=arguments.warmup_seconds + arguments.seconds, unit="s") as progress:
+                result = trio.run(
+                    lambda: pipeline_adds(
+                        address, window=window, entry_bytes=arguments.entry_bytes, seconds=arguments.seconds,
+                        warmup_s=arguments.warmup_seconds, ledger_id=index + 1, progress=progress,
+                    )
+                )
+            result["reference"] = {"fdatasync_latency_ms_p50": reference["latency_ms_p50"]}
+            if window >= 1000:
+                result["target"] = {"entries_per_s_min": 40_000, "met": result["entries_per_s"] >= 40_000}
+            if window == 1:
+                limit = round(3 * reference["latency_ms_p50"] + 0.2, 4)
+                result["target"] = {"latency_ms_p50_max": limit, "met": result["latency_ms_p50"] <= limit}
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    finally:
+        if bookie is not None and bookie.poll() is None:
+            bookie.terminate()
+            try:
+                bookie.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                bookie.kill()
+        zk.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

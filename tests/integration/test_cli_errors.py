@@ -1,0 +1,258 @@
+"""The real `quire` command line under bad arguments and bad configuration:
+each prints what is wrong on one line starting with `quire`, exits 2, and
+never shows a traceback."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import free_port
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+EXIT_USAGE = 2
+# "quire bookie run: error: ..." from a command, "quire: error: ..." from the
+# top-level parser (which reports unrecognised arguments).
+ERROR_LINE = re.compile(r"^quire(?: [a-z]+)*: error: ")
+
+
+def quire(*arguments: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "quire", *map(str, arguments)],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
+def error_line(result: subprocess.CompletedProcess, *key_words: str) -> str:
+    """Check the rule for operator errors and return the one error line."""
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode == EXIT_USAGE, (result.returncode, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if ERROR_LINE.match(line)]
+    assert len(lines) == 1, result.stderr
+    for word in key_words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def directories(tmp_path) -> list[str]:
+    """--journal-dir and --ledger-dir in a fresh temporary directory."""
+    return ["--journal-dir", str(tmp_path / "journal"), "--ledger-dir", str(tmp_path / "ledgers")]
+
+
+@pytest.fixture
+def dead_zookeeper() -> str:
+    return f"127.0.0.1:{free_port()}"
+
+
+@pytest.fixture
+def busy_port():
+    """A port something already listens on."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+# --- rejected by the parser -------------------------------------------------
+
+
+def test_unknown_flag(directories):
+    line = error_line(quire("bookie", "run", "--bogus", *directories), "unrecognized arguments", "--bogus")
+    assert "--help" in line
+
+
+def test_unknown_subcommand():
+    line = error_line(quire("bookie", "runn"), "invalid choice", "'runn'")
+    assert line.startswith("quire bookie: ")
+    assert "'run'" in line  # says what would have been accepted
+
+
+@pytest.mark.parametrize(
+    "flag, value, key_words",
+    [
+        ("--port", "70000", ["--port", "1..65535", "70000"]),
+        ("--port", "x", ["--port", "not a port number", "'x'"]),
+        ("--port", "0", ["--port", "1..65535"]),
+        ("--write-cache-bytes", "lots", ["--write-cache-bytes", "not a size in bytes", "'lots'"]),
+        ("--disk-usage-threshold", "1.5", ["--disk-usage-threshold", "(0, 1]", "1.5"]),
+        ("--disk-usage-threshold", "full", ["--disk-usage-threshold", "not a number"]),
+        ("--session-timeout-ms", "0", ["--session-timeout-ms", "at least 1"]),
+    ],
+)
+def test_bad_value_is_named(directories, flag, value, key_words):
+    line = error_line(quire("bookie", "run", flag, value, *directories), *key_words)
+    assert line.startswith("quire bookie run: error: ")
+
+
+def test_inconsistent_disk_limits_are_refused(directories, dead_zookeeper):
+    # Each value is a valid fraction; together they are not.
+    error_line(
+        quire("bookie", "run", "--zk", dead_zookeeper, "--disk-usage-threshold", "0.8", "--disk-usage-lwm", "0.9", *directories),
+        "quire bookie run: error: ", "disk_usage_lwm", "disk_usage_threshold",
+    )
+
+
+def test_same_journal_and_ledger_directory_is_refused(tmp_path, dead_zookeeper):
+    same = str(tmp_path / "data")
+    error_line(
+        quire("bookie", "run", "--zk", dead_zookeeper, "--journal-dir", same, "--ledger-dir", same),
+        "quire bookie run: error: ", "must differ",
+    )
+
+
+# --- rejected when the bookie starts ----------------------------------------
+
+
+def test_unreachable_zookeeper_is_named_within_the_connect_timeout(directories, dead_zookeeper):
+    # Nothing listens at the address: the bookie gives up after its 5 s
+    # connect timeout, not the session timeout or never.
+    started = time.monotonic()
+    result = quire("bookie", "run", "--zk", dead_zookeeper, *directories, timeout_s=30)
+    elapsed_s = time.monotonic() - started
+    error_line(result, "quire bookie run: error: ", "ZooKeeper", dead_zookeeper)
+    assert elapsed_s < 30
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bookie run catches only MetadataError from KazooMetadataStore.connect, which raises ValueError "
+    "for a malformed --zk: the ValueError escapes as a traceback with exit 1",
+)
+@pytest.mark.parametrize("hosts", ["", "127.0.0.1:2181/quire"], ids=["empty", "chroot-in-hosts"])
+def test_malformed_zookeeper_address_is_refused(directories, hosts):
+    error_line(quire("bookie", "run", "--zk", hosts, *directories), "quire bookie run: error: ")
+
+
+def test_journal_directory_that_cannot_be_created(tmp_path, dead_zookeeper):
+    # Tests run as root, where permission bits do not stop writes; a path
+    # under a regular file cannot be created by anyone.
+    (tmp_path / "afile").write_text("not a directory\n")
+    journal = tmp_path / "afile" / "journal"
+    error_line(
+        quire("bookie", "run", "--zk", dead_zookeeper, "--journal-dir", journal, "--ledger-dir", tmp_path / "ledgers"),
+        "quire bookie run: error: ", "cannot create the journal directory", str(journal), "Not a directory",
+    )
+
+
+def test_ledger_directory_that_is_a_file(tmp_path, dead_zookeeper):
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    error_line(
+        quire("bookie", "run", "--zk", dead_zookeeper, "--journal-dir", tmp_path / "journal", "--ledger-dir", afile),
+        "quire bookie run: error: ", "ledger directory", str(afile),
+    )
+
+
+def test_port_in_use(tmp_path, zk_hosts, zk_root, busy_port):
+    # ZooKeeper is up and the directories are fine: the bookie gets as far as
+    # opening its listening socket, which another process holds.
+    result = quire(
+        "bookie", "run", "--zk", zk_hosts, "--root", zk_root, "--port", busy_port,
+        "--journal-dir", tmp_path / "journal", "--ledger-dir", tmp_path / "ledgers",
+    )
+    error_line(result, "quire bookie run: error: ", f"cannot listen on 127.0.0.1:{busy_port}", "in use")
+
+
+# --- other commands -----------------------------------------------------------
+
+
+def test_format_without_force_deletes_nothing(tmp_path, dead_zookeeper):
+    journal = tmp_path / "journal"
+    journal.mkdir()
+    (journal / "1.txn").write_bytes(b"data")
+    result = quire(
+        "bookie", "format", "--zk", dead_zookeeper, "--bookie-id", "127.0.0.1:3181",
+        "--journal-dir", journal, "--ledger-dir", tmp_path / "ledgers",
+    )
+    error_line(result, "quire bookie format: error: ", "--force")
+    assert (journal / "1.txn").read_bytes() == b"data"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="format_bookie empties each directory with Path.iterdir(); a --journal-dir that is a file raises "
+    "NotADirectoryError, which is not caught: traceback, exit 1 (after the ZooKeeper cookie was already deleted)",
+)
+def test_format_of_a_directory_that_is_a_file(tmp_path, zk_hosts, zk_root):
+    afile = tmp_path / "afile"
+    afile.write_text("not a directory\n")
+    result = quire(
+        "bookie", "format", "--force", "--zk", zk_hosts, "--root", zk_root, "--bookie-id", "127.0.0.1:3181",
+        "--journal-dir", afile, "--ledger-dir", tmp_path / "ledgers",
+    )
+    error_line(result, "quire bookie format: error: ", str(afile))
+
+
+def test_info_of_a_bookie_that_is_not_there():
+    address = f"127.0.0.1:{free_port()}"
+    error_line(quire("bookie", "info", address), "quire bookie info: error: ", "cannot connect", address)
+
+
+@pytest.mark.parametrize("address", ["nonsense", "127.0.0.1", ":3181", "127.0.0.1:port"])
+def test_info_of_a_malformed_address(address):
+    error_line(quire("bookie", "info", address), "quire bookie info: error: ", "HOST:PORT", repr(address))
+
+
+def test_status_of_a_directory_without_cluster(tmp_path):
+    error_line(
+        quire("cluster", "status", "--data-dir", tmp_path), "quire cluster status: error: ", "no cluster", str(tmp_path)
+    )
+
+
+def test_down_of_a_directory_without_cluster(tmp_path):
+    error_line(quire("cluster", "down", "--data-dir", tmp_path), "quire cluster down: error: ", "no cluster")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ClusterState.load does json.loads/ProcessRecord(**...) unguarded: a damaged cluster.json gives a "
+    "JSONDecodeError or KeyError traceback with exit 1 from cluster status, down and up",
+)
+@pytest.mark.parametrize("command", ["status", "down", "up"])
+@pytest.mark.parametrize("contents", ["garbage\n", '{"data_dir": "x"}\n'], ids=["not-json", "fields-missing"])
+def test_damaged_cluster_state_file(tmp_path, busy_port, command, contents):
+    # A crash while saving, or a hand edit, damaged the state file. For `up`,
+    # the busy ZooKeeper port makes sure nothing starts even once the file is
+    # handled.
+    (tmp_path / "cluster.json").write_text(contents)
+    # status and down can only report the damage; up may refuse for another
+    # reason (the busy port) once it copes with the file.
+    extra = ["--zk-port", busy_port, "--bookie-base-port", free_port()] if command == "up" else []
+    key_words = ["cluster.json"] if command != "up" else []
+    error_line(quire("cluster", command, "--data-dir", tmp_path, *extra), f"quire cluster {command}: error: ", *key_words)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cluster up calls data_dir.mkdir() outside any error handling: a --data-dir that cannot be created "
+    "gives a NotADirectoryError traceback with exit 1",
+)
+def test_cluster_data_directory_that_cannot_be_created(tmp_path, busy_port):
+    (tmp_path / "afile").write_text("not a directory\n")
+    data_dir = tmp_path / "afile" / "cluster"
+    error_line(
+        quire("cluster", "up", "--data-dir", data_dir, "--zk-port", busy_port, "--bookie-base-port", free_port()),
+        "quire cluster up: error: ", str(data_dir),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--brokers is documented as '0 or 1 accepted' but is never checked (nor passed to local_cluster.up): "
+    "`--brokers 5` is silently ignored",
+)
+def test_cluster_up_with_more_brokers_than_supported(tmp_path, busy_port):
+    # The busy ZooKeeper port stops `up` before it spawns anything, so that
+    # this test starts no cluster while the bug is present.
+    result = quire("cluster", "up", "--data-dir", tmp_path, "--brokers", "5", "--zk-port", busy_port, "--bookie-base-port", free_port())
+    error_line(result, "quire cluster up: error: ", "--brokers")
