@@ -40,6 +40,8 @@ class StartupError(Exception):
 
 
 def check_directory(path: Path, what: str) -> None:
+    if path.exists() and not path.is_dir():
+        raise StartupError(f"the {what} {path} is not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as error:
@@ -86,7 +88,7 @@ async def run_bookie(
                 config.zk_hosts, config.root, session_timeout_ms=config.session_timeout_ms
             )
         )
-    except MetadataError as error:
+    except (MetadataError, ValueError) as error:
         raise StartupError(str(error)) from None
     async with AsyncMetadataStore(store) as metadata:
         layout = ClusterLayout()

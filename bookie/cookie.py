@@ -58,6 +58,8 @@ def read_directory_cookie(directory: Path) -> Cookie | None:
         data = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as error:
+        raise CookieError(f"cannot read the cookie {path}: {error.strerror}; refusing to start") from None
     return Cookie.from_bytes(data, str(path))
 
 

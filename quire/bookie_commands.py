@@ -97,6 +97,11 @@ def format_(arguments: argparse.Namespace) -> int:
 
     if not arguments.force:
         raise UsageError("formatting deletes the bookie's data and identity; add --force to do it")
+    # Check the directories before the cookie in ZooKeeper goes: a format
+    # that fails half-way must not leave a bookie with data but no cookie.
+    for directory in (arguments.journal_dir, arguments.ledger_dir):
+        if directory.exists() and not directory.is_dir():
+            raise UsageError(f"{directory} is not a directory")
 
     async def go() -> None:
         async with open_metadata(arguments.zk, arguments.root) as metadata:
@@ -104,7 +109,10 @@ def format_(arguments: argparse.Namespace) -> int:
 
             await format_bookie(metadata, ClusterLayout(), arguments.bookie_id, [arguments.journal_dir, arguments.ledger_dir])
 
-    trio.run(go)
+    try:
+        trio.run(go)
+    except OSError as error:
+        raise UsageError(f"cannot empty the bookie's directories: {error}") from None
     print(f"bookie {arguments.bookie_id} formatted: it starts as a new bookie next time")
     return 0
 

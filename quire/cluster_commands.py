@@ -15,7 +15,9 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
 def add_up(parser: argparse.ArgumentParser) -> None:
     add_data_dir(parser)
     parser.add_argument("--bookies", type=positive_int, default=3)
-    parser.add_argument("--brokers", type=int, default=1, help="brokers to start (none exist yet: 0 or 1 accepted)")
+    parser.add_argument(
+        "--brokers", type=int, default=0, help="brokers to start; quire has no broker yet, so only 0 is accepted"
+    )
     parser.add_argument("--zk-port", type=port_number, default=2181)
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
 
@@ -24,8 +26,10 @@ def up(arguments: argparse.Namespace) -> int:
     from quire.local_cluster import ClusterError
     from quire.local_cluster import up as cluster_up
 
-    if arguments.root != "/quire" and not arguments.root.startswith("/"):
+    if not arguments.root.startswith("/"):
         raise UsageError(f"--root must be an absolute path, got {arguments.root!r}")
+    if arguments.brokers != 0:
+        raise UsageError(f"--brokers {arguments.brokers}: quire has no broker yet, so a cluster has none (--brokers 0)")
     try:
         state = cluster_up(
             arguments.data_dir,
@@ -41,9 +45,13 @@ def up(arguments: argparse.Namespace) -> int:
 
 
 def status(arguments: argparse.Namespace) -> int:
+    from quire.local_cluster import ClusterError
     from quire.local_cluster import status as cluster_status
 
-    state, rows = cluster_status(arguments.data_dir)
+    try:
+        state, rows = cluster_status(arguments.data_dir)
+    except ClusterError as error:
+        raise UsageError(str(error)) from None
     if state is None:
         raise UsageError(f"no cluster in {arguments.data_dir} (start one with `quire cluster up --data-dir ...`)")
     if not rows:
@@ -59,8 +67,13 @@ def status(arguments: argparse.Namespace) -> int:
 
 
 def down(arguments: argparse.Namespace) -> int:
+    from quire.local_cluster import ClusterError
     from quire.local_cluster import down as cluster_down
 
-    if cluster_down(arguments.data_dir) is None:
+    try:
+        stopped = cluster_down(arguments.data_dir)
+    except ClusterError as error:
+        raise UsageError(str(error)) from None
+    if stopped is None:
         raise UsageError(f"no cluster in {arguments.data_dir}")
     return 0

@@ -53,9 +53,15 @@ class ClusterState:
         path = Path(data_dir) / STATE_FILE
         if not path.exists():
             return None
-        fields = json.loads(path.read_text())
-        fields["processes"] = [ProcessRecord(**record) for record in fields["processes"]]
-        return cls(**fields)
+        try:
+            fields = json.loads(path.read_text())
+            fields["processes"] = [ProcessRecord(**record) for record in fields["processes"]]
+            return cls(**fields)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ClusterError(
+                f"{path} is damaged ({type(error).__name__}: {error}); check that no quire process of this "
+                "cluster still runs (pgrep -af quire), then remove the file"
+            ) from None
 
 
 def quire_command(*arguments: str) -> list[str]:
@@ -117,7 +123,10 @@ def up(
     progress=print,
 ) -> ClusterState:
     data_dir = Path(data_dir).resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ClusterError(f"cannot create the data directory {data_dir}: {error.strerror}") from None
     previous = ClusterState.load(data_dir)
     if previous is not None and any(process_alive(record) for record in previous.processes):
         raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `quire cluster down --data-dir {data_dir}`")

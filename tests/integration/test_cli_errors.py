@@ -123,11 +123,6 @@ def test_unreachable_zookeeper_is_named_within_the_connect_timeout(directories, 
     assert elapsed_s < 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bookie run catches only MetadataError from KazooMetadataStore.connect, which raises ValueError "
-    "for a malformed --zk: the ValueError escapes as a traceback with exit 1",
-)
 @pytest.mark.parametrize("hosts", ["", "127.0.0.1:2181/quire"], ids=["empty", "chroot-in-hosts"])
 def test_malformed_zookeeper_address_is_refused(directories, hosts):
     error_line(quire("bookie", "run", "--zk", hosts, *directories), "quire bookie run: error: ")
@@ -178,11 +173,6 @@ def test_format_without_force_deletes_nothing(tmp_path, dead_zookeeper):
     assert (journal / "1.txn").read_bytes() == b"data"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="format_bookie empties each directory with Path.iterdir(); a --journal-dir that is a file raises "
-    "NotADirectoryError, which is not caught: traceback, exit 1 (after the ZooKeeper cookie was already deleted)",
-)
 def test_format_of_a_directory_that_is_a_file(tmp_path, zk_hosts, zk_root):
     afile = tmp_path / "afile"
     afile.write_text("not a directory\n")
@@ -213,11 +203,6 @@ def test_down_of_a_directory_without_cluster(tmp_path):
     error_line(quire("cluster", "down", "--data-dir", tmp_path), "quire cluster down: error: ", "no cluster")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ClusterState.load does json.loads/ProcessRecord(**...) unguarded: a damaged cluster.json gives a "
-    "JSONDecodeError or KeyError traceback with exit 1 from cluster status, down and up",
-)
 @pytest.mark.parametrize("command", ["status", "down", "up"])
 @pytest.mark.parametrize("contents", ["garbage\n", '{"data_dir": "x"}\n'], ids=["not-json", "fields-missing"])
 def test_damaged_cluster_state_file(tmp_path, busy_port, command, contents):
@@ -232,11 +217,6 @@ def test_damaged_cluster_state_file(tmp_path, busy_port, command, contents):
     error_line(quire("cluster", command, "--data-dir", tmp_path, *extra), f"quire cluster {command}: error: ", *key_words)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster up calls data_dir.mkdir() outside any error handling: a --data-dir that cannot be created "
-    "gives a NotADirectoryError traceback with exit 1",
-)
 def test_cluster_data_directory_that_cannot_be_created(tmp_path, busy_port):
     (tmp_path / "afile").write_text("not a directory\n")
     data_dir = tmp_path / "afile" / "cluster"
@@ -246,11 +226,6 @@ def test_cluster_data_directory_that_cannot_be_created(tmp_path, busy_port):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--brokers is documented as '0 or 1 accepted' but is never checked (nor passed to local_cluster.up): "
-    "`--brokers 5` is silently ignored",
-)
 def test_cluster_up_with_more_brokers_than_supported(tmp_path, busy_port):
     # The busy ZooKeeper port stops `up` before it spawns anything, so that
     # this test starts no cluster while the bug is present.
