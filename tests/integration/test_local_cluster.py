@@ -1,0 +1,101 @@
+"""`quire cluster up|status|down` as a user runs it, and docker-compose.yml
+describing the same topology."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from quire.local_cluster import ClusterState, process_alive
+from tests.support import free_port
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
+def quire(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "quire", *map(str, arguments)],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
+    data_dir = tmp_path / "cluster"
+    zk_port, bookie_port = free_port(), free_port()
+    up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_port)
+    state = ClusterState.load(data_dir)
+    try:
+        assert up.returncode == 0, up.stderr
+        assert [record.role for record in state.processes] == ["zookeeper", "bookie", "bookie", "bookie"]
+        status = quire("cluster", "status", "--data-dir", data_dir)
+        assert status.returncode == 0, status.stdout + status.stderr
+        assert status.stdout.count("writable") == 3 and "serving" in status.stdout
+        listing = quire("bookie", "ls", "--zk", f"127.0.0.1:{zk_port}")
+        assert sorted(line.split("\t")[0] for line in listing.stdout.splitlines()) == sorted(
+            f"127.0.0.1:{bookie_port + index}" for index in range(3)
+        )
+        test = quire("bookie", "simpletest", "--zk", f"127.0.0.1:{zk_port}", "--count", "2000")
+        assert test.returncode == 0, test.stdout + test.stderr
+        assert [line.strip() for line in test.stdout.splitlines()].count("OK") == 3
+        # A second `up` on a running cluster refuses clearly.
+        again = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_port)
+        assert again.returncode == 2 and "already running" in again.stderr
+    finally:
+        down = quire("cluster", "down", "--data-dir", data_dir)
+    assert down.returncode == 0, down.stderr
+    assert not any(process_alive(record) for record in state.processes)
+    stopped = quire("cluster", "status", "--data-dir", data_dir)
+    assert stopped.returncode == 1 and "stopped" in stopped.stdout
+    # The data stays: the same cluster comes back with its bookies' identities.
+    up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_port)
+    try:
+        assert up.returncode == 0, up.stderr
+    finally:
+        assert quire("cluster", "down", "--data-dir", data_dir).returncode == 0
+
+
+def compose_services() -> dict:
+    result = subprocess.run(["docker-compose", "config"], cwd=REPOSITORY, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return yaml.safe_load(result.stdout)["services"]
+
+
+def options(command: list[str]) -> dict[str, str]:
+    return {name: value for name, value in zip(command, command[1:]) if name.startswith("--")}
+
+
+def test_docker_compose_describes_the_topology_of_cluster_up(tmp_path):
+    services = compose_services()
+    roles = {name: service["command"][:2] for name, service in services.items()}
+    assert sorted(map(tuple, roles.values())) == [("bookie", "run")] * 3 + [("zk", "run")]
+    # `quire cluster up` with its default ports starts the same processes.
+    from quire.local_cluster import quire_command
+
+    expected_bookie_options = set(options(quire_command(
+        "bookie", "run", "--zk", "z", "--root", "/quire", "--port", "1", "--journal-dir", "j", "--ledger-dir", "l",
+    )))
+    bookie_ports = []
+    for name, service in services.items():
+        command = service["command"]
+        if command[:2] == ["bookie", "run"]:
+            given = options(command)
+            assert expected_bookie_options <= set(given), f"{name} lacks {expected_bookie_options - set(given)}"
+            assert given["--zk"] == "zookeeper:2181" and given["--root"] == "/quire"
+            assert given["--advertised-host"] == name  # clients reach it by its service name
+            bookie_ports.append(int(given["--port"]))
+        else:
+            assert options(command)["--port"] == "2181"
+    assert sorted(bookie_ports) == [3181, 3182, 3183]  # cluster up's defaults: base 3181, one port each
+    # Every bookie keeps its data in a volume of its own.
+    volumes = [service["volumes"][0].split(":")[0] for service in services.values()]
+    assert len(set(volumes)) == len(volumes)
+
+
+def test_cluster_state_file_records_every_process(tmp_path):
+    state = ClusterState(str(tmp_path), "127.0.0.1:1", "/quire")
+    state.save()
+    assert json.loads((tmp_path / "cluster.json").read_text())["processes"] == []
