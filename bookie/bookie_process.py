@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 INDEX_DIRECTORY = "index"
 ENTRY_LOG_DIRECTORY = "entrylogs"
 JOURNAL_DIRECTORY = "journal"
-SWITCH_INTERVAL_S = 0.0005
+SWITCH_INTERVAL_S = 0.001
 
 
 class StartupError(Exception):

@@ -27,12 +27,14 @@ from bookie.protocol.wire import (
     Status,
     decode_hello,
     decode_request,
+    encode_add_ok,
     encode_hello_reply,
     encode_response,
 )
 from bookie.request_core import (
     AppendJournal,
     BookieCore,
+    DurableAdd,
     ListEntries,
     ReadEntries,
     Respond,
@@ -192,21 +194,29 @@ class BookieServer:
                 self._journal_records.append(action.record)
                 self._journal_tokens.append(action.token)
                 self._journal_record_bytes += len(action.record.data)
+            elif kind is DurableAdd:
+                self._store(action.ledger_id, action.entry_id, action.data)
+                connection = self._connections.get(action.connection_id)
+                if connection is not None:
+                    connection.queue(encode_add_ok(action.request_id, action.ledger_id, action.entry_id))
             elif kind is StoreEntry:
-                self.storage.put(action.ledger_id, action.entry_id, action.data)
-                write_cache = self.storage.write_cache
-                if write_cache.wants_flush():
-                    self._checkpoint_wakeup.set()
-                    if write_cache.is_full() and not self.core.adds_paused:
-                        log.warning("write cache full: adds wait for the checkpoint")
-                        self._carry_out(self.core.set_adds_paused(True, now_ms()))
-                        self._tick_wakeup.set()
+                self._store(action.ledger_id, action.entry_id, action.data)
             elif kind is ReadEntries:
                 self._read(action)
             elif kind is ListEntries:
                 self._service_nursery.start_soon(self._list, action)
             else:
                 raise AssertionError(f"unknown action {action!r}")
+
+    def _store(self, ledger_id: int, entry_id: int, data: bytes) -> None:
+        self.storage.put(ledger_id, entry_id, data)
+        write_cache = self.storage.write_cache
+        if write_cache.wants_flush():
+            self._checkpoint_wakeup.set()
+            if write_cache.is_full() and not self.core.adds_paused:
+                log.warning("write cache full: adds wait for the checkpoint")
+                self._carry_out(self.core.set_adds_paused(True, now_ms()))
+                self._tick_wakeup.set()
 
     def _read(self, action: ReadEntries) -> None:
         entries, missed = self.storage.read_memory(

@@ -443,6 +443,12 @@ def decode_request(fields: list[Any]) -> Request:
 # --- responses ----------------------------------------------------------------
 
 
+def encode_add_ok(request_id: int, ledger_id: int, entry_id: int) -> bytes:
+    """An OK answer to an ADD, without building the response object."""
+    body = _packer.pack([1, request_id, 0, ledger_id, entry_id])
+    return LENGTH_PREFIX.pack(len(body)) + body
+
+
 def encode_response(response: Response) -> bytes:
     if type(response) is AddResponse:  # the hot path
         body = _packer.pack([1, response.request_id, response.status, response.ledger_id, response.entry_id])
@@ -561,5 +567,6 @@ __all__ = [
     "encode_request",
     "decode_request",
     "encode_response",
+    "encode_add_ok",
     "decode_response",
 ]

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.ledger_storage import LedgerStorage
 from bookie.protocol import LAST_ADD_CONFIRMED, AddFlag, AddRequest, AddResponse, ReadFlag, ReadRequest, ReadResponse, Status
-from bookie.request_core import AppendJournal, BookieCore, CoreLimits, ReadEntries, Respond, StoreEntry
+from bookie.request_core import AppendJournal, BookieCore, CoreLimits, DurableAdd, ReadEntries, Respond, StoreEntry
 from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
 from bookie.startup_recovery import recover
 
@@ -55,6 +55,9 @@ class CrashingBookie(RuleBasedStateMachine):
                 self.queue.append(action)
             elif isinstance(action, StoreEntry):
                 self.storage.put(action.ledger_id, action.entry_id, action.data)
+            elif isinstance(action, DurableAdd):
+                self.storage.put(action.ledger_id, action.entry_id, action.data)
+                self.on_response(AddResponse(action.request_id, Status.OK, action.ledger_id, action.entry_id))
             elif isinstance(action, ReadEntries):
                 self.execute(self.core.read_completed(action.token, self.storage.read(action.ledger_id, action.first_entry_id, action.entries_max, action.bytes_max)))
             elif isinstance(action, Respond):
