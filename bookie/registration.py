@@ -137,27 +137,29 @@ class Registration:
         # Leave the other list first: a client must never see the bookie
         # writable after it turned read-only.
         await self._delete_own(other, session_id)
-        with trio.move_on_after(self.stale_wait_s) as waiting:
-            while True:
-                try:
-                    await self.store.create(path, info.to_bytes(), ephemeral=True)
+        while True:
+            try:
+                await self.store.create(path, info.to_bytes(), ephemeral=True)
+                break
+            except NodeExistsError:
+                stat, gone = await self.store.exists_watch(path)
+                if stat is None:
+                    continue
+                if stat.ephemeral_owner == session_id:
+                    await self.store.set(path, info.to_bytes())
                     break
-                except NodeExistsError:
-                    stat, gone = await self.store.exists_watch(path)
-                    if stat is None:
-                        continue
-                    if stat.ephemeral_owner == session_id:
-                        await self.store.set(path, info.to_bytes())
-                        break
-                    # A registration of an earlier session of this bookie (a
-                    # restart within the session timeout): wait for it to go.
-                    log.info("waiting for the stale registration %s to expire", path)
+                # A registration of an earlier session of this bookie (a
+                # restart within the session timeout) goes when that session
+                # expires. If it outlives that, another process uses this id.
+                log.info("waiting for the stale registration %s to expire", path)
+                with trio.move_on_after(self.stale_wait_s) as waiting:
                     await gone.wait()
-        if waiting.cancelled_caught:
-            raise RuntimeError(
-                f"registration {path} is held by another ZooKeeper session for more than {self.stale_wait_s}s: "
-                f"is another bookie running with id {info.bookie_id}?"
-            )
+                if waiting.cancelled_caught:
+                    log.warning(
+                        "registration %s is still held by another ZooKeeper session after %.0fs: "
+                        "is another bookie running with id %s? still waiting",
+                        path, self.stale_wait_s, info.bookie_id,
+                    )
         log.info("registered as %s", path)
 
     async def _delete_own(self, path: str, session_id: int) -> None:

@@ -1,0 +1,83 @@
+"""A bookie's registration over the in-memory metadata store: it follows the
+bookie's mode, comes back after its ZooKeeper session is lost, waits out a
+stale registration of an earlier session, and leaves on unregister."""
+
+from __future__ import annotations
+
+import trio
+
+from bookie.registration import Registration
+from coordination.async_store import AsyncMetadataStore
+from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, ensure_cluster_layout, list_bookies
+from coordination.memory_store import InMemoryMetadataServer
+
+LAYOUT = ClusterLayout()
+INFO = BookieRegistrationInfo("b1:3181", "127.0.0.1:3181", "rack-a", False)
+
+
+def registered(store) -> dict[str, str]:
+    return {
+        bookie_id: ("read-only" if read_only else "writable")
+        for read_only in (False, True)
+        for bookie_id in list_bookies(store, LAYOUT, read_only=read_only)
+    }
+
+
+async def wait_for(condition, what: str, deadline_s: float = 5) -> None:
+    with trio.fail_after(deadline_s):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+async def test_registration_follows_mode_and_survives_session_loss():
+    server = InMemoryMetadataServer()
+    observer = server.connect(session_timeout_ms=10_000)
+    bookie_store = server.connect(session_timeout_ms=10_000)
+    ensure_cluster_layout(observer, LAYOUT)
+    metadata = AsyncMetadataStore(bookie_store)
+    registration = Registration(metadata, LAYOUT, INFO, stale_wait_s=1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registration.run)
+        await wait_for(lambda: registered(observer) == {"b1:3181": "writable"}, "writable registration")
+        data, stat = observer.get(LAYOUT.bookie_registration("b1:3181", read_only=False))
+        assert BookieRegistrationInfo.from_bytes(data) == INFO
+        assert stat.ephemeral_owner == bookie_store.session_id
+
+        # Disk full: the bookie moves to the read-only list, never in both.
+        registration.set_read_only(True)
+        await wait_for(lambda: registered(observer) == {"b1:3181": "read-only"}, "read-only registration")
+
+        # The session expires: its ephemeral node goes, and the bookie,
+        # with its new session, registers again in its current mode.
+        old_session = bookie_store.session_id
+        server.expire_session(old_session)
+        await wait_for(lambda: registered(observer) == {"b1:3181": "read-only"} and bookie_store.session_id != old_session, "re-registration")
+        _, stat = observer.get(LAYOUT.bookie_registration("b1:3181", read_only=True))
+        assert stat.ephemeral_owner == bookie_store.session_id
+
+        registration.set_read_only(False)
+        await wait_for(lambda: registered(observer) == {"b1:3181": "writable"}, "writable again")
+        await registration.unregister()
+        nursery.cancel_scope.cancel()
+    assert registered(observer) == {}
+
+
+async def test_a_restarted_bookie_waits_for_its_stale_registration_to_expire():
+    server = InMemoryMetadataServer()
+    observer = server.connect(session_timeout_ms=10_000)
+    ensure_cluster_layout(observer, LAYOUT)
+    # The previous process of this bookie died; its session is still alive.
+    previous = server.connect(session_timeout_ms=10_000)
+    previous.create(LAYOUT.bookie_registration("b1:3181", read_only=False), b"{}", ephemeral=True)
+    metadata = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
+    registration = Registration(metadata, LAYOUT, INFO, stale_wait_s=0.2)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registration.run)
+        # Past stale_wait_s it keeps waiting (and warns) rather than give up.
+        await trio.sleep(0.5)
+        assert not registration.registered.is_set()
+        server.expire_session(previous.session_id)
+        await wait_for(registration.registered.is_set, "registration after expiry")
+        _, stat = observer.get(LAYOUT.bookie_registration("b1:3181", read_only=False))
+        assert stat.ephemeral_owner == metadata.store.session_id
+        nursery.cancel_scope.cancel()
