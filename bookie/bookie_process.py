@@ -17,7 +17,8 @@ from bookie.cookie import CookieError
 from bookie.disk_usage import ReadOnlyPolicy, measure
 from bookie.entry_index import RocksEntryIndex
 from bookie.entry_log import FileEntryLog
-from bookie.journal import FileJournal, JournalCorruptError
+from bookie.journal import FileJournal
+from bookie.storage_interfaces import JournalCorruptError
 from bookie.ledger_storage import LedgerStorage
 from bookie.registration import Registration, check_and_write_cookies
 from bookie.server import BookieServer
@@ -71,6 +72,25 @@ def open_storage(config: BookieConfig) -> tuple[FileJournal, LedgerStorage]:
     return journal, storage
 
 
+def check_storage_identity(storage: LedgerStorage, cookie, new: bool) -> None:
+    """The cookies sit at the top of each directory; the index below them
+    can be wiped on its own, and a bookie with an empty index would answer
+    NO_LEDGER for what it stored and forget its fences. So the index keeps
+    the cookie too, and a known bookie whose index lost it refuses to start."""
+    index = storage.entry_index
+    identity = cookie.to_bytes()
+    stored = index.identity()
+    if new and stored is None:
+        index.set_identity(identity)
+    elif stored != identity:
+        where = index.directory
+        state = "is empty: it was wiped" if stored is None else "belongs to another bookie or cluster"
+        raise StartupError(
+            f"the index {where} {state}; a bookie that lost its index lost its fence bits too, so it refuses to "
+            f"start. Re-replicate its ledgers, then `quire bookie format --bookie-id {cookie.bookie_id} ... --force`."
+        )
+
+
 async def run_bookie(
     config: BookieConfig, *, handle_signals: bool = True, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -93,13 +113,21 @@ async def run_bookie(
     async with AsyncMetadataStore(store) as metadata:
         layout = ClusterLayout()
         try:
-            await check_and_write_cookies(metadata, layout, bookie_id, Path(config.journal_dir), Path(config.ledger_dir))
+            cookie, new = await check_and_write_cookies(
+                metadata, layout, bookie_id, Path(config.journal_dir), Path(config.ledger_dir)
+            )
         except CookieError as error:
             raise StartupError(str(error)) from None
         try:
             journal, storage = await trio.to_thread.run_sync(open_storage, config)
         except Exception as error:  # RocksDB reports a held lock or corruption this way
             raise StartupError(f"cannot open the bookie's storage: {error}") from None
+        try:
+            check_storage_identity(storage, cookie, new)
+        except StartupError:
+            storage.close()
+            journal.close()
+            raise
         try:
             await _serve(config, metadata, layout, journal, storage, handle_signals, task_status)
         finally:
@@ -124,6 +152,11 @@ async def _serve(config, metadata, layout, journal, storage, handle_signals, tas
         )
     except JournalCorruptError as error:
         raise StartupError(f"the journal cannot be replayed: {error}") from None
+    except OSError as error:
+        raise StartupError(
+            f"cannot checkpoint the replayed journal ({error.strerror or error}): free space on the bookie's disks "
+            "and start it again; nothing was lost"
+        ) from None
     server = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after)
     server.set_disk_read_only(starts_read_only)
     _record_usage(server, usage, policy)

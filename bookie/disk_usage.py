@@ -69,8 +69,13 @@ class ReadOnlyPolicy:
                 else f"disk {usage.used_fraction:.1%} full, threshold {self.threshold:.1%}"
             )
         elif self.read_only:
-            under_quota = self.quota_bytes is None or usage.own_bytes < self.quota_bytes * self.low_water_mark / self.threshold
+            quota_low_water_bytes = None if self.quota_bytes is None else self.quota_bytes * self.low_water_mark / self.threshold
+            under_quota = quota_low_water_bytes is None or usage.own_bytes < quota_low_water_bytes
             if usage.used_fraction < self.low_water_mark and under_quota:
                 self.read_only = False
                 self.reason = ""
+            elif not under_quota:
+                self.reason = f"bookie files use {usage.own_bytes} bytes, writable again below {quota_low_water_bytes:.0f}"
+            else:
+                self.reason = f"disk {usage.used_fraction:.1%} full, writable again below {self.low_water_mark:.1%}"
         return self.read_only

@@ -22,6 +22,7 @@ _LEDGER_KEY = struct.Struct(">cQ")
 _LOCATION = struct.Struct(">QQI")
 _MARK = struct.Struct(">QQ")
 _MARK_KEY = b"M"
+_IDENTITY_KEY = b"I"
 
 
 class MarkRegressionError(AssertionError):
@@ -76,6 +77,13 @@ class RocksEntryIndex:
     def _read_mark(self) -> JournalPosition:
         value = self._db.get(_MARK_KEY)
         return JOURNAL_START if value is None else JournalPosition(*_MARK.unpack(value))
+
+    def identity(self) -> bytes | None:
+        """Which bookie this index belongs to (its cookie), None if new."""
+        return self._db.get(_IDENTITY_KEY)
+
+    def set_identity(self, identity: bytes) -> None:
+        self._db.put(_IDENTITY_KEY, identity, self._sync)
 
     def load_mark(self) -> JournalPosition:
         return self._mark

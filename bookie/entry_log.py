@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import crc32c
@@ -35,13 +36,25 @@ class FileEntryLog:
     """Appends happen on one thread at a time (the checkpoint); reads may come
     from any thread and only ever name records that `sync` made durable."""
 
-    def __init__(self, directory: Path, *, log_bytes_max: int = 1024 * 1024 * 1024, write_buffer_bytes: int = 4 * 1024 * 1024):
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        log_bytes_max: int = 1024 * 1024 * 1024,
+        write_buffer_bytes: int = 4 * 1024 * 1024,
+        read_fds_max: int = 256,
+    ):
         if log_bytes_max < 1024 * 1024:
             raise ValueError("entry log_bytes_max must be at least 1 MiB")
         self.directory = Path(directory)
         self.log_bytes_max = log_bytes_max
         self.write_buffer_bytes = write_buffer_bytes
-        self._read_fds: dict[int, int] = {}
+        # Open read descriptors by log id, least recently used first; one
+        # evicted while a reader uses it is closed when the reader is done.
+        self.read_fds_max = read_fds_max
+        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._fd_users: dict[int, int] = {}
+        self._evicted_fds: set[int] = set()
         self._read_fds_lock = threading.Lock()
         self._log_id = max(self.log_ids(), default=0)
         self._fd: int | None = None
@@ -99,14 +112,21 @@ class FileEntryLog:
     def _roll(self) -> None:
         if self._fd is not None:
             self._write_buffer()
+        # Open the next log first: if that fails, nothing has changed.
+        log_id = self._log_id + 1
+        path = self.directory / entry_log_name(log_id)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            header = LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, log_id)
+            os.pwrite(fd, header, 0)
+            fsync_directory(self.directory)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        if self._fd is not None:
             self._unsynced_fds.append(self._fd)
-        self._log_id += 1
-        path = self.directory / entry_log_name(self._log_id)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        header = LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, self._log_id)
-        os.pwrite(self._fd, header, 0)
-        self._offset = len(header)
-        fsync_directory(self.directory)
+        self._fd, self._log_id, self._offset = fd, log_id, len(header)
 
     def _write_buffer(self) -> None:
         if self._buffer:
@@ -120,27 +140,48 @@ class FileEntryLog:
         self._write_buffer()
         for fd in self._unsynced_fds:
             os.fdatasync(fd)
+        os.fdatasync(self._fd)
+        # Closed only once all are synced: a failure above leaves the list
+        # whole for the retry, and no descriptor is closed twice.
+        for fd in self._unsynced_fds:
             os.close(fd)
         self._unsynced_fds.clear()
-        os.fdatasync(self._fd)
 
     # --- reading ----------------------------------------------------------------
 
-    def _read_fd(self, log_id: int) -> int:
-        fd = self._read_fds.get(log_id)
-        if fd is None:
+    def _pread(self, log_id: int, size: int, offset: int) -> bytes:
+        with self._read_fds_lock:
+            fd = self._read_fds.get(log_id)
+            if fd is None:
+                try:
+                    fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
+                except FileNotFoundError:
+                    raise CorruptEntryError(f"entry log {entry_log_name(log_id)} is missing") from None
+                self._read_fds[log_id] = fd
+                while len(self._read_fds) > self.read_fds_max:
+                    _, evicted = self._read_fds.popitem(last=False)
+                    self._release(evicted, evict=True)
+            else:
+                self._read_fds.move_to_end(log_id)
+            self._fd_users[fd] = self._fd_users.get(fd, 0) + 1
+        try:
+            return os.pread(fd, size, offset)
+        finally:
             with self._read_fds_lock:
-                fd = self._read_fds.get(log_id)
-                if fd is None:
-                    try:
-                        fd = os.open(self.directory / entry_log_name(log_id), os.O_RDONLY)
-                    except FileNotFoundError:
-                        raise CorruptEntryError(f"entry log {entry_log_name(log_id)} is missing") from None
-                    self._read_fds[log_id] = fd
-        return fd
+                self._fd_users[fd] -= 1
+                self._release(fd)
+
+    def _release(self, fd: int, *, evict: bool = False) -> None:
+        """Under the lock: close an evicted descriptor once nobody reads it."""
+        if evict:
+            self._evicted_fds.add(fd)
+        if fd in self._evicted_fds and not self._fd_users.get(fd):
+            self._evicted_fds.discard(fd)
+            self._fd_users.pop(fd, None)
+            os.close(fd)
 
     def read(self, location: EntryLocation, ledger_id: int, entry_id: int) -> bytes:
-        raw = os.pread(self._read_fd(location.log_id), location.size, location.offset)
+        raw = self._pread(location.log_id, location.size, location.offset)
         parsed = _parse_record(raw, 0)
         where = f"{entry_log_name(location.log_id)}@{location.offset}"
         if parsed is None or parsed[3] != location.size:
@@ -157,7 +198,7 @@ class FileEntryLog:
         self, location: EntryLocation, ledger_id: int, bytes_max: int
     ) -> list[tuple[int, EntryLocation, bytes]]:
         start = location.offset + location.size
-        raw = os.pread(self._read_fd(location.log_id), bytes_max, start)
+        raw = self._pread(location.log_id, bytes_max, start)
         found = []
         position = 0
         while True:
@@ -172,8 +213,8 @@ class FileEntryLog:
     def forget_log(self, log_id: int) -> None:
         with self._read_fds_lock:
             fd = self._read_fds.pop(log_id, None)
-        if fd is not None:
-            os.close(fd)
+            if fd is not None:
+                self._release(fd, evict=True)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -181,9 +222,11 @@ class FileEntryLog:
             os.close(self._fd)
             self._fd = None
         with self._read_fds_lock:
-            for fd in self._read_fds.values():
+            for fd in list(self._read_fds.values()) + list(self._evicted_fds):
                 os.close(fd)
             self._read_fds.clear()
+            self._evicted_fds.clear()
+            self._fd_users.clear()
 
 
 def _parse_record(raw: bytes, position: int) -> tuple[int, int, bytes, int] | None:

@@ -19,7 +19,7 @@ import crc32c
 
 from bookie.durable_files import fsync_directory, write_parts_at
 
-from bookie.storage_interfaces import JournalPosition, JournalRecord, RecordKind
+from bookie.storage_interfaces import JournalCorruptError, JournalPosition, JournalRecord, RecordKind
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,39 @@ class JournalError(Exception):
     disk has no room); the bookie must turn read-only."""
 
 
-class JournalCorruptError(Exception):
-    """A journal file does not belong here (bad header): refuse to start."""
+def _parse_record(data: bytes, position: int) -> tuple[JournalRecord, int] | None:
+    """The intact record at `position` and the position after it, or None."""
+    if position + RECORD_OVERHEAD > len(data):
+        return None
+    length, checksum = RECORD_FRAME.unpack_from(data, position)
+    body_start = position + RECORD_FRAME.size
+    body_end = body_start + length
+    if length < RECORD_HEAD.size or body_end > len(data):
+        return None
+    if crc32c.crc32c(memoryview(data)[body_start:body_end]) != checksum:
+        return None
+    kind, ledger_id, entry_id = RECORD_HEAD.unpack_from(data, body_start)
+    try:
+        record_kind = RecordKind(kind)
+    except ValueError:
+        return None
+    return JournalRecord(record_kind, ledger_id, entry_id, data[body_start + RECORD_HEAD.size : body_end]), body_end
+
+
+def _zeros_only(data: bytes, position: int) -> bool:
+    return not data[position:].strip(b"\0")
+
+
+def _next_intact_record(data: bytes, start: int) -> int | None:
+    """The offset of the first intact record at or after `start`. Only the
+    non-zero part of the file is searched; after real corruption the next
+    record is usually within a few KiB, after a torn tail there is none."""
+    end = len(data.rstrip(b"\0"))
+    for position in range(start, max(start, end - RECORD_OVERHEAD + 1)):
+        length = int.from_bytes(data[position : position + 4], "big")
+        if RECORD_HEAD.size <= length <= end - position - RECORD_FRAME.size and _parse_record(data, position):
+            return position
+    return None
 
 
 def journal_file_name(file_id: int) -> str:
@@ -218,24 +249,26 @@ class FileJournal:
         if magic != FILE_MAGIC or version != FILE_VERSION or header_file_id != file_id:
             raise JournalCorruptError(f"{path} is not journal file {file_id} (magic {magic!r}, id {header_file_id})")
         position = max(offset, FILE_HEADER.size)
-        view = memoryview(data)
         while position + RECORD_OVERHEAD <= len(data):
-            length, checksum = RECORD_FRAME.unpack_from(data, position)
-            if length == 0:
-                return  # preallocated zeros: the end of what was written
-            body_start = position + RECORD_FRAME.size
-            body_end = body_start + length
-            if length < RECORD_HEAD.size or body_end > len(data) or crc32c.crc32c(view[body_start:body_end]) != checksum:
-                log.warning("journal %s: torn or corrupt record at offset %d ends replay of this file", path, position)
+            parsed = _parse_record(data, position)
+            if parsed is None:
+                if _zeros_only(data, position):
+                    return  # preallocated zeros: the end of what was written
+                following = _next_intact_record(data, position + 1)
+                if following is not None:
+                    # A torn write ends a file: bytes that never reached the
+                    # disk are followed by nothing but more of the same. An
+                    # intact record after a broken one means bytes that were
+                    # synced changed: acknowledged entries may be gone.
+                    raise JournalCorruptError(
+                        f"{path}: the record at offset {position} is corrupt but an intact record follows at offset "
+                        f"{following}: journal data that was synced has changed. The bookie cannot know which "
+                        "acknowledged entries it lost, so it refuses to start; the file is kept for inspection. "
+                        "Re-replicate its ledgers and format it (`quire bookie format`)."
+                    )
+                log.warning("journal %s: torn record at offset %d ends replay of this file", path, position)
                 return
-            kind, ledger_id, entry_id = RECORD_HEAD.unpack_from(data, body_start)
-            try:
-                record_kind = RecordKind(kind)
-            except ValueError:
-                log.warning("journal %s: unknown record kind %d at offset %d ends this file", path, kind, position)
-                return
-            record = JournalRecord(record_kind, ledger_id, entry_id, bytes(view[body_start + RECORD_HEAD.size : body_end]))
-            position = body_end
+            record, position = parsed
             yield record, JournalPosition(file_id, position)
 
     # --- cleaning up ------------------------------------------------------------

@@ -23,6 +23,7 @@ from typing import Callable
 
 import trio
 
+from bookie.journal import JournalError
 from bookie.storage_interfaces import Journal, JournalPosition, JournalRecord
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,10 @@ RECORD_OVERHEAD_BOUND = 64
 class SyncedBatch:
     tokens: list[int]
     position: JournalPosition | None  # None when the batch failed
-    error: Exception | None
+    error: OSError | JournalError | None  # the disk refused: the journal is done
     records: int
     bytes: int
+    bug: BaseException | None = None  # anything else: our own bug, re-raised on the loop
 
 
 class JournalThread:
@@ -124,8 +126,10 @@ class JournalThread:
             position = self.journal.append(records)
             self.journal.sync()
             return SyncedBatch(tokens, position, None, len(records), data_bytes)
-        except Exception as error:  # reported to the loop, which decides
+        except (JournalError, OSError) as error:
             return SyncedBatch(tokens, None, error, len(records), data_bytes)
+        except Exception as error:  # a bug: the loop re-raises it, the bookie stops
+            return SyncedBatch(tokens, None, None, len(records), data_bytes, bug=error)
 
     def _run(self) -> None:
         while True:

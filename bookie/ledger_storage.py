@@ -60,6 +60,10 @@ class LedgerStorage:
 
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         self.write_cache.put(ledger_id, entry_id, data)
+        # A recovery add may rewrite an entry that read-ahead cached: once
+        # the write cache is flushed, the read cache must not serve the old copy.
+        if self.read_cache.bytes:
+            self.read_cache.discard(ledger_id, entry_id)
 
     # --- reads ----------------------------------------------------------------
 
@@ -131,8 +135,10 @@ class LedgerStorage:
                 self.read_cache.put(ledger_id, entry_id, data)
 
     def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
-        indexed = self.entry_index.entry_ids(ledger_id, first_entry_id, last_entry_id, ids_max)
+        # The write cache first: a checkpoint that ends between the two
+        # looks moves entries into the index, never out of it.
         cached = self.write_cache.entry_ids(ledger_id, first_entry_id, last_entry_id)
+        indexed = self.entry_index.entry_ids(ledger_id, first_entry_id, last_entry_id, ids_max)
         return sorted(set(indexed).union(cached))[:ids_max]
 
     # --- checkpoints ------------------------------------------------------------

@@ -36,5 +36,11 @@ class ReadCache:
                 _, evicted = self._entries.popitem(last=False)
                 self.bytes -= len(evicted)
 
+    def discard(self, ledger_id: int, entry_id: int) -> None:
+        with self._lock:
+            previous = self._entries.pop((ledger_id, entry_id), None)
+            if previous is not None:
+                self.bytes -= len(previous)
+
     def __len__(self) -> int:
         return len(self._entries)

@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 async def check_and_write_cookies(
     store: AsyncMetadataStore, layout: ClusterLayout, bookie_id: str, journal_dir: Path, ledger_dir: Path
-) -> Cookie:
+) -> tuple[Cookie, bool]:
     """Raise CookieError unless the directories are this bookie's own; for a
     new bookie, write its cookies (directories first, ZooKeeper last, so that
-    a crash in between leaves a state the next start can finish)."""
+    a crash in between leaves a state the next start can finish). Returns
+    the cookie and whether the bookie is new."""
     instance_id = await trio.to_thread.run_sync(ensure_cluster_layout, store.store, layout)
     directories = [str(Path(journal_dir).resolve()), str(Path(ledger_dir).resolve())]
     expected = Cookie(instance_id, bookie_id, directories[0], directories[1])
@@ -48,7 +49,8 @@ async def check_and_write_cookies(
     if unfinished:
         directory_cookies = {directory: None for directory in directories}
         directories_empty = {directory: True for directory in directories}
-    if check_cookies(expected, registered, directory_cookies, directories_empty):
+    new = check_cookies(expected, registered, directory_cookies, directories_empty)
+    if new:
         for directory in directories:
             await trio.to_thread.run_sync(write_directory_cookie, Path(directory), expected)
         try:
@@ -59,7 +61,7 @@ async def check_and_write_cookies(
             data, _ = await store.get(layout.cookie(bookie_id))
             check_cookies(expected, Cookie.from_bytes(data, "ZooKeeper"), {d: expected for d in directories}, {})
         log.info("new bookie %s: cookies written", bookie_id)
-    return expected
+    return expected, new
 
 
 async def format_bookie(store: AsyncMetadataStore, layout: ClusterLayout, bookie_id: str, directories: list[Path]) -> None:
@@ -113,9 +115,14 @@ class Registration:
         task_status.started()
         while not self._stopped:
             generation = self.store.session_generation
-            await self._register()
-            self.registered.set()
+            # Armed before registering, so that a mode change during the
+            # ZooKeeper calls is not lost: it makes this loop go round again.
             self._changed = trio.Event()
+            registered_read_only = self.read_only
+            await self._register(registered_read_only)
+            self.registered.set()
+            if self.read_only != registered_read_only:
+                continue
             async with trio.open_nursery() as nursery:
 
                 async def wait_session() -> None:
@@ -129,10 +136,10 @@ class Registration:
                 nursery.start_soon(wait_session)
                 nursery.start_soon(wait_mode)
 
-    async def _register(self) -> None:
-        info = BookieRegistrationInfo(self.info.bookie_id, self.info.address, self.info.rack, self.read_only)
-        path = self.layout.bookie_registration(info.bookie_id, read_only=self.read_only)
-        other = self.layout.bookie_registration(info.bookie_id, read_only=not self.read_only)
+    async def _register(self, read_only: bool) -> None:
+        info = BookieRegistrationInfo(self.info.bookie_id, self.info.address, self.info.rack, read_only)
+        path = self.layout.bookie_registration(info.bookie_id, read_only=read_only)
+        other = self.layout.bookie_registration(info.bookie_id, read_only=not read_only)
         session_id = self.store.store.session_id
         # Leave the other list first: a client must never see the bookie
         # writable after it turned read-only.

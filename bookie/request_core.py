@@ -38,6 +38,10 @@ from bookie.protocol.wire import (
 )
 from bookie.storage_interfaces import JournalRecord, LedgerStateRecord, ReadOutcome, RecordKind
 
+# Ledger and entry ids are signed 64-bit values, as in BookKeeper: the header
+# has room for more, but the journal and index store them signed.
+ID_MAX = 2**63 - 1
+
 # --- actions ------------------------------------------------------------------
 
 
@@ -411,7 +415,7 @@ class BookieCore:
             return [Respond(connection_id, AddResponse(request.request_id, Status.BAD_REQUEST, 0, 0))]
         status = None
         state = self.ledgers.get(ledger_id)
-        if not request.master_key:
+        if not request.master_key or ledger_id > ID_MAX or entry_id > ID_MAX:
             status = Status.BAD_REQUEST
         elif self.read_only:
             status = Status.READ_ONLY
@@ -462,7 +466,7 @@ class BookieCore:
         return self._start_read(connection_id, request, request.ledger_id, request.entry_id)
 
     def _receive_fence(self, connection_id: int, request: ReadRequest) -> list[Action]:
-        if not request.master_key or request.previous_lac is not None:
+        if not request.master_key or request.previous_lac is not None or request.ledger_id > ID_MAX:
             return [Respond(connection_id, self._read_response(request, Status.BAD_REQUEST))]
         if self.reads_in_flight >= self.limits.reads_in_flight_max:
             return [Respond(connection_id, self._read_response(request, Status.TOO_MANY_REQUESTS))]

@@ -56,17 +56,19 @@ def now_ms() -> float:
 
 
 class Wakeup:
-    """A level-triggered flag one task waits on and others set."""
+    """Wakes every task waiting at the time of `set()`. Edge-triggered: a
+    task checks its condition first and waits only if it does not hold (in
+    trio nothing runs between the check and the wait)."""
 
     def __init__(self) -> None:
         self._event = trio.Event()
 
     def set(self) -> None:
         self._event.set()
+        self._event = trio.Event()
 
     async def wait(self) -> None:
         await self._event.wait()
-        self._event = trio.Event()
 
 
 @dataclass(eq=False)
@@ -128,11 +130,13 @@ class BookieServer:
         self._synced_position = journal_position
         self._checkpoint_mark = journal_position
         self._checkpoint_wakeup = Wakeup()
+        self._checkpoint_lock = trio.Lock()
         self._tick_wakeup = Wakeup()
         self._read_limiter = trio.CapacityLimiter(config.read_threads_max)
         self._service_nursery: trio.Nursery | None = None
         self._network_scope: trio.CancelScope | None = None
         self._disk_read_only = False
+        self._checkpoint_failing = False
         self._listeners: list[trio.SocketListener] = []
 
     # --- lifetime -----------------------------------------------------------
@@ -263,7 +267,7 @@ class BookieServer:
         self._update_read_only()
 
     def _update_read_only(self) -> None:
-        read_only = self._disk_read_only or self.journal_failed is not None
+        read_only = self._disk_read_only or self.journal_failed is not None or self._checkpoint_failing
         if read_only != self.core.read_only:
             log.warning("bookie turns %s", "read-only" if read_only else "writable")
             self._execute(self.core.set_read_only(read_only))
@@ -312,11 +316,15 @@ class BookieServer:
 
     async def _journal_results_loop(self) -> None:
         while True:
-            await self._journal_results.wait()
-            for batch in self._journal_thread.take_synced():
+            batches = self._journal_thread.take_synced()
+            if not batches:
+                await self._journal_results.wait()
+            for batch in batches:
                 self._journal_batch_done(batch)
 
     def _journal_batch_done(self, batch) -> None:
+        if batch.bug is not None:
+            raise batch.bug
         self._journal_bytes -= batch.bytes
         self._journal_room.set()
         tokens = [token for token in batch.tokens if token]
@@ -337,11 +345,18 @@ class BookieServer:
     async def _checkpoint_loop(self) -> None:
         interval_s = self.config.checkpoint_interval_ms / 1000.0
         while True:
-            with trio.move_on_after(interval_s):
-                await self._checkpoint_wakeup.wait()
+            if not self.storage.write_cache.wants_flush():
+                with trio.move_on_after(interval_s):
+                    await self._checkpoint_wakeup.wait()
             await self._checkpoint()
 
     async def _checkpoint(self) -> None:
+        # One at a time: the loop's and the final one at shutdown share the
+        # write cache's single flushing buffer.
+        async with self._checkpoint_lock:
+            await self._checkpoint_once()
+
+    async def _checkpoint_once(self) -> None:
         mark = self._synced_position
         write_cache = self.storage.write_cache
         if write_cache.active_entries == 0 and mark == self._checkpoint_mark and not self.core.has_dirty_ledger_states:
@@ -361,17 +376,21 @@ class BookieServer:
         while True:
             try:
                 await trio.to_thread.run_sync(self.storage.run_checkpoint, checkpoint)
-                return
+                break
             except OSError as error:
                 # The entries are safe in the journal; the mark just does not
-                # move. Stop taking adds until a checkpoint succeeds.
+                # move. No adds are taken until a checkpoint succeeds.
                 if checkpoint.attempts >= CHECKPOINT_TRIES_MAX:
+                    log.critical("checkpoint failed %d times, the bookie stops: %s", checkpoint.attempts, error)
                     raise
                 log.error("checkpoint failed (attempt %d): %s", checkpoint.attempts, error)
-                self._disk_read_only = True
+                self._checkpoint_failing = True
                 self._update_read_only()
                 await trio.sleep(delay_s)
                 delay_s = min(delay_s * 2, CHECKPOINT_RETRY_DELAY_MAX_S)
+        if self._checkpoint_failing:
+            self._checkpoint_failing = False
+            self._update_read_only()
 
     # --- long polls and waiting adds --------------------------------------------
 

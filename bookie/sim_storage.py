@@ -167,6 +167,7 @@ class SimEntryIndex:
     """Commits are atomic and durable at once, as a synced RocksDB batch is."""
 
     def __init__(self) -> None:
+        self._identity: bytes | None = None
         self._locations: dict[tuple[int, int], EntryLocation] = {}
         self._states: dict[int, LedgerStateRecord] = {}
         self._mark = JOURNAL_START
@@ -193,6 +194,12 @@ class SimEntryIndex:
 
     def load_mark(self) -> JournalPosition:
         return self._mark
+
+    def identity(self) -> bytes | None:
+        return self._identity
+
+    def set_identity(self, identity: bytes) -> None:
+        self._identity = identity
 
     def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]:
         for ledger_id, state in sorted(self._states.items()):

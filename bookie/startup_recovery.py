@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from bookie.ledger_storage import LedgerStorage
 from bookie.request_core import BookieCore, CoreLimits, StoreEntry
-from bookie.storage_interfaces import Journal, JournalPosition
+from bookie.storage_interfaces import JOURNAL_START, Journal, JournalCorruptError, JournalPosition
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,13 @@ def recover(
     *, bookie_id: str, limits: CoreLimits, journal: Journal, storage: LedgerStorage, read_only: bool = False
 ) -> tuple[BookieCore, RecoveryReport]:
     mark = storage.entry_index.load_mark()
+    if mark != JOURNAL_START and mark.file_id not in journal.file_ids():
+        # The journal file the mark names is created before the mark is
+        # written and never deleted while named: it was removed by hand.
+        raise JournalCorruptError(
+            f"the journal file {mark.file_id} named by the checkpoint mark is missing: the journal directory was "
+            "wiped, and entries written since the last checkpoint are lost; refusing to start"
+        )
     states = dict(storage.entry_index.load_ledger_states())
     core = BookieCore(bookie_id=bookie_id, limits=limits, ledger_states=states, read_only=read_only)
     records = entries = 0

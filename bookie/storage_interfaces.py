@@ -57,6 +57,10 @@ class ReadOutcome(NamedTuple):
     failed: bool  # reading stopped at an entry that is stored but unreadable
 
 
+class JournalCorruptError(Exception):
+    """The journal cannot be replayed faithfully: refuse to start."""
+
+
 class CorruptEntryError(Exception):
     """A stored entry cannot be read back intact (checksum or framing failure).
     A bookie answers IO_ERROR for it, never NO_ENTRY."""
@@ -84,9 +88,13 @@ class Journal(Protocol):
         position just after it. A torn tail ends a file; replay goes on with
         the next file."""
 
-    def start_new_file(self) -> JournalPosition:
-        """Continue in a fresh file (after replay, never append behind a torn
-        tail); return the position of its first record."""
+    def start_new_file(self, after: JournalPosition) -> JournalPosition:
+        """Continue in a fresh file with an id above `after` and above every
+        file there is (after replay, never append behind a torn tail);
+        return the position of its first record."""
+
+    def file_ids(self) -> list[int]:
+        """Ids of the journal files there are, ascending."""
 
     def delete_before(self, mark: JournalPosition) -> list[int]:
         """Delete files that hold only records before `mark`; return their ids."""
@@ -134,6 +142,11 @@ class EntryIndex(Protocol):
         the journal mark that they cover."""
 
     def load_mark(self) -> JournalPosition: ...
+
+    def identity(self) -> bytes | None:
+        """Which bookie the index belongs to; None for a new index."""
+
+    def set_identity(self, identity: bytes) -> None: ...
 
     def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]: ...
 

@@ -1,0 +1,1 @@
+"""The broker: topics as chains of ledgers (issue 5)."""

@@ -1,0 +1,1 @@
+"""The `quire` command line and the local cluster launcher."""

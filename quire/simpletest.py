@@ -76,7 +76,14 @@ async def _exercise(bookie_id: str, address: str, count: int, entry_bytes: int) 
         poll = await client.read(ledger_id, count, previous_lac=lac, timeout_ms=200)
         poll_ms = (time.perf_counter() - poll_started) * 1000
     megabytes = count * entry_bytes / 1e6
-    ok = failed_adds == 0 and len(read_back) == count and mismatches == 0 and single.status is Status.OK
+    # The bookie's LAC is the one piggybacked on the last entry; a long poll
+    # past it must wait out its timeout and leave the LAC as it was.
+    lac_ok = lac == count - 2
+    poll_ok = poll.status is Status.NO_ENTRY and poll.last_add_confirmed == lac and poll_ms >= 190
+    ok = (
+        failed_adds == 0 and len(read_back) == count and mismatches == 0 and single.status is Status.OK
+        and lac_ok and poll_ok
+    )
     print(
         f"bookie {bookie_id} ({address}), ledger {ledger_id}:\n"
         f"  wrote {count} entries of {entry_bytes} bytes in {write_s * 1000:.0f} ms "

@@ -206,7 +206,10 @@ async def test_a_long_poll_returns_when_the_lac_moves(bookies):
                 answers.append(await reader.read(25, 2, previous_lac=1, timeout_ms=20_000))
 
             nursery.start_soon(poll)
-            await trio.sleep(0.2)
+            # The bookie holds the poll (it says so) until the LAC moves.
+            with trio.fail_after(10):
+                while (await reader.get_info()).info["long_poll_waiters"] != 1:
+                    await trio.sleep(0.01)
             assert answers == []
             await writer.run(bookie.address, count=1)  # entry 3 carries LAC 2
         (answer,) = answers
@@ -219,3 +222,42 @@ async def test_a_bookie_that_cannot_be_reached_fails_clearly():
             raise AssertionError("connected to nothing")
     except BookieConnectionError as error:
         assert "127.0.0.1:1" in str(error)
+
+
+async def test_an_add_with_an_entry_id_past_the_signed_range_is_a_bad_request_for_that_client_only(bookies):
+    # Ids are signed 64-bit, as in BookKeeper; the header has room for more.
+    from bookie.protocol import DigestManager, DigestType
+
+    bookie = await bookies.started()
+    huge = DigestManager(26, DigestType.CRC32C, b"pw").encode(2**63, 0, 0, b"x")
+    async with BookieClient.connect(bookie.address) as client:
+        assert (await client.add(huge, KEY)).status is Status.BAD_REQUEST
+    writer = PipelinedWriter(ledger_id=27)
+    await writer.run(bookie.address, count=100)
+    assert len(writer.acknowledged) == 100 and not writer.refused
+    info = await bookie.wait_serving()
+    assert not info["read_only"] and not info["journal_failed"]
+
+
+async def test_a_wiped_index_refuses_to_start(bookies):
+    bookie = await bookies.started()
+    writer = PipelinedWriter(ledger_id=28)
+    await writer.run(bookie.address, count=20)
+    async with BookieClient.connect(bookie.address) as client:
+        assert (await client.read(28, -1, fence=True, master_key=KEY)).status is Status.OK
+    assert bookie.terminate() == 0
+    shutil.rmtree(bookie.ledger_dir / "index")
+    code, output = bookie.run_until_exit()
+    assert code == 2 and "index" in output and "wiped" in output and "Traceback" not in output
+
+
+async def test_a_bookie_starts_read_only_when_its_disk_is_past_the_threshold(bookies):
+    # Any file system is fuller than 1%: the bookie must start read-only,
+    # register so, refuse adds and still serve reads.
+    bookie = await bookies.started("--disk-usage-threshold", "0.01", "--disk-usage-lwm", "0.01")
+    info = await bookie.wait_serving()
+    assert info["read_only"] and "threshold" in info["read_only_reason"]
+    await wait_for_registration(bookie.zk_hosts, bookie.root, bookie.address, "read-only")
+    writer = PipelinedWriter(ledger_id=29)
+    await writer.run(bookie.address, count=5)
+    assert set(writer.refused.values()) == {Status.READ_ONLY}

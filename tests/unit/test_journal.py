@@ -114,3 +114,32 @@ def test_records_larger_than_preallocation_are_written_whole(tmp_path):
     journal.append(big)
     journal.sync()
     assert [record for record, _ in FileJournal(tmp_path).replay(JOURNAL_START)] == big
+
+
+def test_a_corrupt_record_followed_by_intact_ones_refuses_replay(tmp_path):
+    # Bit rot in synced data is not a torn tail: replay must not quietly stop
+    # there (losing acknowledged entries) but refuse, keeping the file.
+    journal = open_journal(tmp_path)
+    journal.append(records(10))
+    journal.sync()
+    path = tmp_path / journal_file_name(journal.current_file_id)
+    data = bytearray(path.read_bytes())
+    third = list(FileJournal(tmp_path).replay(JOURNAL_START))[2][1].offset  # the end of record 2
+    data[third + 40] ^= 0x01  # a byte inside record 3
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError, match="intact record follows"):
+        list(FileJournal(tmp_path).replay(JOURNAL_START))
+    assert path.exists()
+
+
+def test_a_corrupt_length_field_followed_by_intact_records_is_found_too(tmp_path):
+    journal = open_journal(tmp_path)
+    journal.append(records(10))
+    journal.sync()
+    path = tmp_path / journal_file_name(journal.current_file_id)
+    data = bytearray(path.read_bytes())
+    fourth = list(FileJournal(tmp_path).replay(JOURNAL_START))[3][1].offset  # the start of record 4
+    data[fourth] ^= 0x80  # its length field
+    path.write_bytes(bytes(data))
+    with pytest.raises(JournalCorruptError):
+        list(FileJournal(tmp_path).replay(JOURNAL_START))

@@ -158,3 +158,32 @@ def test_sim_journal_crash_keeps_only_synced_records():
     journal.append([JournalRecord(RecordKind.ADD, 1, 1, b"b")])
     journal.crash()
     assert [record for record, _ in journal.replay(JOURNAL_START)] == kept
+
+
+def test_read_descriptors_are_bounded(tmp_path):
+    (tmp_path / "logs").mkdir()
+    log = FileEntryLog(tmp_path / "logs", log_bytes_max=1 << 20, read_fds_max=2)
+    locations = []
+    for entry_id in range(5):
+        locations.append(log.append(1, entry_id, payload(1, entry_id)))
+        log.sync()
+        log._roll()  # one entry per log file
+    for entry_id, location in enumerate(locations):
+        assert log.read(location, 1, entry_id) == payload(1, entry_id)
+    assert len(log._read_fds) == 2 and not log._evicted_fds
+    assert log.read(locations[0], 1, 0) == payload(1, 0)  # reopened after eviction
+    log.close()
+
+
+def test_a_rewritten_entry_is_not_served_from_a_stale_read_ahead_copy(storage):
+    # Read-ahead caches entry 1; a recovery add rewrites it; after the next
+    # checkpoint the write cache no longer holds it, and the read cache must
+    # not answer with the old bytes.
+    for entry_id in range(3):
+        storage.put(1, entry_id, b"old %d" % entry_id)
+    checkpoint(storage)
+    assert storage.read(1, 0, 1, 1 << 20).entries == [b"old 0"]
+    storage.put(1, 1, b"new 1")
+    checkpoint(storage, JournalPosition(2, 0))
+    assert storage.read(1, 1, 1, 1 << 20).entries == [b"new 1"]
+    assert storage.read_memory(1, 1, 1, 1 << 20)[0] in ([], [b"new 1"])

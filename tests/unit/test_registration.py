@@ -81,3 +81,23 @@ async def test_a_restarted_bookie_waits_for_its_stale_registration_to_expire():
         _, stat = observer.get(LAYOUT.bookie_registration("b1:3181", read_only=False))
         assert stat.ephemeral_owner == metadata.store.session_id
         nursery.cancel_scope.cancel()
+
+
+async def test_a_mode_change_during_registration_is_not_lost():
+    server = InMemoryMetadataServer()
+    observer = server.connect(session_timeout_ms=10_000)
+    ensure_cluster_layout(observer, LAYOUT)
+    metadata = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
+    registration = Registration(metadata, LAYOUT, INFO, stale_wait_s=1)
+    # The disk fills up while the first registration is still being written.
+    original = metadata.create
+
+    async def slow_create(*args, **kwargs):
+        registration.set_read_only(True)
+        return await original(*args, **kwargs)
+
+    metadata.create = slow_create
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registration.run)
+        await wait_for(lambda: registered(observer) == {"b1:3181": "read-only"}, "read-only after the race")
+        nursery.cancel_scope.cancel()
