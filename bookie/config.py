@@ -64,8 +64,8 @@ class BookieConfig:
             raise ValueError("disk_quota_bytes must be positive")
         if self.frame_bytes_max < 64 * 1024:
             raise ValueError("frame_bytes_max must be at least 64 KiB")
-        if self.write_cache_bytes < 2 * self.frame_bytes_max // 16:
-            raise ValueError("write_cache_bytes is too small for the frame bound")
+        if self.write_cache_bytes < 64 * 1024:
+            raise ValueError("write_cache_bytes must be at least 64 KiB")
         for name in (
             "session_timeout_ms", "connection_output_bytes_max", "journal_queue_bytes_max", "group_bytes",
             "checkpoint_interval_ms", "read_threads_max", "disk_check_interval_ms",
