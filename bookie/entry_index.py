@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from bookie.storage_interfaces import JOURNAL_START, EntryLocation, JournalPosition, LedgerStateRecord
+from bookie.storage_interfaces import JOURNAL_START, EntryLocation, FlatLocation, JournalPosition, LedgerStateRecord
 
 _ENTRY_KEY = struct.Struct(">cQQ")
 _LEDGER_KEY = struct.Struct(">cQ")
@@ -58,15 +58,16 @@ class RocksEntryIndex:
 
     def commit_checkpoint(
         self,
-        locations: Iterable[tuple[int, int, EntryLocation]],
+        locations: Iterable[FlatLocation],
         ledger_states: dict[int, LedgerStateRecord],
         mark: JournalPosition,
     ) -> None:
         if mark < self._mark:
             raise MarkRegressionError(f"checkpoint mark {mark} is behind the stored mark {self._mark}")
         batch = WriteBatch(raw_mode=True)
-        for ledger_id, entry_id, location in locations:
-            batch.put(_ENTRY_KEY.pack(b"E", ledger_id, entry_id), _LOCATION.pack(*location))
+        put, key, value = batch.put, _ENTRY_KEY.pack, _LOCATION.pack
+        for ledger_id, entry_id, log_id, offset, size in locations:
+            put(key(b"E", ledger_id, entry_id), value(log_id, offset, size))
         for ledger_id, state in ledger_states.items():
             value = msgpack.packb([state.master_key, state.fenced, state.last_add_confirmed])
             batch.put(_LEDGER_KEY.pack(b"L", ledger_id), value)

@@ -13,12 +13,13 @@ import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Mapping
 
 import crc32c
 
 from bookie.durable_files import fsync_directory, write_parts_at
 
-from bookie.storage_interfaces import CorruptEntryError, EntryLocation
+from bookie.storage_interfaces import CorruptEntryError, EntryLocation, FlatLocation
 
 LOG_MAGIC = b"QLOG"
 LOG_VERSION = 1
@@ -88,25 +89,29 @@ class FileEntryLog:
             self._write_buffer()
         return location
 
-    def append_batch(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, int, EntryLocation]]:
-        """Append many entries (a checkpoint's, sorted); return their
-        locations. One tight loop: this runs for every entry the bookie
-        stores, on a thread that shares the GIL with the event loop."""
-        locations = []
+    def append_buffer(self, buffer: Mapping[int, Mapping[int, bytes]]) -> list[FlatLocation]:
+        """Append a checkpoint's entries, given as {ledger: {entry: data}},
+        sorted by (ledger, entry); return (ledger, entry, log id, offset,
+        size) for each. One tight loop without per-entry objects: it runs
+        for every entry the bookie stores, on a thread that shares the GIL
+        with the event loop."""
+        locations: list[FlatLocation] = []
         add_location = locations.append
-        pack, checksum, make_location = RECORD_HEAD.pack, crc32c.crc32c, tuple.__new__
-        for ledger_id, entry_id, data in entries:
-            size = RECORD_OVERHEAD + len(data)
-            if self._fd is None or (self._offset + size > self.log_bytes_max and self._offset > LOG_HEADER.size):
-                self._roll()
-            self._buffer.append(pack(size - 8, checksum(data), ledger_id, entry_id))
-            self._buffer.append(data)
-            offset = self._offset
-            self._offset = offset + size
-            self._buffer_bytes += size
-            add_location((ledger_id, entry_id, make_location(EntryLocation, (self._log_id, offset, size))))
-            if self._buffer_bytes >= self.write_buffer_bytes:
-                self._write_buffer()
+        pack, checksum = RECORD_HEAD.pack, crc32c.crc32c
+        for ledger_id in sorted(buffer):
+            entries = buffer[ledger_id]
+            for entry_id in sorted(entries):
+                data = entries[entry_id]
+                size = RECORD_OVERHEAD + len(data)
+                if self._fd is None or (self._offset + size > self.log_bytes_max and self._offset > LOG_HEADER.size):
+                    self._roll()
+                self._buffer += (pack(size - 8, checksum(data), ledger_id, entry_id), data)
+                offset = self._offset
+                self._offset = offset + size
+                self._buffer_bytes += size
+                add_location((ledger_id, entry_id, self._log_id, offset, size))
+                if self._buffer_bytes >= self.write_buffer_bytes:
+                    self._write_buffer()
         return locations
 
     def _roll(self) -> None:

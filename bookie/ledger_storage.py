@@ -18,6 +18,7 @@ from bookie.storage_interfaces import (
     EntryIndex,
     EntryLocation,
     EntryLog,
+    FlatLocation,
     JournalPosition,
     LedgerStateRecord,
     ReadOutcome,
@@ -33,7 +34,7 @@ class Checkpoint:
     ledger_states: dict[int, LedgerStateRecord]
     mark: JournalPosition
     attempts: int = 0
-    locations: list[tuple[int, int, EntryLocation]] = field(default_factory=list)
+    locations: list[FlatLocation] = field(default_factory=list)
 
     @property
     def entries(self) -> list[tuple[int, int, bytes]]:
@@ -152,7 +153,7 @@ class LedgerStorage:
     def run_checkpoint(self, checkpoint: Checkpoint) -> None:
         """Worker thread: write the entries, sync, commit index and mark."""
         checkpoint.attempts += 1
-        locations = self.entry_log.append_batch(checkpoint.entries)
+        locations = self.entry_log.append_buffer(checkpoint.buffer)
         self.entry_log.sync()
         self.entry_index.commit_checkpoint(locations, checkpoint.ledger_states, checkpoint.mark)
         checkpoint.locations = locations

@@ -8,7 +8,7 @@ stored entry so that reading it back fails its checksum, as on a bad disk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import crc32c
 
@@ -16,6 +16,7 @@ from bookie.storage_interfaces import (
     JOURNAL_START,
     CorruptEntryError,
     EntryLocation,
+    FlatLocation,
     JournalPosition,
     JournalRecord,
     LedgerStateRecord,
@@ -108,8 +109,12 @@ class SimEntryLog:
         log.append(_StoredEntry(ledger_id, entry_id, bytearray(data), crc32c.crc32c(data)))
         return EntryLocation(self._current, len(log) - 1, len(data) + _RECORD_SIZE_OVERHEAD)
 
-    def append_batch(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, int, EntryLocation]]:
-        return [(ledger_id, entry_id, self.append(ledger_id, entry_id, data)) for ledger_id, entry_id, data in entries]
+    def append_buffer(self, buffer: Mapping[int, Mapping[int, bytes]]) -> list[FlatLocation]:
+        return [
+            (ledger_id, entry_id, *self.append(ledger_id, entry_id, buffer[ledger_id][entry_id]))
+            for ledger_id in sorted(buffer)
+            for entry_id in sorted(buffer[ledger_id])
+        ]
 
     def sync(self) -> None:
         for log_id, log in self._logs.items():
@@ -186,8 +191,8 @@ class SimEntryIndex:
         mark: JournalPosition,
     ) -> None:
         assert mark >= self._mark, f"checkpoint mark {mark} is behind the stored mark {self._mark}"
-        for ledger_id, entry_id, location in locations:
-            self._locations[(ledger_id, entry_id)] = location
+        for ledger_id, entry_id, log_id, offset, size in locations:
+            self._locations[(ledger_id, entry_id)] = EntryLocation(log_id, offset, size)
         for ledger_id, state in ledger_states.items():
             self._states[ledger_id] = LedgerStateRecord(state.master_key, state.fenced, state.last_add_confirmed)
         self._mark = mark

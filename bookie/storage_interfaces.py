@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Protocol
+from typing import Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 
 class RecordKind(enum.IntEnum):
@@ -41,6 +41,11 @@ class EntryLocation(NamedTuple):
     log_id: int
     offset: int  # where the record starts
     size: int  # whole record, framing included
+
+
+# (ledger id, entry id, log id, offset, size): what a checkpoint hands from
+# the entry log to the index, flat so that no object is built per entry.
+FlatLocation = tuple[int, int, int, int, int]
 
 
 @dataclass(slots=True)
@@ -106,9 +111,9 @@ class EntryLog(Protocol):
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
         """Buffer one entry for the current log (not durable until `sync`)."""
 
-    def append_batch(self, entries: list[tuple[int, int, bytes]]) -> list[tuple[int, int, EntryLocation]]:
-        """`append` for many (ledger id, entry id, data); returns (ledger id,
-        entry id, location) for each."""
+    def append_buffer(self, buffer: Mapping[int, Mapping[int, bytes]]) -> list[FlatLocation]:
+        """Append a checkpoint's {ledger: {entry: data}} sorted by (ledger,
+        entry); return the flat location of each."""
 
     def sync(self) -> None:
         """Write and make durable everything appended so far."""
@@ -134,7 +139,7 @@ class EntryIndex(Protocol):
 
     def commit_checkpoint(
         self,
-        locations: Iterable[tuple[int, int, EntryLocation]],
+        locations: Iterable[FlatLocation],
         ledger_states: dict[int, LedgerStateRecord],
         mark: JournalPosition,
     ) -> None:

@@ -13,6 +13,7 @@ from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
 from bookie.storage_interfaces import (
     JOURNAL_START,
     CorruptEntryError,
+    EntryLocation,
     JournalPosition,
     JournalRecord,
     LedgerStateRecord,
@@ -121,7 +122,7 @@ def test_a_flipped_byte_in_the_entry_log_is_a_failed_read_not_a_missing_entry(tm
     for entry_id in range(3):
         storage.put(1, entry_id, payload(1, entry_id))
     job = checkpoint(storage)
-    _, _, location = job.locations[1]
+    location = EntryLocation(*job.locations[1][2:])
     path = tmp_path / "logs" / f"{location.log_id:016x}.log"
     data = bytearray(path.read_bytes())
     data[location.offset + location.size - 3] ^= 0x40
