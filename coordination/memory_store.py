@@ -528,9 +528,7 @@ class InMemoryMetadataStore(MetadataStore):
         server = self._server
         with server._lock:
             session = self._live_session_locked()
-            node = server._nodes.get(full)
-            if node is None:
-                raise NoNodeError(f"{path} does not exist")
+            node = self._node_at_version_locked(full, path, ANY_VERSION)
             if watch is not None:
                 server._add_watch_locked(server._data_watches, full, _Watch(self, session.session_id, watch))
             return node.data, node.stat()
@@ -588,9 +586,7 @@ class InMemoryMetadataStore(MetadataStore):
         server = self._server
         with server._lock:
             session = self._live_session_locked()
-            node = server._nodes.get(full)
-            if node is None:
-                raise NoNodeError(f"{path} does not exist")
+            node = self._node_at_version_locked(full, path, ANY_VERSION)
             if watch is not None:
                 server._add_watch_locked(server._child_watches, full, _Watch(self, session.session_id, watch))
             return sorted(node.children)
