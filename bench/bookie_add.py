@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from quire.progress import Progress
-from bookie.protocol import AddFlag, AddRequest, DigestManager, DigestType, Status, master_key
+from bookie.protocol import AddFlag, DigestManager, DigestType, Status, master_key
 from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook
 from ledger_client.bookie_client import BookieClient
 
@@ -85,10 +85,13 @@ async def pipeline_adds(address: str, *, window: int, entry_bytes: int, seconds:
     all_done = trio.Event()
     outstanding = 0
 
-    def on_response(started: float, response) -> None:
+    sent_at: dict[int, float] = {}
+
+    def on_response(response) -> None:
         nonlocal outstanding, measured_entries
         outstanding -= 1
         status = getattr(response, "status", None)
+        started = sent_at.pop(response.request_id, 0.0) if status is not None else 0.0
         if status is not Status.OK:
             name = status.name if status is not None else type(response).__name__
             errors[name] = errors.get(name, 0) + 1
@@ -115,15 +118,10 @@ async def pipeline_adds(address: str, *, window: int, entry_bytes: int, seconds:
             entry = digest.encode(entry_id, entry_id - 1, 0, payload)
             entry_id += 1
             outstanding += 1
-            # Latency runs from when the request gets its slot in the window
-            # (the factory is called then), not from when it began to wait.
-            sent_at = [0.0]
-
-            def build(request_id: int, entry=entry, sent_at=sent_at) -> AddRequest:
-                sent_at[0] = time.perf_counter()
-                return AddRequest(request_id, AddFlag.NONE, key, entry)
-
-            await client.submit(build, lambda response, sent_at=sent_at: on_response(sent_at[0], response))
+            # Latency runs from when the request is queued on the connection
+            # (submit returns then), not from when it began to wait for room.
+            request_id = await client.submit_add(AddFlag.NONE, key, entry, on_response)
+            sent_at[request_id] = time.perf_counter()
             if now - last_progress > 0.25:
                 progress.update(now - began)
                 last_progress = now

@@ -11,7 +11,7 @@ import trio
 
 from ledger_client.bookie_client import BookieClient
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from bookie.protocol import AddFlag, AddRequest, Status
+from bookie.protocol import AddFlag, Status
 from coordination.cluster_layout import ClusterLayout, list_bookies
 from quire.metadata_access import open_metadata
 
@@ -50,7 +50,7 @@ async def _exercise(bookie_id: str, address: str, count: int, entry_bytes: int) 
                 if len(statuses) == _count:
                     done.set()
 
-            await client.submit(lambda request_id, e=entry: _add(request_id, key, e), on_response)
+            await client.submit_add(AddFlag.NONE, key, entry, on_response)
         await done.wait()
         write_s = time.perf_counter() - started
         failed_adds = sum(1 for status in statuses if status is not Status.OK)
@@ -96,6 +96,3 @@ async def _exercise(bookie_id: str, address: str, count: int, entry_bytes: int) 
     )
     return ok
 
-
-def _add(request_id: int, key: bytes, entry: bytes) -> AddRequest:
-    return AddRequest(request_id, AddFlag.NONE, key, entry)

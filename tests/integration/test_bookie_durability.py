@@ -12,7 +12,7 @@ from ledger_client.bookie_client import BookieClient, BookieConnectionError
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.entry_index import RocksEntryIndex
 from bookie.entry_log import entry_log_name
-from bookie.protocol import LAST_ADD_CONFIRMED, AddFlag, AddRequest, Status
+from bookie.protocol import LAST_ADD_CONFIRMED, AddFlag, Status
 from tests.integration.bookie_processes import BookieProcess, bookies  # noqa: F401  (fixture)
 
 PASSWORD = b"pw"
@@ -67,9 +67,8 @@ class PipelinedWriter:
                     self.sent[entry_id] = self.entry(entry_id)
                     outstanding += 1
                     self.next_entry_id += 1
-                    await client.submit(
-                        lambda request_id, e=self.sent[entry_id]: AddRequest(request_id, AddFlag.NONE, KEY, e),
-                        lambda response, entry_id=entry_id: on_response(entry_id, response),
+                    await client.submit_add(
+                        AddFlag.NONE, KEY, self.sent[entry_id], lambda response, entry_id=entry_id: on_response(entry_id, response)
                     )
                 await done.wait()
         except BookieConnectionError:
