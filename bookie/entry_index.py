@@ -56,18 +56,31 @@ class RocksEntryIndex:
             iterator.next()
         return found
 
+    def new_batch(self) -> WriteBatch:
+        return WriteBatch(raw_mode=True)
+
+    def stage(self, batch: WriteBatch, locations: Iterable[FlatLocation]) -> None:
+        """Add entry locations to a batch (memory only: the event loop does
+        it in slices during a checkpoint)."""
+        put, key, value = batch.put, _ENTRY_KEY.pack, _LOCATION.pack
+        for ledger_id, entry_id, log_id, offset, size in locations:
+            put(key(b"E", ledger_id, entry_id), value(log_id, offset, size))
+
     def commit_checkpoint(
         self,
         locations: Iterable[FlatLocation],
         ledger_states: dict[int, LedgerStateRecord],
         mark: JournalPosition,
     ) -> None:
+        batch = self.new_batch()
+        self.stage(batch, locations)
+        self.commit_staged(batch, ledger_states, mark)
+
+    def commit_staged(self, batch: WriteBatch, ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition) -> None:
+        """Durably and atomically: the staged locations, the ledger states
+        and the journal mark they cover."""
         if mark < self._mark:
             raise MarkRegressionError(f"checkpoint mark {mark} is behind the stored mark {self._mark}")
-        batch = WriteBatch(raw_mode=True)
-        put, key, value = batch.put, _ENTRY_KEY.pack, _LOCATION.pack
-        for ledger_id, entry_id, log_id, offset, size in locations:
-            put(key(b"E", ledger_id, entry_id), value(log_id, offset, size))
         for ledger_id, state in ledger_states.items():
             value = msgpack.packb([state.master_key, state.fenced, state.last_add_confirmed])
             batch.put(_LEDGER_KEY.pack(b"L", ledger_id), value)

@@ -13,12 +13,12 @@ import struct
 import threading
 from collections import OrderedDict
 from pathlib import Path
-from typing import Mapping
+from dataclasses import dataclass
+from typing import Iterator, Mapping
 
 import crc32c
 
 from bookie.durable_files import fsync_directory, write_parts_at
-
 from bookie.storage_interfaces import CorruptEntryError, EntryLocation, FlatLocation
 
 LOG_MAGIC = b"QLOG"
@@ -29,27 +29,38 @@ RECORD_OVERHEAD = RECORD_HEAD.size
 SUFFIX = ".log"
 
 
+@dataclass(slots=True)
+class _Segment:
+    """Staged records for one log, from `start` on."""
+
+    log_id: int
+    start: int
+    parts: list[bytes]
+    new_log: bool
+
+
 def entry_log_name(log_id: int) -> str:
     return f"{log_id:016x}{SUFFIX}"
 
 
 class FileEntryLog:
-    """Appends happen on one thread at a time (the checkpoint); reads may come
-    from any thread and only ever name records that `sync` made durable."""
+    """A checkpoint first stages its records (framing only, no I/O: the event
+    loop does it in slices, so that it does not fight the loop for the GIL
+    from another thread), then writes them (`write_staged`, on a worker
+    thread). Reads may come from any thread and only ever name records that
+    a write made durable."""
 
     def __init__(
         self,
         directory: Path,
         *,
         log_bytes_max: int = 1024 * 1024 * 1024,
-        write_buffer_bytes: int = 4 * 1024 * 1024,
         read_fds_max: int = 256,
     ):
         if log_bytes_max < 1024 * 1024:
             raise ValueError("entry log_bytes_max must be at least 1 MiB")
         self.directory = Path(directory)
         self.log_bytes_max = log_bytes_max
-        self.write_buffer_bytes = write_buffer_bytes
         # Open read descriptors by log id, least recently used first; one
         # evicted while a reader uses it is closed when the reader is done.
         self.read_fds_max = read_fds_max
@@ -57,12 +68,13 @@ class FileEntryLog:
         self._fd_users: dict[int, int] = {}
         self._evicted_fds: set[int] = set()
         self._read_fds_lock = threading.Lock()
+        # Where the next staged record goes. A log is never appended to after
+        # a restart or a failed write: staging then starts a fresh log.
         self._log_id = max(self.log_ids(), default=0)
-        self._fd: int | None = None
         self._offset = 0
-        self._buffer: list[bytes] = []
-        self._buffer_bytes = 0
-        self._unsynced_fds: list[int] = []
+        self._fresh_log_needed = True
+        self._fd: int | None = None  # the current log, once created
+        self._segments: list[_Segment] = []
 
     def log_ids(self) -> list[int]:
         ids = []
@@ -74,83 +86,93 @@ class FileEntryLog:
                     continue
         return sorted(ids)
 
-    # --- writing ----------------------------------------------------------------
+    # --- staging (no I/O) ---------------------------------------------------------
+
+    def _segment_for(self, size: int) -> "_Segment":
+        if self._fresh_log_needed or (self._offset + size > self.log_bytes_max and self._offset > LOG_HEADER.size):
+            self._fresh_log_needed = False
+            self._log_id += 1
+            self._offset = LOG_HEADER.size
+            self._segments.append(_Segment(self._log_id, self._offset, [], new_log=True))
+        elif not self._segments:
+            self._segments.append(_Segment(self._log_id, self._offset, [], new_log=False))
+        return self._segments[-1]
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
+        """Stage one record; durable after `write_staged`."""
         size = RECORD_OVERHEAD + len(data)
-        if self._fd is None or (self._offset + size > self.log_bytes_max and self._offset > LOG_HEADER.size):
-            self._roll()
-        self._buffer.append(RECORD_HEAD.pack(size - 8, crc32c.crc32c(data), ledger_id, entry_id))
-        self._buffer.append(data)
+        segment = self._segment_for(size)
+        segment.parts += (RECORD_HEAD.pack(size - 8, crc32c.crc32c(data), ledger_id, entry_id), data)
         location = EntryLocation(self._log_id, self._offset, size)
         self._offset += size
-        self._buffer_bytes += size
-        if self._buffer_bytes >= self.write_buffer_bytes:
-            self._write_buffer()
         return location
 
-    def append_buffer(self, buffer: Mapping[int, Mapping[int, bytes]]) -> list[FlatLocation]:
-        """Append a checkpoint's entries, given as {ledger: {entry: data}},
-        sorted by (ledger, entry); return (ledger, entry, log id, offset,
-        size) for each. One tight loop without per-entry objects: it runs
-        for every entry the bookie stores, on a thread that shares the GIL
-        with the event loop."""
+    def stage_buffer(self, buffer: Mapping[int, Mapping[int, bytes]], entries_per_step: int) -> Iterator[list[FlatLocation]]:
+        """Stage a checkpoint's {ledger: {entry: data}} sorted by (ledger,
+        entry), yielding the flat locations of each slice of
+        `entries_per_step` entries. One tight loop without per-entry
+        objects: it runs for every entry the bookie stores."""
         locations: list[FlatLocation] = []
         add_location = locations.append
         pack, checksum = RECORD_HEAD.pack, crc32c.crc32c
+        segment = None
         for ledger_id in sorted(buffer):
             entries = buffer[ledger_id]
             for entry_id in sorted(entries):
                 data = entries[entry_id]
                 size = RECORD_OVERHEAD + len(data)
-                if self._fd is None or (self._offset + size > self.log_bytes_max and self._offset > LOG_HEADER.size):
-                    self._roll()
-                self._buffer += (pack(size - 8, checksum(data), ledger_id, entry_id), data)
+                if segment is None or self._offset + size > self.log_bytes_max:
+                    segment = self._segment_for(size)
+                    parts = segment.parts
+                parts += (pack(size - 8, checksum(data), ledger_id, entry_id), data)
                 offset = self._offset
                 self._offset = offset + size
-                self._buffer_bytes += size
                 add_location((ledger_id, entry_id, self._log_id, offset, size))
-                if self._buffer_bytes >= self.write_buffer_bytes:
-                    self._write_buffer()
-        return locations
+                if len(locations) >= entries_per_step:
+                    yield locations
+                    locations = []
+                    add_location = locations.append
+        if locations:
+            yield locations
 
-    def _roll(self) -> None:
-        if self._fd is not None:
-            self._write_buffer()
-        # Open the next log first: if that fails, nothing has changed.
-        log_id = self._log_id + 1
+    # --- writing (worker thread) --------------------------------------------------
+
+    def write_staged(self) -> None:
+        """Write every staged record and make it durable. After a failure
+        the staged records are dropped and staging continues in a fresh log:
+        the caller stages and writes them again."""
+        try:
+            wrote = False
+            for segment in self._segments:
+                if segment.new_log:
+                    self._create_log(segment.log_id)  # syncs and closes the previous log
+                write_parts_at(self._fd, segment.parts, segment.start)
+                wrote = True
+            if wrote:
+                os.fdatasync(self._fd)
+        except OSError:
+            self._fresh_log_needed = True
+            raise
+        finally:
+            self._segments = []
+
+    def sync(self) -> None:
+        self.write_staged()
+
+    def _create_log(self, log_id: int) -> None:
         path = self.directory / entry_log_name(log_id)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            header = LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, log_id)
-            os.pwrite(fd, header, 0)
+            os.pwrite(fd, LOG_HEADER.pack(LOG_MAGIC, LOG_VERSION, log_id), 0)
             fsync_directory(self.directory)
         except OSError:
             os.close(fd)
             path.unlink(missing_ok=True)
             raise
         if self._fd is not None:
-            self._unsynced_fds.append(self._fd)
-        self._fd, self._log_id, self._offset = fd, log_id, len(header)
-
-    def _write_buffer(self) -> None:
-        if self._buffer:
-            write_parts_at(self._fd, self._buffer, self._offset - self._buffer_bytes)
-            self._buffer = []
-            self._buffer_bytes = 0
-
-    def sync(self) -> None:
-        if self._fd is None:
-            return
-        self._write_buffer()
-        for fd in self._unsynced_fds:
-            os.fdatasync(fd)
-        os.fdatasync(self._fd)
-        # Closed only once all are synced: a failure above leaves the list
-        # whole for the retry, and no descriptor is closed twice.
-        for fd in self._unsynced_fds:
-            os.close(fd)
-        self._unsynced_fds.clear()
+            os.fdatasync(self._fd)
+            os.close(self._fd)
+        self._fd = fd
 
     # --- reading ----------------------------------------------------------------
 
@@ -222,8 +244,9 @@ class FileEntryLog:
                 self._release(fd, evict=True)
 
     def close(self) -> None:
+        if self._segments:
+            self.write_staged()
         if self._fd is not None:
-            self.sync()
             os.close(self._fd)
             self._fd = None
         with self._read_fds_lock:

@@ -109,12 +109,19 @@ class SimEntryLog:
         log.append(_StoredEntry(ledger_id, entry_id, bytearray(data), crc32c.crc32c(data)))
         return EntryLocation(self._current, len(log) - 1, len(data) + _RECORD_SIZE_OVERHEAD)
 
-    def append_buffer(self, buffer: Mapping[int, Mapping[int, bytes]]) -> list[FlatLocation]:
-        return [
-            (ledger_id, entry_id, *self.append(ledger_id, entry_id, buffer[ledger_id][entry_id]))
-            for ledger_id in sorted(buffer)
-            for entry_id in sorted(buffer[ledger_id])
-        ]
+    def stage_buffer(self, buffer: Mapping[int, Mapping[int, bytes]], entries_per_step: int) -> Iterator[list[FlatLocation]]:
+        locations: list[FlatLocation] = []
+        for ledger_id in sorted(buffer):
+            for entry_id in sorted(buffer[ledger_id]):
+                locations.append((ledger_id, entry_id, *self.append(ledger_id, entry_id, buffer[ledger_id][entry_id])))
+                if len(locations) >= entries_per_step:
+                    yield locations
+                    locations = []
+        if locations:
+            yield locations
+
+    def write_staged(self) -> None:
+        self.sync()
 
     def sync(self) -> None:
         for log_id, log in self._logs.items():
@@ -184,14 +191,25 @@ class SimEntryIndex:
         ids = sorted(entry for ledger, entry in self._locations if ledger == ledger_id and first_entry_id <= entry <= last_entry_id)
         return ids[:ids_max]
 
+    def new_batch(self) -> list[FlatLocation]:
+        return []
+
+    def stage(self, batch: list[FlatLocation], locations: Iterable[FlatLocation]) -> None:
+        batch.extend(locations)
+
     def commit_checkpoint(
         self,
-        locations: Iterable[tuple[int, int, EntryLocation]],
+        locations: Iterable[FlatLocation],
         ledger_states: dict[int, LedgerStateRecord],
         mark: JournalPosition,
     ) -> None:
+        self.commit_staged(list(locations), ledger_states, mark)
+
+    def commit_staged(
+        self, batch: list[FlatLocation], ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition
+    ) -> None:
         assert mark >= self._mark, f"checkpoint mark {mark} is behind the stored mark {self._mark}"
-        for ledger_id, entry_id, log_id, offset, size in locations:
+        for ledger_id, entry_id, log_id, offset, size in batch:
             self._locations[(ledger_id, entry_id)] = EntryLocation(log_id, offset, size)
         for ledger_id, state in ledger_states.items():
             self._states[ledger_id] = LedgerStateRecord(state.master_key, state.fenced, state.last_add_confirmed)

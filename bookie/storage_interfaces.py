@@ -108,15 +108,19 @@ class Journal(Protocol):
 
 
 class EntryLog(Protocol):
+    """A checkpoint stages records (framing only, no I/O) and then writes
+    what it staged; reads only ever name written records."""
+
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
-        """Buffer one entry for the current log (not durable until `sync`)."""
+        """Stage one entry (durable after `write_staged`)."""
 
-    def append_buffer(self, buffer: Mapping[int, Mapping[int, bytes]]) -> list[FlatLocation]:
-        """Append a checkpoint's {ledger: {entry: data}} sorted by (ledger,
-        entry); return the flat location of each."""
+    def stage_buffer(self, buffer: Mapping[int, Mapping[int, bytes]], entries_per_step: int) -> Iterator[list[FlatLocation]]:
+        """Stage a checkpoint's {ledger: {entry: data}} sorted by (ledger,
+        entry), yielding the flat locations of each slice of entries."""
 
-    def sync(self) -> None:
-        """Write and make durable everything appended so far."""
+    def write_staged(self) -> None:
+        """Write and make durable everything staged. After a failure the
+        staged records are dropped, to be staged again."""
 
     def read(self, location: EntryLocation, ledger_id: int, entry_id: int) -> bytes:
         """The entry at `location`; CorruptEntryError if it is not intact or is
@@ -137,14 +141,23 @@ class EntryIndex(Protocol):
     def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
         """Indexed entry ids of the ledger within [first, last], ascending."""
 
+    def new_batch(self) -> object:
+        """An empty batch of index changes (memory only)."""
+
+    def stage(self, batch: object, locations: Iterable[FlatLocation]) -> None:
+        """Add entry locations to a batch (memory only)."""
+
+    def commit_staged(self, batch: object, ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition) -> None:
+        """Durably and atomically record a batch's locations, ledger states
+        and the journal mark that they cover."""
+
     def commit_checkpoint(
         self,
         locations: Iterable[FlatLocation],
         ledger_states: dict[int, LedgerStateRecord],
         mark: JournalPosition,
     ) -> None:
-        """Durably and atomically record entry locations, ledger states and
-        the journal mark that they cover."""
+        """`new_batch` + `stage` + `commit_staged` in one call."""
 
     def load_mark(self) -> JournalPosition: ...
 

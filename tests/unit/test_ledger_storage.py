@@ -164,15 +164,38 @@ def test_sim_journal_crash_keeps_only_synced_records():
 def test_read_descriptors_are_bounded(tmp_path):
     (tmp_path / "logs").mkdir()
     log = FileEntryLog(tmp_path / "logs", log_bytes_max=1 << 20, read_fds_max=2)
-    locations = []
-    for entry_id in range(5):
-        locations.append(log.append(1, entry_id, payload(1, entry_id)))
-        log.sync()
-        log._roll()  # one entry per log file
+    big = [bytes([entry_id]) * 700_000 for entry_id in range(5)]  # one entry per 1 MiB log
+    locations = [log.append(1, entry_id, data) for entry_id, data in enumerate(big)]
+    log.write_staged()
+    assert len({location.log_id for location in locations}) == 5
     for entry_id, location in enumerate(locations):
-        assert log.read(location, 1, entry_id) == payload(1, entry_id)
+        assert log.read(location, 1, entry_id) == big[entry_id]
     assert len(log._read_fds) == 2 and not log._evicted_fds
-    assert log.read(locations[0], 1, 0) == payload(1, 0)  # reopened after eviction
+    assert log.read(locations[0], 1, 0) == big[0]  # reopened after eviction
+    log.close()
+
+
+def test_a_failed_write_continues_in_a_fresh_log(tmp_path, monkeypatch):
+    # After a failed write, what was staged is staged again into a new log;
+    # nothing is appended behind bytes of unknown state.
+    (tmp_path / "logs").mkdir()
+    log = FileEntryLog(tmp_path / "logs", log_bytes_max=1 << 20)
+    first = log.append(1, 0, b"zero")
+    log.write_staged()
+    log.append(1, 1, b"one")
+    import bookie.entry_log as entry_log_module
+
+    def refuse(*arguments):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(entry_log_module, "write_parts_at", refuse)
+    with pytest.raises(OSError):
+        log.write_staged()
+    monkeypatch.undo()
+    again = log.append(1, 1, b"one")
+    log.write_staged()
+    assert again.log_id == first.log_id + 1
+    assert log.read(again, 1, 1) == b"one" and log.read(first, 1, 0) == b"zero"
     log.close()
 
 
