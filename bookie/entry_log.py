@@ -237,12 +237,6 @@ class FileEntryLog:
             position += size
         return found
 
-    def forget_log(self, log_id: int) -> None:
-        with self._read_fds_lock:
-            fd = self._read_fds.pop(log_id, None)
-            if fd is not None:
-                self._release(fd, evict=True)
-
     def close(self) -> None:
         if self._segments:
             self.write_staged()

@@ -24,7 +24,7 @@ from bookie.storage_interfaces import (
     LedgerStateRecord,
     ReadOutcome,
 )
-from bookie.write_cache import WriteCache, sorted_entries
+from bookie.write_cache import WriteCache
 
 
 @dataclass(slots=True)
@@ -37,10 +37,6 @@ class Checkpoint:
     attempts: int = 0
     locations: list[FlatLocation] = field(default_factory=list)
     index_batch: object = None
-
-    @property
-    def entries(self) -> list[tuple[int, int, bytes]]:
-        return sorted_entries(self.buffer)
 
 
 class LedgerStorage:

@@ -56,10 +56,6 @@ class WriteCache:
                 ids.update(entry_id for entry_id in list(entries) if first_entry_id <= entry_id <= last_entry_id)
         return sorted(ids)
 
-    @property
-    def is_flushing(self) -> bool:
-        return self._flushing is not None
-
     def wants_flush(self) -> bool:
         return self.active_bytes >= self.half_bytes
 
@@ -80,7 +76,3 @@ class WriteCache:
         self._flushing = None
         self.flushing_bytes = 0
 
-
-def sorted_entries(buffer: dict[int, dict[int, bytes]]) -> list[tuple[int, int, bytes]]:
-    """A swapped-out buffer's entries sorted by (ledger, entry)."""
-    return [(ledger_id, entry_id, data) for ledger_id in sorted(buffer) for entry_id, data in sorted(buffer[ledger_id].items())]

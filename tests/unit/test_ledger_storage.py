@@ -64,7 +64,8 @@ def test_checkpoint_writes_entries_sorted_by_ledger_then_entry(storage):
     for ledger_id, entry_id in [(2, 1), (1, 5), (2, 0), (1, 4)]:
         storage.put(ledger_id, entry_id, payload(ledger_id, entry_id))
     job = checkpoint(storage)
-    assert [(ledger, entry) for ledger, entry, _ in job.entries] == [(1, 4), (1, 5), (2, 0), (2, 1)]
+    assert [location[:2] for location in job.locations] == [(1, 4), (1, 5), (2, 0), (2, 1)]
+    assert [location[3] for location in job.locations] == sorted(location[3] for location in job.locations)
 
 
 def test_read_ahead_fills_the_read_cache(storage):

@@ -127,8 +127,8 @@ class CrashingBookie(RuleBasedStateMachine):
     def crash(self, mid_checkpoint: bool) -> None:
         if mid_checkpoint and self.checkpoint is not None:
             # The entry log got the records but not the sync or the index commit.
-            for ledger_id, entry_id, data in self.checkpoint.entries:
-                self.entry_log.append(ledger_id, entry_id, data)
+            for _ in self.storage.stage_checkpoint(self.checkpoint, 1 << 30):
+                pass
         self.journal.crash()
         self.entry_log.crash()
         self.pending_fences.clear()
