@@ -13,6 +13,7 @@ from typing import AsyncIterator, Callable
 
 import trio
 
+from bookie.protocol.frame_output import FrameOutput
 from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     LAST_ADD_CONFIRMED,
@@ -70,8 +71,7 @@ class BookieClient:
         self._slots = trio.Semaphore(requests_in_flight_max)
         self._pending: dict[int, Callback] = {}
         self._next_request_id = 1
-        self._output: list[bytes] = []
-        self._output_ready = trio.Event()
+        self._output = FrameOutput(stream)
         self._failure: BookieConnectionError | None = None
         self._decoder: FrameDecoder | None = None
 
@@ -180,9 +180,14 @@ class BookieClient:
             self._slots.release()
             raise ValueError(f"request of {len(frame)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
         self._pending[request_id] = callback
-        if not self._output:
-            self._output_ready.set()
-        self._output.append(frame)
+        self._output.queue(frame)
+        if len(self._pending) == 1:
+            # Nothing else in flight: nobody waits on an answer that would
+            # hide this request's latency, so it goes out now. Otherwise the
+            # writer task sends it with whatever else is queued by then.
+            self._output.flush()
+        else:
+            self._output.schedule()
         return request_id
 
     async def submit_add(self, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> int:
@@ -277,16 +282,8 @@ class BookieClient:
 
     async def _write_loop(self) -> None:
         try:
-            while True:
-                if not self._output:
-                    await self._output_ready.wait()
-                    self._output_ready = trio.Event()
-                    continue
-                data = b"".join(self._output)
-                self._output.clear()
-                await self._stream.send_all(data)
+            await self._output.run_writer()
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
             self._fail(str(error) or type(error).__name__)
         finally:
             self._fail("connection closed")
-
