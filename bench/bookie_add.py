@@ -19,11 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -31,23 +28,8 @@ import trio
 
 from quire.progress import Progress
 from bookie.protocol import AddFlag, DigestManager, DigestType, Status, master_key
-from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook
+from bench.cluster import bench_cluster, latency_summary, percentile
 from ledger_client.bookie_client import BookieClient
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def percentile(sorted_values: list[float], fraction: float) -> float:
-    if not sorted_values:
-        return float("nan")
-    index = min(len(sorted_values) - 1, int(round(fraction * (len(sorted_values) - 1))))
-    return sorted_values[index]
 
 
 def measure_fdatasync(directory: Path, count: int, block_bytes: int = 4096) -> dict:
@@ -143,43 +125,15 @@ async def pipeline_adds(address: str, *, window: int, entry_bytes: int, seconds:
             await all_done.wait()
     progress.update(warmup_s + seconds)
     elapsed = ended - measure_start
-    latencies.sort()
     return {
         "name": "bookie_add",
         "parameters": {"window": window, "entry_bytes": entry_bytes, "seconds": seconds, "fsync": True},
         "entries": measured_entries,
         "entries_per_s": round(measured_entries / elapsed, 1),
         "mb_per_s": round(measured_entries * entry_bytes / elapsed / 1e6, 2),
-        "latency_ms_p50": round(percentile(latencies, 0.5), 4),
-        "latency_ms_p99": round(percentile(latencies, 0.99), 4),
-        "latency_ms_p999": round(percentile(latencies, 0.999), 4),
+        **latency_summary(latencies),
         "errors": errors,
     }
-
-
-def start_bookie(zk: ZooKeeperServer, directory: Path, port: int, extra: list[str]) -> subprocess.Popen:
-    log = open(directory / "bookie.log", "ab")
-    command = [
-        sys.executable, "-m", "quire", "bookie", "run", "--zk", zk.address, "--root", "/bench",
-        "--port", str(port), "--journal-dir", str(directory / "journal"), "--ledger-dir", str(directory / "ledgers"),
-        "--log-level", os.environ.get("BENCH_BOOKIE_LOG", "warning"), *extra,
-    ]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent_hook())
-
-
-async def wait_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
-    end = time.monotonic() + deadline_s
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"bookie exited with {process.returncode}")
-        try:
-            async with BookieClient.connect(address) as client:
-                await client.get_info()
-                return
-        except Exception:
-            if time.monotonic() > end:
-                raise
-            await trio.sleep(0.1)
 
 
 def target(window: int, result: dict, fdatasync_ms_p50: float) -> dict | None:
@@ -232,24 +186,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--windows must be positive")
     if arguments.repeat < 1:
         parser.error("--repeat must be at least 1")
-    base = arguments.data_dir or Path(".bench")
-    base.mkdir(parents=True, exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="bookie-add-", dir=base))
-    zk = ZooKeeperServer(free_port(), directory / "zookeeper", die_with_parent=True)
-    bookie = None
-    try:
-        zk.start()
-        port = free_port()
-        bookie = start_bookie(zk, directory, port, [option for extra in arguments.bookie_option for option in extra.split()])
-        address = f"127.0.0.1:{port}"
-        trio.run(wait_serving, address, bookie)
+    bookie_options = [option for extra in arguments.bookie_option for option in extra.split()]
+    with bench_cluster(1, base=arguments.data_dir, bookie_options=bookie_options) as cluster:
+        address = cluster.bookie_addresses[0]
         ledger_id = 0
         for window in windows:
             runs = []
             for run in range(1, arguments.repeat + 1):
                 # The physical reference is measured next to each run: this
                 # VM's disk and CPU change with its neighbours.
-                reference = measure_fdatasync(directory, arguments.fdatasync_count)
+                reference = measure_fdatasync(cluster.directory, arguments.fdatasync_count)
                 reference["parameters"]["run"] = run
                 print(json.dumps(reference), flush=True)
                 ledger_id += 1
@@ -266,15 +212,6 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(result)
                 print(json.dumps(result), flush=True)
             print(json.dumps(summary(window, runs)), flush=True)
-    finally:
-        if bookie is not None and bookie.poll() is None:
-            bookie.terminate()
-            try:
-                bookie.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                bookie.kill()
-        zk.stop()
-        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

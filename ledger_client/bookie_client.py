@@ -73,6 +73,7 @@ class BookieClient:
         self._next_request_id = 1
         self._output = FrameOutput(stream)
         self._failure: BookieConnectionError | None = None
+        self._failed = trio.Event()
         self._decoder: FrameDecoder | None = None
 
     # --- lifetime -----------------------------------------------------------
@@ -140,9 +141,16 @@ class BookieClient:
     def requests_in_flight(self) -> int:
         return len(self._pending)
 
+    async def wait_closed(self) -> BookieConnectionError:
+        """Return (the reason) once the connection has failed or closed."""
+        await self._failed.wait()
+        assert self._failure is not None
+        return self._failure
+
     def _fail(self, reason: str) -> None:
         if self._failure is None:
             self._failure = BookieConnectionError(f"connection to bookie {self.address} lost: {reason}")
+            self._failed.set()
         pending, self._pending = self._pending, {}
         for callback in pending.values():
             self._slots.release()
@@ -188,6 +196,26 @@ class BookieClient:
             self._output.flush()
         else:
             self._output.schedule()
+        return request_id
+
+    def submit_nowait(self, request_factory: Callable[[int], Request], callback: Callback) -> int:
+        """`submit` for callers that cannot wait (a driver carrying out a
+        core's actions): raises trio.WouldBlock when the in-flight bound is
+        reached, BookieConnectionError when the connection is gone."""
+        request_id = self._take_slot_nowait()
+        return self._send(request_id, encode_request(request_factory(request_id)), callback)
+
+    def submit_add_nowait(self, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> int:
+        """`submit_add` for callers that cannot wait (see `submit_nowait`)."""
+        request_id = self._take_slot_nowait()
+        return self._send(request_id, encode_add(request_id, flags, master_key, entry), callback)
+
+    def _take_slot_nowait(self) -> int:
+        if self._failure is not None:
+            raise self._failure
+        self._slots.acquire_nowait()
+        request_id = self._next_request_id
+        self._next_request_id = request_id + 1
         return request_id
 
     async def submit_add(self, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> int:

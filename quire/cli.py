@@ -51,13 +51,21 @@ def port_number(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    return _int_at_least(text, 0, "must not be negative")
+
+
 def positive_int(text: str) -> int:
+    return _int_at_least(text, 1, "must be at least 1")
+
+
+def _int_at_least(text: str, low: int, complaint: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{complaint}, got {value}")
     return value
 
 
@@ -75,7 +83,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from quire import bookie_commands, cluster_commands, zk_commands
+    from quire import bookie_commands, cluster_commands, ledger_commands, zk_commands
 
     parser = _Parser(prog="quire", description="quire: a replicated ledger cluster")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
@@ -106,6 +114,16 @@ def build_parser() -> argparse.ArgumentParser:
             bookie_commands.simpletest,
         )
     )
+
+    ledger = group("ledger", "ledgers: create, list, show, read, recover, delete")
+    ledger_commands.add_create(command(ledger, "create", "create a ledger (and add entries to it)", ledger_commands.create))
+    command(ledger, "ls", "list ledger ids", ledger_commands.list_)
+    ledger_commands.add_ledger_id(command(ledger, "show", "print a ledger's metadata", ledger_commands.show))
+    ledger_commands.add_read(command(ledger, "read", "print a ledger's entries", ledger_commands.read))
+    ledger_commands.add_recover(
+        command(ledger, "recover", "fence and close a ledger that its writer left open", ledger_commands.recover)
+    )
+    ledger_commands.add_ledger_id(command(ledger, "delete", "delete a ledger", ledger_commands.delete))
 
     cluster = group("cluster", "a local cluster of background processes")
     cluster_commands.add_up(command(cluster, "up", "start ZooKeeper and bookies in the background", cluster_commands.up))

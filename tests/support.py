@@ -1,10 +1,14 @@
-"""Helpers shared by the test suites: free ports and waiting for a condition."""
+"""Helpers shared by the test suites: free ports, waiting for a condition,
+and ledger metadata to store."""
 
 from __future__ import annotations
 
 import socket
 import time
-from typing import Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from ledger_client.metadata import LedgerMetadata
 
 T = TypeVar("T")
 
@@ -33,3 +37,23 @@ def wait_until(condition: Callable[[], T], *, deadline_s: float, what: str, poll
         if time.monotonic() >= end:
             raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
         time.sleep(poll_s)
+
+
+def ledger_metadata_for(ledger_id: int) -> LedgerMetadata:
+    """Valid metadata of an open ledger (E=3 on bookies b1..b3, WQ=AQ=2),
+    shaped to be `LedgerStore.create`'s build function."""
+    # Imported here: every suite imports this module, most without needing
+    # the ledger client.
+    from bookie.protocol.entry_format import DigestType
+    from ledger_client.metadata import LedgerMetadata, password_hash
+
+    return LedgerMetadata(
+        ledger_id=ledger_id,
+        ensemble_size=3,
+        write_quorum=2,
+        ack_quorum=2,
+        ensembles=((0, ("b1", "b2", "b3")),),
+        digest_type=DigestType.CRC32C,
+        password_hash=password_hash(b"pw"),
+        creation_time_ms=1_000,
+    )

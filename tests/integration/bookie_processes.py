@@ -127,6 +127,26 @@ class BookieProcess:
             raise AssertionError(f"bookie kept running instead of refusing to start:\n{self.log_tail()}")
         return code, self.log_path.read_bytes()[before:].decode(errors="replace")
 
+    def flip_stored_byte(self, ledger_id: int, entry_id: int, *, from_end: int = 100) -> None:
+        """Corrupt the stored copy of an entry in its entry log (the bookie
+        must be stopped, after a clean stop that checkpointed it there)."""
+        from bookie.entry_index import RocksEntryIndex
+        from bookie.entry_log import entry_log_name
+
+        assert not self.running, "stop the bookie before corrupting its files"
+        index = RocksEntryIndex(self.ledger_dir / "index")
+        try:
+            location = index.get(ledger_id, entry_id)
+        finally:
+            index.close()
+        assert location is not None, f"entry {ledger_id}/{entry_id} is not in the entry logs"
+        log_path = self.ledger_dir / "entrylogs" / entry_log_name(location.log_id)
+        with open(log_path, "r+b") as log_file:
+            log_file.seek(location.offset + location.size - from_end)
+            byte = log_file.read(1)
+            log_file.seek(-1, 1)
+            log_file.write(bytes([byte[0] ^ 0x10]))
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -10,8 +10,6 @@ import trio
 
 from ledger_client.bookie_client import BookieClient, BookieConnectionError
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from bookie.entry_index import RocksEntryIndex
-from bookie.entry_log import entry_log_name
 from bookie.protocol import LAST_ADD_CONFIRMED, AddFlag, Status
 from tests.integration.bookie_processes import BookieProcess, bookies  # noqa: F401  (fixture)
 
@@ -181,16 +179,7 @@ async def test_a_flipped_byte_in_an_entry_log_reads_as_io_error_never_no_entry(b
     await writer.run(bookie.address, count=50)
     assert len(writer.acknowledged) == 50
     assert bookie.terminate() == 0  # a clean stop checkpoints into the entry log
-    index = RocksEntryIndex(bookie.ledger_dir / "index")
-    location = index.get(15, 20)
-    index.close()
-    assert location is not None
-    log_path = bookie.ledger_dir / "entrylogs" / entry_log_name(location.log_id)
-    with open(log_path, "r+b") as log_file:
-        log_file.seek(location.offset + location.size - 100)
-        byte = log_file.read(1)
-        log_file.seek(-1, 1)
-        log_file.write(bytes([byte[0] ^ 0x10]))
+    bookie.flip_stored_byte(15, 20)
     await bookie.started()
     async with BookieClient.connect(bookie.address) as client:
         corrupt = await client.read(15, 20)

@@ -1,0 +1,122 @@
+"""A throwaway cluster for benchmarks: a real ZooKeeper and real bookie
+processes in a scratch directory, stopped (and the directory removed) on
+exit. Also the percentile and JSON helpers every benchmark shares."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import trio
+
+from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook
+from ledger_client.bookie_client import BookieClient
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def percentile(sorted_values: list[float], fraction: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    index = min(len(sorted_values) - 1, int(round(fraction * (len(sorted_values) - 1))))
+    return sorted_values[index]
+
+
+def latency_summary(latencies_ms: list[float]) -> dict:
+    latencies_ms = sorted(latencies_ms)
+    return {
+        "latency_ms_p50": round(percentile(latencies_ms, 0.5), 4),
+        "latency_ms_p99": round(percentile(latencies_ms, 0.99), 4),
+        "latency_ms_p999": round(percentile(latencies_ms, 0.999), 4),
+    }
+
+
+def start_bookie(zk: ZooKeeperServer, root: str, directory: Path, port: int, extra: list[str]) -> subprocess.Popen:
+    directory.mkdir(parents=True, exist_ok=True)
+    log = open(directory / "bookie.log", "ab")
+    command = [
+        sys.executable, "-m", "quire", "bookie", "run", "--zk", zk.address, "--root", root,
+        "--port", str(port), "--journal-dir", str(directory / "journal"), "--ledger-dir", str(directory / "ledgers"),
+        "--log-level", os.environ.get("BENCH_BOOKIE_LOG", "warning"), *extra,
+    ]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent_hook())
+
+
+async def wait_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
+    end = time.monotonic() + deadline_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"bookie exited with {process.returncode}")
+        try:
+            async with BookieClient.connect(address) as client:
+                await client.get_info()
+                return
+        except Exception:
+            if time.monotonic() > end:
+                raise
+            await trio.sleep(0.1)
+
+
+@dataclass
+class BenchCluster:
+    directory: Path
+    zk: ZooKeeperServer
+    root: str
+    bookies: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    @property
+    def zk_hosts(self) -> str:
+        return self.zk.address
+
+    @property
+    def bookie_addresses(self) -> list[str]:
+        return [address for address, _ in self.bookies]
+
+
+@contextlib.contextmanager
+def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/bench", bookie_options: list[str] = ()) -> Iterator[BenchCluster]:
+    """ZooKeeper and `bookie_count` bookies, serving, in a new directory
+    under `base` (default ./.bench); everything stopped and removed after."""
+    base = base or Path(".bench")
+    base.mkdir(parents=True, exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="cluster-", dir=base))
+    zk = ZooKeeperServer(free_port(), directory / "zookeeper", die_with_parent=True)
+    cluster = BenchCluster(directory, zk, root)
+    try:
+        zk.start()
+        for index in range(bookie_count):
+            port = free_port()
+            process = start_bookie(zk, root, directory / f"bookie-{index + 1}", port, list(bookie_options))
+            cluster.bookies.append((f"127.0.0.1:{port}", process))
+
+        async def all_serving() -> None:
+            async with trio.open_nursery() as nursery:
+                for address, process in cluster.bookies:
+                    nursery.start_soon(wait_serving, address, process)
+
+        trio.run(all_serving)
+        yield cluster
+    finally:
+        for _, process in cluster.bookies:
+            if process.poll() is None:
+                process.terminate()
+        for _, process in cluster.bookies:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        zk.stop()
+        shutil.rmtree(directory, ignore_errors=True)

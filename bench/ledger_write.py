@@ -1,0 +1,271 @@
+"""Benchmark: ledger writes through the ledger client, against the reference
+a user would otherwise pick (NATS JetStream).
+
+3 bookies on loopback, E=3 WQ=3 AQ=2, 1 KiB entries, fsync on, one client:
+entries/s and add latency at window 1 and window 1000, and window 1000
+spread over 1,000 open ledgers. Then the same write workload against a
+3-node NATS JetStream cluster (Debian's nats-server, a stream with 3
+replicas on file storage) through nats-py, measured in the same run.
+
+    .venv/bin/python -m bench.ledger_write
+
+Prints one JSON object per result, then a summary with the ratios and the
+issue's targets: >= 25,000 entries/s at window 1000 and >= 1.5x JetStream;
+p50 <= 1 ms at window 1; 1,000 ledgers keep >= 80% of one ledger's rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trio
+
+from bench.cluster import bench_cluster, free_port, latency_summary
+from ledger_client.bookkeeper import BookKeeper
+from quire.progress import Progress
+
+PASSWORD = b"bench"
+
+
+# --- quire -----------------------------------------------------------------------
+
+
+async def write_ledgers(bk: BookKeeper, *, window: int, ledgers: int, entry_bytes: int, seconds: float, warmup_s: float, label: str) -> dict:
+    handles = []
+    with Progress(f"{label}: creating {ledgers} ledgers", total=ledgers, unit="ledgers") as progress:
+        for index in range(ledgers):
+            handles.append(await bk.create_ledger(3, 3, 2, password=PASSWORD))
+            progress.update(index + 1)
+    payload = os.urandom(entry_bytes)
+    room = trio.Semaphore(window)
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+    measured = 0
+    measure_from = float("inf")
+
+    def done(started: float, pending) -> None:
+        nonlocal measured
+        room.release()
+        if pending.error is not None:
+            name = type(pending.error).__name__
+            errors[name] = errors.get(name, 0) + 1
+        elif started >= measure_from:
+            latencies.append((time.perf_counter() - started) * 1000)
+            measured += 1
+
+    began = time.perf_counter()
+    measure_from = began + warmup_s
+    deadline = measure_from + seconds
+    index = 0
+    with Progress(label, total=warmup_s + seconds, unit="s") as progress:
+        last_progress = began
+        while True:
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+            if now - last_progress > 0.25:
+                progress.update(now - began)
+                last_progress = now
+            try:
+                room.acquire_nowait()  # no scheduling point while the window has room
+            except trio.WouldBlock:
+                await room.acquire()
+            handle = handles[index % ledgers]
+            index += 1
+            started = time.perf_counter()
+            await handle.submit_add(payload, functools.partial(done, started))
+        ended = time.perf_counter()
+        for _ in range(window):  # every add settled
+            await room.acquire()
+    async with trio.open_nursery() as nursery:
+        for handle in handles:
+            nursery.start_soon(handle.close)
+    elapsed = ended - measure_from
+    return {
+        "name": "ledger_write",
+        "parameters": {"window": window, "ledgers": ledgers, "entry_bytes": entry_bytes, "seconds": seconds,
+                       "ensemble": 3, "write_quorum": 3, "ack_quorum": 2, "fsync": True},
+        "entries": measured,
+        "entries_per_s": round(measured / elapsed, 1),
+        "mb_per_s": round(measured * entry_bytes / elapsed / 1e6, 2),
+        **latency_summary(latencies),
+        "errors": errors,
+    }
+
+
+async def run_quire(zk_hosts: str, root: str, arguments: argparse.Namespace) -> list[dict]:
+    results = []
+    async with BookKeeper.connect(zk_hosts, root, pending_adds_max=max(arguments.window, 1000)) as bk:
+        for window, ledgers in ((1, 1), (arguments.window, 1), (arguments.window, arguments.ledgers)):
+            result = await write_ledgers(
+                bk, window=window, ledgers=ledgers, entry_bytes=arguments.entry_bytes,
+                seconds=arguments.seconds, warmup_s=arguments.warmup_seconds, label=f"quire window {window}, {ledgers} ledger(s)",
+            )
+            print(json.dumps(result), flush=True)
+            results.append(result)
+    return results
+
+
+# --- NATS JetStream ------------------------------------------------------------------
+
+
+def start_nats_cluster(directory: Path, size: int = 3) -> tuple[list[subprocess.Popen], list[str]]:
+    binary = shutil.which("nats-server")
+    if binary is None:
+        raise RuntimeError("nats-server is not installed (apt-get install nats-server)")
+    client_ports = [free_port() for _ in range(size)]
+    cluster_ports = [free_port() for _ in range(size)]
+    processes = []
+    for index in range(size):
+        routes = ",".join(f"nats://127.0.0.1:{port}" for other, port in enumerate(cluster_ports) if other != index)
+        store = directory / f"nats-{index + 1}"
+        store.mkdir(parents=True)
+        log = open(directory / f"nats-{index + 1}.log", "ab")
+        processes.append(subprocess.Popen(
+            [binary, "-a", "127.0.0.1", "-p", str(client_ports[index]), "-n", f"n{index + 1}", "-js", "-sd", str(store),
+             "--cluster_name", "bench", "--cluster", f"nats://127.0.0.1:{cluster_ports[index]}", "--routes", routes],
+            stdout=log, stderr=subprocess.STDOUT,
+        ))
+    return processes, [f"nats://127.0.0.1:{port}" for port in client_ports]
+
+
+async def jetstream_writes(servers: list[str], *, window: int, entry_bytes: int, seconds: float, warmup_s: float) -> dict:
+    import nats
+    from nats.js.api import StorageType
+
+    nc = await nats.connect(servers=servers)
+    try:
+        js = nc.jetstream()
+        deadline = time.monotonic() + 60
+        while True:  # the cluster elects its JetStream leader first
+            try:
+                await js.add_stream(name="BENCH", subjects=["bench"], num_replicas=3, storage=StorageType.FILE)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        payload = os.urandom(entry_bytes)
+        room = asyncio.Semaphore(window)
+        latencies: list[float] = []
+        errors: dict[str, int] = {}
+        measured = 0
+        began = time.perf_counter()
+        measure_from = began + warmup_s
+        end = measure_from + seconds
+
+        def done(started: float, future: asyncio.Future) -> None:
+            nonlocal measured
+            room.release()
+            if future.exception() is not None:
+                name = type(future.exception()).__name__
+                errors[name] = errors.get(name, 0) + 1
+            elif started >= measure_from:
+                latencies.append((time.perf_counter() - started) * 1000)
+                measured += 1
+
+        while time.perf_counter() < end:
+            await room.acquire()
+            started = time.perf_counter()
+            future = asyncio.ensure_future(js.publish("bench", payload))
+            future.add_done_callback(functools.partial(done, started))
+        ended = time.perf_counter()
+        for _ in range(window):
+            await room.acquire()
+    finally:
+        await nc.close()
+    elapsed = ended - measure_from
+    return {
+        "name": "jetstream_write",
+        "parameters": {"window": window, "entry_bytes": entry_bytes, "seconds": seconds, "replicas": 3, "storage": "file",
+                       "note": "JetStream acknowledges before fsync (its default sync interval)"},
+        "entries": measured,
+        "entries_per_s": round(measured / elapsed, 1),
+        "mb_per_s": round(measured * entry_bytes / elapsed / 1e6, 2),
+        **latency_summary(latencies),
+        "errors": errors,
+    }
+
+
+def run_jetstream(arguments: argparse.Namespace) -> dict:
+    base = Path(".bench")
+    base.mkdir(exist_ok=True)
+    directory = Path(tempfile.mkdtemp(prefix="jetstream-", dir=base))
+    processes: list[subprocess.Popen] = []
+    try:
+        processes, servers = start_nats_cluster(directory)
+        with Progress(f"jetstream window {arguments.window}", total=None, unit="s"):
+            result = asyncio.run(jetstream_writes(
+                servers, window=arguments.window, entry_bytes=arguments.entry_bytes,
+                seconds=arguments.seconds, warmup_s=arguments.warmup_seconds,
+            ))
+        print(json.dumps(result), flush=True)
+        return result
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# --- main ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/ledger_write.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup-seconds", type=float, default=2.0)
+    parser.add_argument("--window", type=int, default=1000)
+    parser.add_argument("--ledgers", type=int, default=1000, help="ledgers open at once in the many-ledgers run")
+    parser.add_argument("--entry-bytes", type=int, default=1024)
+    parser.add_argument("--skip-jetstream", action="store_true")
+    arguments = parser.parse_args(argv)
+    if arguments.window < 1 or arguments.ledgers < 1 or arguments.seconds <= 0:
+        parser.error("--window, --ledgers and --seconds must be positive")
+    with bench_cluster(3) as cluster:
+        window_1, window_n, many = trio.run(run_quire, cluster.zk_hosts, cluster.root, arguments)
+    summary: dict = {
+        "name": "ledger_write_summary",
+        "window_1_latency_ms_p50": window_1["latency_ms_p50"],
+        "window_n_entries_per_s": window_n["entries_per_s"],
+        "many_ledgers_entries_per_s": many["entries_per_s"],
+        "many_ledgers_ratio": round(many["entries_per_s"] / window_n["entries_per_s"], 3) if window_n["entries_per_s"] else None,
+    }
+    targets = {
+        "window_n_entries_per_s_min": 25_000,
+        "window_1_latency_ms_p50_max": 1.0,
+        "many_ledgers_ratio_min": 0.8,
+    }
+    met = {
+        "window_n": window_n["entries_per_s"] >= 25_000,
+        "window_1": window_1["latency_ms_p50"] <= 1.0,
+        "many_ledgers": (summary["many_ledgers_ratio"] or 0) >= 0.8,
+    }
+    if not arguments.skip_jetstream:
+        jetstream = run_jetstream(arguments)
+        summary["jetstream_entries_per_s"] = jetstream["entries_per_s"]
+        summary["ratio_to_jetstream"] = round(window_n["entries_per_s"] / jetstream["entries_per_s"], 3) if jetstream["entries_per_s"] else None
+        targets["ratio_to_jetstream_min"] = 1.5
+        met["ratio_to_jetstream"] = (summary["ratio_to_jetstream"] or 0) >= 1.5
+    summary["targets"] = targets
+    summary["met"] = met
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Connections to bookies by id, shared by every ledger of one client: opened
+on first use, each kept by a task in the pool's nursery, closed when the
+pool ends. Requests are sent without waiting (the drivers of the pure cores
+call this from synchronous code); answers, and failures, always come back
+later through the callback, never from inside `send`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import trio
+
+from bookie.protocol.wire import Request
+from ledger_client.bookie_client import BookieClient, BookieConnectionError, Callback
+from ledger_client.registry import BookieRegistry
+
+log = logging.getLogger(__name__)
+REQUESTS_IN_FLIGHT_MAX = 100_000  # per bookie connection; callers bound their own work
+CONNECTING_REQUESTS_MAX = 100_000  # queued while a connection is being opened
+# After a failed connection attempt, requests to that bookie fail at once for
+# this long instead of each trying to connect again.
+RECONNECT_DELAY_S = 0.5
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(eq=False)
+class _Connection:
+    bookie_id: str
+    client: BookieClient | None = None
+    waiting: list[tuple[Callable[[BookieClient], None], Callback]] = field(default_factory=list)
+
+
+class BookiePool:
+    def __init__(self, registry: BookieRegistry, nursery: trio.Nursery, *, peer_name: str = "quire-ledger-client") -> None:
+        self.registry = registry
+        self._nursery = nursery
+        self.peer_name = peer_name
+        self._connections: dict[str, _Connection] = {}
+        self._down_until: dict[str, float] = {}
+        self._closed = False
+
+    # --- sending --------------------------------------------------------------------
+
+    def send(self, bookie_id: str, request_factory: Callable[[int], Request], callback: Callback) -> None:
+        self._dispatch(bookie_id, lambda client: client.submit_nowait(request_factory, callback), callback)
+
+    def send_add(self, bookie_id: str, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> None:
+        self._dispatch(bookie_id, lambda client: client.submit_add_nowait(flags, master_key, entry, callback), callback)
+
+    async def call(self, bookie_id: str, request_factory: Callable[[int], Request]):
+        """Send one request and wait for its answer (or raise
+        BookieConnectionError)."""
+        done = trio.Event()
+        result: list = []
+
+        def callback(response) -> None:
+            result.append(response)
+            done.set()
+
+        self.send(bookie_id, request_factory, callback)
+        await done.wait()
+        if isinstance(result[0], BookieConnectionError):
+            raise result[0]
+        return result[0]
+
+    def _dispatch(self, bookie_id: str, submit: Callable[[BookieClient], None], callback: Callback) -> None:
+        if self._closed:
+            self._fail_later(callback, BookieConnectionError(f"the client is closed (bookie {bookie_id})"))
+            return
+        connection = self._connections.get(bookie_id)
+        if connection is None:
+            if trio.current_time() < self._down_until.get(bookie_id, 0.0):
+                self._fail_later(callback, BookieConnectionError(f"bookie {bookie_id} is unreachable (retrying shortly)"))
+                return
+            connection = self._connections[bookie_id] = _Connection(bookie_id)
+            self._nursery.start_soon(self._run_connection, connection)
+        if connection.client is None:
+            if len(connection.waiting) >= CONNECTING_REQUESTS_MAX:
+                self._fail_later(callback, BookieConnectionError(f"too many requests wait for bookie {bookie_id}"))
+            else:
+                connection.waiting.append((submit, callback))
+            return
+        self._submit(connection.client, submit, callback)
+
+    def _submit(self, client: BookieClient, submit: Callable[[BookieClient], None], callback: Callback) -> None:
+        try:
+            submit(client)
+        except BookieConnectionError as error:
+            self._fail_later(callback, error)
+        except trio.WouldBlock:
+            self._fail_later(callback, BookieConnectionError(f"bookie {client.bookie_id}: {REQUESTS_IN_FLIGHT_MAX} requests in flight"))
+
+    def _fail_later(self, callback: Callback, error: BookieConnectionError) -> None:
+        async def fail() -> None:
+            callback(error)
+
+        self._nursery.start_soon(fail)
+
+    # --- connections -------------------------------------------------------------------
+
+    async def _run_connection(self, connection: _Connection) -> None:
+        bookie_id = connection.bookie_id
+        address = self.registry.address(bookie_id)
+        failure: BookieConnectionError | None = None
+        try:
+            # The deadline covers connecting only: lifted once connected.
+            with trio.CancelScope(deadline=trio.current_time() + CONNECT_TIMEOUT_S) as scope:
+                async with BookieClient.connect(
+                    address, peer_name=self.peer_name, requests_in_flight_max=REQUESTS_IN_FLIGHT_MAX
+                ) as client:
+                    scope.deadline = math.inf
+                    connection.client = client
+                    waiting, connection.waiting = connection.waiting, []
+                    for submit, callback in waiting:
+                        self._submit(client, submit, callback)
+                    reason = await client.wait_closed()
+                    log.info("connection to bookie %s closed: %s", bookie_id, reason)
+            if scope.cancelled_caught:
+                failure = BookieConnectionError(f"connecting to bookie {bookie_id} at {address} timed out")
+        except BookieConnectionError as error:
+            failure = error
+        except OSError as error:
+            failure = BookieConnectionError(f"cannot connect to bookie {bookie_id} at {address}: {error}")
+        finally:
+            if self._connections.get(bookie_id) is connection:
+                del self._connections[bookie_id]
+        if failure is not None and connection.client is None:
+            log.info("%s", failure)
+            self._down_until[bookie_id] = trio.current_time() + RECONNECT_DELAY_S
+        waiting, connection.waiting = connection.waiting, []
+        for _, callback in waiting:
+            callback(failure or BookieConnectionError(f"connection to bookie {bookie_id} closed"))
+
+    def connected_bookies(self) -> list[str]:
+        return [bookie_id for bookie_id, connection in self._connections.items() if connection.client is not None]
+
+    def close(self) -> None:
+        """Refuse new requests; the owner cancels the nursery to close
+        the connections."""
+        self._closed = True
+
+
+__all__ = ["BookiePool"]

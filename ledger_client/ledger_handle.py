@@ -1,0 +1,485 @@
+"""Handles on one ledger, the trio drivers of the pure cores: `ReadHandle`
+reads entries (any replica of the write set, next one on error or digest
+mismatch; batch reads of ranges; tailing by long-polling the LAC), and
+`LedgerHandle` adds to a ledger this client created, around a `WriteCore`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+from typing import TYPE_CHECKING, AsyncIterator, Callable
+
+import trio
+
+from bookie.protocol.entry_format import DigestManager, DigestMismatchError, Entry, EntryFormatError
+from bookie.protocol.wire import (
+    AddFlag,
+    BatchReadRequest,
+    ReadFlag,
+    ReadLacRequest,
+    ReadRequest,
+    Status,
+)
+from coordination.store import BadVersionError, MetadataError
+from ledger_client.bookie_client import BookieConnectionError
+from ledger_client.errors import (
+    BKError,
+    EntryReadError,
+    LedgerClosedError,
+    NoSuchEntryError,
+)
+from ledger_client.metadata import LedgerMetadata
+from ledger_client.write_core import (
+    AddsCompleted,
+    AddsFailed,
+    Closed,
+    CloseFailed,
+    SendAdd,
+    WriteCore,
+    WriteMetadata,
+)
+
+if TYPE_CHECKING:
+    from ledger_client.bookkeeper import BookKeeper
+
+log = logging.getLogger(__name__)
+PENDING_ADDS_MAX_DEFAULT = 10_000
+READ_WINDOW_ENTRIES = 256  # single-entry reads in flight while reading a range
+BATCH_READ_ENTRIES_MAX = 1000
+BATCH_READ_BYTES_MAX = 4 * 1024 * 1024
+LONG_POLL_TIMEOUT_MS = 10_000
+
+
+def now_ms() -> float:
+    return trio.current_time() * 1000.0
+
+
+class ReadHandle:
+    """A ledger opened for reading. For a closed ledger every entry up to its
+    last entry can be read; for an open one, entries up to the LAC (learned
+    with `read_lac` / `wait_for_lac`)."""
+
+    def __init__(self, bk: "BookKeeper", metadata: LedgerMetadata, version: int, digest: DigestManager, master_key: bytes) -> None:
+        self._bk = bk
+        self._metadata = metadata
+        self._version = version
+        self._digest = digest
+        self._master_key = master_key
+        self._last_add_confirmed = metadata.last_entry_id if metadata.is_closed else -1
+
+    @property
+    def ledger_id(self) -> int:
+        return self.metadata.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._last_add_confirmed
+
+    @property
+    def is_closed(self) -> bool:
+        return self.metadata.is_closed
+
+    @property
+    def length(self) -> int:
+        return self.metadata.length
+
+    # --- single entries ------------------------------------------------------------
+
+    def _check_readable(self, entry_id: int) -> None:
+        if entry_id < 0 or entry_id > self.last_add_confirmed:
+            state = "last entry" if self.is_closed else "last add confirmed"
+            raise NoSuchEntryError(f"ledger {self.ledger_id} has no entry {entry_id} (its {state} is {self.last_add_confirmed})")
+
+    async def read_entry(self, entry_id: int) -> Entry:
+        self._check_readable(entry_id)
+        return await self._read_unchecked(entry_id)
+
+    async def _read_unchecked(self, entry_id: int) -> Entry:
+        """Try each bookie of the write set in turn; the first intact copy wins."""
+        errors: list[str] = []
+        missing = 0
+        for bookie_id in self.metadata.write_set(entry_id):
+            try:
+                response = await self._bk.pool.call(
+                    bookie_id, lambda request_id: ReadRequest(request_id, ReadFlag.NONE, self.ledger_id, entry_id, None, None, None)
+                )
+            except BookieConnectionError as error:
+                errors.append(f"{bookie_id}: {error}")
+                continue
+            if response.status is Status.OK and response.entry is not None:
+                try:
+                    return self._digest.decode(response.entry, expected_entry_id=entry_id)
+                except (DigestMismatchError, EntryFormatError) as error:
+                    errors.append(f"{bookie_id}: {error}")
+                    continue
+            if response.status in (Status.NO_ENTRY, Status.NO_LEDGER):
+                missing += 1
+            errors.append(f"{bookie_id}: {response.status.name}")
+        if missing == self.metadata.write_quorum:
+            raise NoSuchEntryError(f"no bookie of its write set has entry {entry_id} of ledger {self.ledger_id}")
+        raise EntryReadError(f"cannot read entry {entry_id} of ledger {self.ledger_id}: " + "; ".join(errors))
+
+    # --- ranges --------------------------------------------------------------------------
+
+    async def read(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[Entry]:
+        """Entries first..last (inclusive), in order."""
+        if first_entry_id > last_entry_id:
+            return
+        self._check_readable(first_entry_id)
+        self._check_readable(last_entry_id)
+        next_entry_id = first_entry_id
+        while next_entry_id <= last_entry_id:
+            # A batch read serves a range from one bookie only where that
+            # bookie stores every entry of it: write quorum == ensemble.
+            if self.metadata.write_quorum == self.metadata.ensemble_size:
+                entries = await self._batch_read(next_entry_id, last_entry_id)
+            else:
+                entries = await self._window_read(next_entry_id, last_entry_id)
+            for entry in entries:
+                yield entry
+            next_entry_id += len(entries)
+
+    async def _batch_read(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
+        first_key, bookies = self.metadata.ensemble_at(first_entry_id)
+        # Stay within this ensemble's range.
+        keys = self.metadata.ensemble_keys
+        position = keys.index(first_key)
+        if position + 1 < len(keys):
+            last_entry_id = min(last_entry_id, keys[position + 1] - 1)
+        wanted = last_entry_id - first_entry_id + 1
+        # Spread readers over the replicas; fall back to the next on failure.
+        start = first_entry_id % len(bookies)
+        for offset in range(len(bookies)):
+            bookie_id = bookies[(start + offset) % len(bookies)]
+            try:
+                response = await self._bk.pool.call(
+                    bookie_id,
+                    lambda request_id: BatchReadRequest(
+                        request_id, self.ledger_id, first_entry_id, min(wanted, BATCH_READ_ENTRIES_MAX), BATCH_READ_BYTES_MAX
+                    ),
+                )
+            except BookieConnectionError:
+                continue
+            if response.status is not Status.OK or not response.entries:
+                continue
+            entries: list[Entry] = []
+            try:
+                for index, raw in enumerate(response.entries[:wanted]):
+                    entries.append(self._digest.decode(raw, expected_entry_id=first_entry_id + index))
+            except (DigestMismatchError, EntryFormatError):
+                # Keep what verified; the bad entry is read on its own next.
+                pass
+            if entries:
+                return entries
+        return [await self._read_unchecked(first_entry_id)]
+
+    async def _window_read(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
+        count = min(last_entry_id - first_entry_id + 1, READ_WINDOW_ENTRIES)
+        results: list[Entry | None] = [None] * count
+
+        async def read_one(index: int) -> None:
+            results[index] = await self._read_unchecked(first_entry_id + index)
+
+        async with trio.open_nursery() as nursery:
+            for index in range(count):
+                nursery.start_soon(read_one, index)
+        return [entry for entry in results if entry is not None]
+
+    # --- the LAC ----------------------------------------------------------------------------
+
+    async def read_lac(self) -> int:
+        """Ask the last ensemble for the LAC they know; take the largest of
+        the answers once enough bookies (E - AQ + 1) answered that no write
+        quorum is left out."""
+        if self.is_closed:
+            return self.last_add_confirmed
+        _, bookies = self.metadata.last_ensemble
+        needed = self.metadata.ensemble_size - self.metadata.ack_quorum + 1
+        answers: list[int] = []
+        enough = trio.Event()
+        done = 0
+
+        async def ask(bookie_id: str) -> None:
+            nonlocal done
+            try:
+                response = await self._bk.pool.call(bookie_id, lambda request_id: ReadLacRequest(request_id, self.ledger_id))
+                if response.status in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
+                    answers.append(response.last_add_confirmed if response.status is Status.OK else -1)
+            except BookieConnectionError:
+                pass
+            done += 1
+            if len(answers) >= needed or done == len(bookies):
+                enough.set()
+
+        async with trio.open_nursery() as nursery:
+            for bookie_id in bookies:
+                nursery.start_soon(ask, bookie_id)
+            await enough.wait()
+            nursery.cancel_scope.cancel()
+        if len(answers) < needed and not answers:
+            raise EntryReadError(f"no bookie of ledger {self.ledger_id}'s last ensemble answered a LAC read")
+        self._last_add_confirmed = max(self.last_add_confirmed, *answers)
+        return self.last_add_confirmed
+
+    async def wait_for_lac(self, previous_lac: int, timeout_ms: int = LONG_POLL_TIMEOUT_MS) -> int:
+        """Long-poll: return once some bookie of the last ensemble knows a LAC
+        beyond `previous_lac`, or after `timeout_ms` (then the LAC as known)."""
+        if self.is_closed or self.last_add_confirmed > previous_lac:
+            return self.last_add_confirmed
+        _, bookies = self.metadata.last_ensemble
+        async with trio.open_nursery() as nursery:
+            async def poll(bookie_id: str) -> None:
+                try:
+                    response = await self._bk.pool.call(
+                        bookie_id,
+                        lambda request_id: ReadRequest(
+                            request_id, ReadFlag.NONE, self.ledger_id, -1, None, previous_lac, timeout_ms
+                        ),
+                    )
+                except BookieConnectionError:
+                    return
+                if response.last_add_confirmed > previous_lac:
+                    self._last_add_confirmed = max(self.last_add_confirmed, response.last_add_confirmed)
+                    nursery.cancel_scope.cancel()
+
+            for bookie_id in bookies:
+                nursery.start_soon(poll, bookie_id)
+        return self.last_add_confirmed
+
+    async def tail(self, first_entry_id: int = 0) -> AsyncIterator[Entry]:
+        """Every entry from `first_entry_id` on, in order, as the writer's
+        LAC advances; ends after the last entry once the ledger is closed."""
+        next_entry_id = first_entry_id
+        while True:
+            if next_entry_id <= self.last_add_confirmed:
+                async for entry in self.read(next_entry_id, self.last_add_confirmed):
+                    yield entry
+                    next_entry_id = entry.entry_id + 1
+                continue
+            if self.is_closed:
+                return
+            await self.wait_for_lac(next_entry_id - 1)
+            if self.last_add_confirmed < next_entry_id:
+                await self._refresh_metadata()
+
+    async def _refresh_metadata(self) -> None:
+        metadata, version = await self._bk.ledger_store.read(self.ledger_id)
+        self._metadata, self._version = metadata, version
+        if metadata.is_closed:
+            self._last_add_confirmed = metadata.last_entry_id
+
+
+class PendingAdd:
+    """An add handed to the ledger; `await pending.wait()` gives its entry id
+    once AQ bookies have it, or raises why it failed."""
+
+    def __init__(self, entry_id: int, on_done: Callable[["PendingAdd"], None] | None = None) -> None:
+        self.entry_id = entry_id
+        self._done = trio.Event()
+        self._error: BKError | None = None
+        self._on_done = on_done
+
+    def _complete(self, error: BKError | None) -> None:
+        self._error = error
+        self._done.set()
+        if self._on_done is not None:
+            self._on_done(self)
+
+    @property
+    def error(self) -> BKError | None:
+        return self._error
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    async def wait(self) -> int:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self.entry_id
+
+
+class LedgerHandle(ReadHandle):
+    """A ledger this client writes (from `BookKeeper.create_ledger`)."""
+
+    def __init__(
+        self,
+        bk: "BookKeeper",
+        core: WriteCore,
+        master_key: bytes,
+        *,
+        pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT,
+    ) -> None:
+        super().__init__(bk, core.metadata, core.version, core.digest, master_key)
+        self._core = core
+        self._slots = trio.Semaphore(pending_adds_max)
+        self._adds: dict[int, PendingAdd] = {}
+        self._ticker = CoreTicker(core, bk.registry, self._execute)
+        self._close_done = trio.Event()
+        self._close_error: BKError | None = None
+        self._flags = AddFlag.RECOVERY_ADD if core.recovery else AddFlag.NONE
+
+    def start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._tick_loop)
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._core.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._core.last_add_confirmed
+
+    @property
+    def pending_adds(self) -> int:
+        return self._core.pending_count
+
+    # --- adding ---------------------------------------------------------------------
+
+    async def add(self, data: bytes) -> int:
+        """Add an entry and wait until AQ bookies have it; returns its id."""
+        pending = await self.submit_add(data)
+        return await pending.wait()
+
+    async def submit_add(self, data: bytes, on_done: Callable[[PendingAdd], None] | None = None) -> PendingAdd:
+        """Hand an entry to the ledger without waiting for it to be
+        acknowledged (only for room under the pending-adds bound): many adds
+        in flight from one task. Completions arrive in entry order;
+        `on_done(pending)`, if given, runs on completion or failure (it must
+        not block)."""
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"entry data must be bytes, got {type(data).__name__}")
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            await self._slots.acquire()
+        try:
+            entry_id, actions = self._core.add(bytes(data), now_ms())
+        except BKError:
+            self._slots.release()
+            raise
+        pending = self._adds[entry_id] = PendingAdd(entry_id, on_done)
+        self._execute(actions)
+        return pending
+
+    # --- carrying out the core's actions ----------------------------------------------
+
+    def _execute(self, actions: list) -> None:
+        for action in actions:
+            kind = type(action)
+            if kind is SendAdd:
+                self._bk.pool.send_add(
+                    action.bookie_id, self._flags, self._master_key, action.entry,
+                    functools.partial(self._on_add_response, action.bookie_id, action.entry_id),
+                )
+            elif kind is AddsCompleted:
+                for entry_id in action.entry_ids:
+                    self._finish(entry_id, None)
+            elif kind is AddsFailed:
+                for entry_id in action.entry_ids:
+                    self._finish(entry_id, action.error)
+            elif kind is WriteMetadata:
+                self._bk.nursery.start_soon(self._write_metadata, action)
+            elif kind is Closed:
+                self._close_done.set()
+            elif kind is CloseFailed:
+                self._close_error = action.error
+                self._close_done.set()
+            else:
+                raise AssertionError(f"unknown action {action!r}")
+        self._ticker.poke()
+
+    def _finish(self, entry_id: int, error: BKError | None) -> None:
+        pending = self._adds.pop(entry_id, None)
+        if pending is not None:
+            self._slots.release()
+            pending._complete(error)
+
+    def _on_add_response(self, bookie_id: str, entry_id: int, response) -> None:
+        if isinstance(response, BookieConnectionError):
+            self._core.bookies_changed(self._bk.registry.writable_racks())
+            self._execute(self._core.bookie_failed(bookie_id, now_ms()))
+            return
+        if response.status is not Status.OK:
+            log.info("bookie %s answered %s to entry %d of ledger %d", bookie_id, response.status.name, entry_id, self.ledger_id)
+            self._core.bookies_changed(self._bk.registry.writable_racks())
+        self._execute(self._core.bookie_responded(bookie_id, entry_id, response.status, now_ms()))
+
+    async def _write_metadata(self, action: WriteMetadata) -> None:
+        self._execute(await carry_out_metadata_write(self._bk.ledger_store, self._core, action))
+
+    async def _tick_loop(self) -> None:
+        await self._ticker.run(lambda: not self._core.closed and self._core.error is None)
+
+    # --- closing ------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for pending adds to settle, then close the ledger at its LAC
+        (compare-and-set). Raises if the ledger was fenced meanwhile."""
+        self._execute(self._core.close(now_ms()))
+        await self._close_done.wait()
+        if self._close_error is not None:
+            raise self._close_error
+
+    async def read_lac(self) -> int:
+        return self._core.last_add_confirmed
+
+
+class CoreTicker:
+    """Calls a core's `tick` at its next deadline (a WriteCore and a
+    RecoveryCore both have `next_deadline_ms`, `tick` and
+    `bookies_changed`). `poke()` after each step that may move the deadline."""
+
+    def __init__(self, core, registry, execute: Callable[[list], None]) -> None:
+        self._core = core
+        self._registry = registry
+        self._execute = execute
+        self._wakeup = trio.Event()
+
+    def poke(self) -> None:
+        self._wakeup.set()
+
+    async def run(self, keep_going: Callable[[], bool] = lambda: True) -> None:
+        while keep_going():
+            deadline_ms = self._core.next_deadline_ms()
+            self._wakeup = trio.Event()
+            with trio.move_on_at(deadline_ms / 1000.0 if deadline_ms is not None else math.inf):
+                await self._wakeup.wait()
+                continue
+            # A tick may replace bookies: let it pick from the registry as it is now.
+            self._core.bookies_changed(self._registry.writable_racks())
+            self._execute(self._core.tick(now_ms()))
+
+
+async def carry_out_metadata_write(store, core, action: WriteMetadata) -> list:
+    """Compare-and-set `action.metadata` and tell the core how it went (a
+    WriteCore and a RecoveryCore answer the same three events); returns
+    the core's actions."""
+    ledger_id = action.metadata.ledger_id
+    try:
+        version = await store.write(action.metadata, action.expected_version)
+    except BadVersionError:
+        try:
+            current, current_version = await store.read(ledger_id)
+        except (MetadataError, BKError) as error:
+            return core.metadata_failed(_as_bk_error(error))
+        return core.metadata_conflict(current, current_version, now_ms())
+    except (MetadataError, BKError) as error:
+        return core.metadata_failed(_as_bk_error(error))
+    return core.metadata_written(version, now_ms())
+
+
+def _as_bk_error(error: Exception) -> BKError:
+    if isinstance(error, BKError):
+        return error
+    return BKError(f"metadata store failed: {error}")
+
+
+__all__ = ["LedgerClosedError", "LedgerHandle", "PendingAdd", "ReadHandle"]

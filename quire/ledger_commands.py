@@ -1,0 +1,161 @@
+"""`quire ledger create|ls|show|read|recover|delete`: ledgers from the
+command line, through the ledger client."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import sys
+from typing import AsyncIterator, Awaitable, Callable
+
+import trio
+
+from quire.cli import UsageError, configure_logging, nonnegative_int, positive_int
+
+
+def _password(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--password", default="", help="ledger password (default: empty)")
+
+
+def add_create(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ensemble-size", "-E", type=positive_int, default=3)
+    parser.add_argument("--write-quorum", "-W", type=positive_int, default=None, help="default: the ensemble size")
+    parser.add_argument("--ack-quorum", "-A", type=positive_int, default=None, help="default: write quorum - 1 (at least 1)")
+    parser.add_argument("--digest", choices=["CRC32C", "HMAC_SHA256", "DUMMY"], default="CRC32C")
+    _password(parser)
+    parser.add_argument("--entries", type=nonnegative_int, default=0, help="add this many generated entries")
+    parser.add_argument("--entry-bytes", type=positive_int, default=1024)
+    parser.add_argument("--stdin", action="store_true", help="add each line of standard input as an entry")
+    parser.add_argument("--no-close", action="store_true", help="leave the ledger open (the writer exits: recover it later)")
+
+
+def add_ledger_id(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("ledger_id", type=nonnegative_int)
+
+
+def add_read(parser: argparse.ArgumentParser) -> None:
+    add_ledger_id(parser)
+    _password(parser)
+    parser.add_argument("--first", type=nonnegative_int, default=0)
+    parser.add_argument("--last", type=int, default=None, help="default: the last entry (or the LAC of an open ledger)")
+    parser.add_argument("--no-recovery", action="store_true", help="do not fence an open ledger: read up to its LAC")
+    parser.add_argument("--format", choices=["text", "json", "raw"], default="text")
+
+
+def add_recover(parser: argparse.ArgumentParser) -> None:
+    add_ledger_id(parser)
+    _password(parser)
+
+
+@contextlib.asynccontextmanager
+async def _client(arguments: argparse.Namespace) -> AsyncIterator:
+    from coordination.store import MetadataError
+    from ledger_client.bookkeeper import BookKeeper
+
+    try:
+        async with BookKeeper.connect(arguments.zk, arguments.root) as bk:
+            yield bk
+    except (MetadataError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _run(arguments: argparse.Namespace, body: Callable[..., Awaitable[None]]) -> int:
+    from ledger_client.errors import BKError
+
+    configure_logging("warning" if arguments.log_level == "info" else arguments.log_level, "ledger")
+
+    async def go() -> None:
+        async with _client(arguments) as bk:
+            await body(bk)
+
+    try:
+        trio.run(go)
+    except BKError as error:
+        raise UsageError(f"{type(error).__name__}: {error}") from None
+    return 0
+
+
+def create(arguments: argparse.Namespace) -> int:
+    from bookie.protocol.entry_format import DigestType
+
+    # Checked before connecting, so that a typo is reported as such.
+    ensemble_size = arguments.ensemble_size
+    write_quorum = ensemble_size if arguments.write_quorum is None else arguments.write_quorum
+    ack_quorum = max(1, write_quorum - 1) if arguments.ack_quorum is None else arguments.ack_quorum
+    if not ensemble_size >= write_quorum >= ack_quorum:
+        raise UsageError(f"need ensemble_size >= write_quorum >= ack_quorum, got {ensemble_size}/{write_quorum}/{ack_quorum}")
+
+    async def body(bk) -> None:
+        lh = await bk.create_ledger(
+            ensemble_size, write_quorum, ack_quorum,
+            digest_type=DigestType[arguments.digest], password=arguments.password.encode(),
+        )
+        pending = []
+        if arguments.stdin:
+            for line in sys.stdin.buffer:
+                pending.append(await lh.submit_add(line.rstrip(b"\n")))
+        for index in range(arguments.entries):
+            payload = (b"entry-%d " % index).ljust(arguments.entry_bytes, b".")[: arguments.entry_bytes]
+            pending.append(await lh.submit_add(payload))
+        for add in pending:
+            await add.wait()
+        if not arguments.no_close:
+            await lh.close()
+        print(json.dumps({"ledger_id": lh.ledger_id, "entries": len(pending), "last_add_confirmed": lh.last_add_confirmed,
+                          "state": lh.metadata.state.value, "ensemble": list(lh.metadata.last_ensemble[1])}))
+
+    return _run(arguments, body)
+
+
+def list_(arguments: argparse.Namespace) -> int:
+    async def body(bk) -> None:
+        for ledger_id in await bk.list_ledgers():
+            print(ledger_id)
+
+    return _run(arguments, body)
+
+
+def show(arguments: argparse.Namespace) -> int:
+    async def body(bk) -> None:
+        metadata = await bk.ledger_metadata(arguments.ledger_id)
+        print(json.dumps(metadata.describe(), indent=2, sort_keys=True))
+
+    return _run(arguments, body)
+
+
+def read(arguments: argparse.Namespace) -> int:
+    async def body(bk) -> None:
+        rh = await bk.open_ledger(arguments.ledger_id, arguments.password.encode(), recovery=not arguments.no_recovery)
+        last = rh.last_add_confirmed if arguments.last is None else arguments.last
+        if last < arguments.first:
+            return
+        out = sys.stdout.buffer
+        async for entry in rh.read(arguments.first, last):
+            if arguments.format == "raw":
+                out.write(entry.data + b"\n")
+            elif arguments.format == "json":
+                out.write(json.dumps({"entry_id": entry.entry_id, "data": base64.b64encode(entry.data).decode()}).encode() + b"\n")
+            else:
+                out.write(b"%d\t%s\n" % (entry.entry_id, entry.data.decode(errors="backslashreplace").encode()))
+        out.flush()
+
+    return _run(arguments, body)
+
+
+def recover(arguments: argparse.Namespace) -> int:
+    async def body(bk) -> None:
+        rh = await bk.open_ledger(arguments.ledger_id, arguments.password.encode(), recovery=True)
+        print(json.dumps({"ledger_id": rh.ledger_id, "state": rh.metadata.state.value,
+                          "last_entry_id": rh.metadata.last_entry_id, "length": rh.metadata.length}))
+
+    return _run(arguments, body)
+
+
+def delete(arguments: argparse.Namespace) -> int:
+    async def body(bk) -> None:
+        await bk.delete_ledger(arguments.ledger_id)
+        print(json.dumps({"deleted": arguments.ledger_id}))
+
+    return _run(arguments, body)
