@@ -6,6 +6,7 @@ mismatch; batch reads of ranges; tailing by long-polling the LAC), and
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
@@ -49,6 +50,7 @@ PENDING_ADDS_MAX_DEFAULT = 10_000
 READ_WINDOW_ENTRIES = 256  # single-entry reads in flight while reading a range
 BATCH_READ_ENTRIES_MAX = 1000
 BATCH_READ_BYTES_MAX = 4 * 1024 * 1024
+BATCHES_AHEAD = 4  # batch reads in flight while a range is read
 LONG_POLL_TIMEOUT_MS = 10_000
 
 
@@ -133,17 +135,65 @@ class ReadHandle:
             return
         self._check_readable(first_entry_id)
         self._check_readable(last_entry_id)
-        next_entry_id = first_entry_id
-        while next_entry_id <= last_entry_id:
+        if self.metadata.write_quorum == self.metadata.ensemble_size:
             # A batch read serves a range from one bookie only where that
             # bookie stores every entry of it: write quorum == ensemble.
-            if self.metadata.write_quorum == self.metadata.ensemble_size:
-                entries = await self._batch_read(next_entry_id, last_entry_id)
-            else:
-                entries = await self._window_read(next_entry_id, last_entry_id)
+            async for entry in self._prefetched_batches(first_entry_id, last_entry_id):
+                yield entry
+            return
+        next_entry_id = first_entry_id
+        while next_entry_id <= last_entry_id:
+            entries = await self._window_read(next_entry_id, last_entry_id)
             for entry in entries:
                 yield entry
             next_entry_id += len(entries)
+
+    async def _prefetched_batches(self, first_entry_id: int, last_entry_id: int) -> AsyncIterator[Entry]:
+        """Batch reads of consecutive ranges, BATCHES_AHEAD in flight (spread
+        over the replicas by `_batch_read`), consumed in order. A batch that
+        came back short is completed before the next range is used.
+
+        The fetches run in the client's nursery, not in one opened here: a
+        generator must not yield inside a nursery (a reader that stops early
+        would leave it open). Fetches a stopped reader no longer wants end
+        on their own and are dropped."""
+        in_flight: collections.deque[tuple[int, trio.Event, list]] = collections.deque()
+        next_start = first_entry_id
+
+        def launch() -> None:
+            nonlocal next_start
+            start, end = next_start, min(last_entry_id, next_start + BATCH_READ_ENTRIES_MAX - 1)
+            next_start = end + 1
+            done, result = trio.Event(), []
+
+            async def fetch() -> None:
+                try:
+                    result.append(await self._batch_read(start, end))
+                except BKError as error:
+                    result.append(error)
+                done.set()
+
+            self._bk.nursery.start_soon(fetch)
+            in_flight.append((end, done, result))
+
+        while next_start <= last_entry_id and len(in_flight) < BATCHES_AHEAD:
+            launch()
+        expected = first_entry_id
+        while in_flight:
+            end, done, result = in_flight.popleft()
+            if next_start <= last_entry_id:
+                launch()
+            await done.wait()
+            if isinstance(result[0], BKError):
+                raise result[0]
+            entries = result[0]
+            while True:
+                for entry in entries:
+                    yield entry
+                expected += len(entries)
+                if expected > end:
+                    break
+                entries = await self._batch_read(expected, end)
 
     async def _batch_read(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
         first_key, bookies = self.metadata.ensemble_at(first_entry_id)
@@ -168,13 +218,8 @@ class ReadHandle:
                 continue
             if response.status is not Status.OK or not response.entries:
                 continue
-            entries: list[Entry] = []
-            try:
-                for index, raw in enumerate(response.entries[:wanted]):
-                    entries.append(self._digest.decode(raw, expected_entry_id=first_entry_id + index))
-            except (DigestMismatchError, EntryFormatError):
-                # Keep what verified; the bad entry is read on its own next.
-                pass
+            # What verified; a bad entry stops it and is read on its own next.
+            entries = self._digest.decode_range(response.entries[:wanted], first_entry_id)
             if entries:
                 return entries
         return [await self._read_unchecked(first_entry_id)]
@@ -442,15 +487,22 @@ class CoreTicker:
         self._registry = registry
         self._execute = execute
         self._wakeup = trio.Event()
+        self._sleeping_until_ms = math.inf
 
     def poke(self) -> None:
-        self._wakeup.set()
+        """Wake the timer only if the core's deadline moved before the one it
+        sleeps until: waking a task on every acknowledgement would cost a
+        pass of the scheduler each (a later deadline is found on waking)."""
+        deadline_ms = self._core.next_deadline_ms()
+        if deadline_ms is not None and deadline_ms < self._sleeping_until_ms:
+            self._wakeup.set()
 
     async def run(self, keep_going: Callable[[], bool] = lambda: True) -> None:
         while keep_going():
             deadline_ms = self._core.next_deadline_ms()
+            self._sleeping_until_ms = math.inf if deadline_ms is None else deadline_ms
             self._wakeup = trio.Event()
-            with trio.move_on_at(deadline_ms / 1000.0 if deadline_ms is not None else math.inf):
+            with trio.move_on_at(self._sleeping_until_ms / 1000.0):
                 await self._wakeup.wait()
                 continue
             # A tick may replace bookies: let it pick from the registry as it is now.

@@ -32,16 +32,8 @@ from typing import Any, Callable, Iterator, TypeVar
 import trio
 
 from coordination.async_store import AsyncMetadataStore
-from coordination.store import (
-    ANY_VERSION,
-    BadVersionError,
-    MetadataError,
-    MetadataStore,
-    NodeExistsError,
-    NoNodeError,
-    NotEmptyError,
-    parent_of,
-)
+from coordination.store import ANY_VERSION, BadVersionError, MetadataError, MetadataStore, NodeExistsError
+from coordination.store import NoNodeError, NotEmptyError, parent_of
 from ledger_client.errors import BKError, MetadataVersionError, NoSuchLedgerError
 from ledger_client.metadata import LedgerMetadata
 
@@ -81,11 +73,9 @@ def ledger_path(ledger_id: int) -> str:
     """The node of ledger `ledger_id` (see the module docstring)."""
     _check_ledger_id(ledger_id)
     digits = f"{ledger_id:0{LEDGER_ID_DIGITS}d}"
-    parts, offset = [], 0
-    for width in DIRECTORY_WIDTHS:
-        parts.append(digits[offset : offset + width])
-        offset += width
-    return "/".join([LEDGERS_PATH, *parts, LEAF_PREFIX + digits[offset:]])
+    bounds = list(itertools.accumulate(DIRECTORY_WIDTHS, initial=0))
+    directories = [digits[start:end] for start, end in itertools.pairwise(bounds)]
+    return "/".join([LEDGERS_PATH, *directories, LEAF_PREFIX + digits[bounds[-1] :]])
 
 
 def generation_path(generation: int) -> str:
@@ -336,15 +326,11 @@ class LedgerStore:
         except NoNodeError:
             return  # no ledger yet, or the directory was emptied and removed
         is_leaf_level = level == len(DIRECTORY_WIDTHS)
+        name_prefix, width = (LEAF_PREFIX, LEAF_WIDTH) if is_leaf_level else ("", DIRECTORY_WIDTHS[level])
         for name in names:  # sorted by the store; equal widths sort as numbers
-            if is_leaf_level:
-                digits = name[len(LEAF_PREFIX) :] if name.startswith(LEAF_PREFIX) else ""
-                if not _is_digits(digits, LEAF_WIDTH):
-                    continue  # not a ledger node
-            else:
-                digits = name
-                if not _is_digits(digits, DIRECTORY_WIDTHS[level]):
-                    continue  # not a level directory
+            digits = name[len(name_prefix) :]
+            if not name.startswith(name_prefix) or not _is_digits(digits, width):
+                continue  # neither a ledger node nor a level directory
             candidate = prefix + digits
             # Digit strings of one length compare as their numbers: skip
             # whole subtrees below `start`.
@@ -384,11 +370,7 @@ class AsyncLedgerStore:
         return await self._run(self.ledgers.write, metadata, expected_version)
 
     async def update(
-        self,
-        ledger_id: int,
-        change: Callable[[LedgerMetadata], LedgerMetadata | None],
-        *,
-        attempts_max: int | None = None,
+        self, ledger_id: int, change: Callable[[LedgerMetadata], LedgerMetadata | None], *, attempts_max: int | None = None
     ) -> tuple[LedgerMetadata, int]:
         """As `LedgerStore.update`; `change` runs in the worker thread."""
         return await self._run(self.ledgers.update, ledger_id, change, attempts_max=attempts_max)
@@ -426,16 +408,7 @@ def _check_attempts(attempts_max: object) -> None:
 
 
 __all__ = [
-    "AsyncLedgerStore",
-    "CAS_ATTEMPTS_MAX",
-    "ID_GENERATOR_PATH",
-    "LEDGERS_PATH",
-    "LedgerIdAllocationError",
-    "LedgerStore",
-    "MalformedLedgerMetadataError",
-    "SEQUENCE_MAX",
-    "generation_path",
-    "ledger_id_of",
-    "ledger_path",
-    "sequence_of",
+    "AsyncLedgerStore", "CAS_ATTEMPTS_MAX", "ID_GENERATOR_PATH", "LEDGERS_PATH", "LedgerIdAllocationError",
+    "LedgerStore", "MalformedLedgerMetadataError", "SEQUENCE_MAX", "generation_path", "ledger_id_of",
+    "ledger_path", "sequence_of",
 ]

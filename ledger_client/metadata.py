@@ -45,7 +45,9 @@ TRANSITIONS: Mapping[tuple[LedgerState, MetadataChange], LedgerState] = MappingP
         (LedgerState.OPEN, MetadataChange.START_RECOVERY): LedgerState.IN_RECOVERY,
         (LedgerState.OPEN, MetadataChange.CLOSE): LedgerState.CLOSED,
         # A recoverer that died leaves IN_RECOVERY behind; the next one starts
-        # over, and recovery may replace bookies while it rewrites entries.
+        # over. A recoverer replaces failed bookies while it rewrites entries,
+        # but keeps the new ensembles to itself until its close writes them
+        # (see RecoveryCore._from_writer); the change is computed with this.
         (LedgerState.IN_RECOVERY, MetadataChange.START_RECOVERY): LedgerState.IN_RECOVERY,
         (LedgerState.IN_RECOVERY, MetadataChange.ENSEMBLE_CHANGE): LedgerState.IN_RECOVERY,
         (LedgerState.IN_RECOVERY, MetadataChange.CLOSE): LedgerState.CLOSED,
@@ -206,7 +208,7 @@ class LedgerMetadata:
                 creation_time_ms=int(document["creation_time_ms"]),
                 custom_metadata={str(k): base64.b64decode(v) for k, v in document.get("custom_metadata", {}).items()},
             )
-        except (KeyError, TypeError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        except (KeyError, TypeError, AttributeError, ValueError, UnicodeDecodeError) as error:
             raise ValueError(f"malformed ledger metadata: {error}") from None
 
     def describe(self) -> dict:

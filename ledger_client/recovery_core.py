@@ -235,8 +235,7 @@ class RecoveryCore:
         try:
             decoded = self.digest.decode(entry)
         except (DigestMismatchError, EntryFormatError):
-            from bookie.protocol.entry_format import parse_header
-            decoded = parse_header(entry)
+            return None
         self._known_entries[decoded.entry_id] = entry
         return decoded.entry_id
 
@@ -418,12 +417,24 @@ class RecoveryCore:
             self.writer.bookies_changed(bookies)
 
     def _from_writer(self, writer_actions: list, now_ms: float) -> list[Action]:
-        """Pass the rewriter's sends and metadata writes on; act on its
-        completions and failures."""
+        """Pass the rewriter's sends on; act on its completions and failures;
+        keep its ensemble changes to itself (below)."""
         actions: list[Action] = []
-        for action in writer_actions:
+        writer_actions = list(writer_actions)
+        for action in writer_actions:  # grows while ensemble changes are taken
             kind = type(action)
-            if kind is SendAdd or kind is WriteMetadata:
+            if kind is WriteMetadata and action.purpose is MetadataPurpose.ENSEMBLE_CHANGE:
+                # A replacement is not written to the metadata until the close
+                # (which carries the rewriter's ensembles): were it written
+                # now and this recoverer died, the next one would read entries
+                # not yet rewritten from the new ensemble, miss the copies on
+                # the replaced bookie and could cut off an acknowledged entry.
+                # BookKeeper's recovery keeps them local the same way
+                # (apache/bookkeeper#1621). The version stays the one the
+                # close must expect.
+                assert self.writer is not None
+                writer_actions += self.writer.metadata_written(self.writer.version, now_ms)
+            elif kind is SendAdd or kind is WriteMetadata:
                 actions.append(action)
             elif kind is AddsCompleted:
                 pass  # progress shows in writer.last_add_confirmed

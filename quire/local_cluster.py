@@ -78,8 +78,17 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+# Processes this command started itself. Right after the fork a child's
+# /proc cmdline is still its parent's until exec, so the cmdline check below
+# would call it gone; its Popen knows better.
+_started: dict[int, subprocess.Popen] = {}
+
+
 def process_alive(record: ProcessRecord) -> bool:
     """Whether the recorded pid still runs our command (not a reused pid)."""
+    process = _started.get(record.pid)
+    if process is not None:
+        return process.poll() is None
     try:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -106,6 +115,7 @@ def _spawn(state: ClusterState, record_fields: dict, command: list[str], log_pat
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+    _started[process.pid] = process
     record = ProcessRecord(pid=process.pid, command=command, log=str(log_path), **record_fields)
     state.processes.append(record)
     state.save()

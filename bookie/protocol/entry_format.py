@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
@@ -47,8 +48,10 @@ class EntryHeader:
     total_length: int
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """A verified entry. A named tuple: readers build hundreds of thousands
+    a second, and a frozen dataclass costs twice as much to make."""
+
     ledger_id: int
     entry_id: int
     last_add_confirmed: int
@@ -103,6 +106,37 @@ class DigestManager:
     def encode(self, entry_id: int, last_add_confirmed: int, total_length: int, payload: bytes) -> bytes:
         header = HEADER.pack(self.ledger_id, entry_id, last_add_confirmed, total_length)
         return b"".join((header, self._digest(header, payload), payload))
+
+    def decode_range(self, entries: list[bytes], first_entry_id: int) -> list[Entry]:
+        """Verify consecutive entries first_entry_id, first_entry_id + 1, ...
+        (a batch read's answer); stops before the first one that fails and
+        returns the intact ones before it. The catch-up reader's hot path:
+        for CRC32C, one loop without per-entry helper calls."""
+        if self.digest_type is not DigestType.CRC32C:
+            decoded = []
+            for offset, entry in enumerate(entries):
+                try:
+                    decoded.append(self.decode(entry, expected_entry_id=first_entry_id + offset))
+                except (DigestMismatchError, EntryFormatError):
+                    break
+            return decoded
+        body_start = HEADER_BYTES + 4
+        unpack_header, unpack_crc, crc = HEADER.unpack_from, _CRC.unpack_from, crc32c.crc32c
+        ledger_id = self.ledger_id
+        decoded = []
+        expected = first_entry_id
+        for entry in entries:
+            if len(entry) < body_start:
+                break
+            entry_ledger_id, entry_id, last_add_confirmed, total_length = unpack_header(entry)
+            if entry_ledger_id != ledger_id or entry_id != expected:
+                break
+            payload = entry[body_start:]
+            if crc(payload, crc(entry[:HEADER_BYTES])) != unpack_crc(entry, HEADER_BYTES)[0]:
+                break
+            decoded.append(Entry(ledger_id, entry_id, last_add_confirmed, total_length, payload))
+            expected += 1
+        return decoded
 
     def decode(self, entry: bytes, *, expected_entry_id: int | None = None) -> Entry:
         """Verify an entry read back from a bookie and return its parts."""
