@@ -69,6 +69,16 @@ class BookieUnavailableError(BKError):
     """A bookie could not be reached or answered with a transient error."""
 
 
+class MalformedLedgerMetadataError(BKError):
+    """The ledger's node holds data that is not valid ledger metadata (or is
+    the metadata of another ledger)."""
+
+
+class LedgerIdAllocationError(BKError):
+    """No ledger id could be allocated: the generator kept rolling over
+    under contention, or every id is used."""
+
+
 class LedgerStateError(BKError):
     """An operation that the ledger's state does not allow (for example a
     transition missing from the state table)."""
@@ -80,7 +90,9 @@ __all__ = [
     "EntryReadError",
     "LedgerClosedError",
     "LedgerFencedError",
+    "LedgerIdAllocationError",
     "LedgerStateError",
+    "MalformedLedgerMetadataError",
     "MetadataVersionError",
     "NoSuchEntryError",
     "NoSuchLedgerError",

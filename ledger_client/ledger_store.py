@@ -34,7 +34,12 @@ import trio
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import ANY_VERSION, BadVersionError, MetadataError, MetadataStore, NodeExistsError
 from coordination.store import NoNodeError, NotEmptyError, parent_of
-from ledger_client.errors import BKError, MetadataVersionError, NoSuchLedgerError
+from ledger_client.errors import (
+    LedgerIdAllocationError,
+    MalformedLedgerMetadataError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
 from ledger_client.metadata import LedgerMetadata
 
 _log = logging.getLogger(__name__)
@@ -57,16 +62,6 @@ LEDGER_ID_MAX = 2**63 - 1
 CAS_ATTEMPTS_MAX = 10
 CREATE_ATTEMPTS_MAX = 5
 ID_ATTEMPTS_MAX = 8
-
-
-class MalformedLedgerMetadataError(BKError):
-    """The ledger's node holds data that is not valid ledger metadata (or is
-    the metadata of another ledger)."""
-
-
-class LedgerIdAllocationError(BKError):
-    """No ledger id could be allocated: the generator kept rolling over
-    under contention, or every id is used."""
 
 
 def ledger_path(ledger_id: int) -> str:
