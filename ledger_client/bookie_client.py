@@ -42,6 +42,7 @@ from bookie.protocol.wire import (
     decode_response,
     encode_hello,
     encode_add,
+    encode_add_head,
     encode_request,
 )
 from ledger_client.exception_groups import unwrap_single_exception
@@ -189,6 +190,10 @@ class BookieClient:
             raise ValueError(f"request of {len(frame)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
         self._pending[request_id] = callback
         self._output.queue(frame)
+        self._send_queued()
+        return request_id
+
+    def _send_queued(self) -> None:
         if len(self._pending) == 1:
             # Nothing else in flight: nobody waits on an answer that would
             # hide this request's latency, so it goes out now. Otherwise the
@@ -196,7 +201,6 @@ class BookieClient:
             self._output.flush()
         else:
             self._output.schedule()
-        return request_id
 
     def submit_nowait(self, request_factory: Callable[[int], Request], callback: Callback) -> int:
         """`submit` for callers that cannot wait (a driver carrying out a
@@ -209,6 +213,21 @@ class BookieClient:
         """`submit_add` for callers that cannot wait (see `submit_nowait`)."""
         request_id = self._take_slot_nowait()
         return self._send(request_id, encode_add(request_id, flags, master_key, entry), callback)
+
+    def submit_add_tail_nowait(self, tail: bytes, callback: Callback) -> int:
+        """`submit_add_nowait` for an ADD whose tail (flags, master key,
+        entry) was encoded once with `encode_add_tail`, for every bookie the
+        entry goes to."""
+        request_id = self._take_slot_nowait()
+        head = encode_add_head(request_id, len(tail))
+        if len(head) + len(tail) - 4 > self.frame_bytes_max:
+            self._slots.release()
+            raise ValueError(f"request of {len(head) + len(tail)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
+        self._pending[request_id] = callback
+        self._output.queue(head)
+        self._output.queue(tail)
+        self._send_queued()
+        return request_id
 
     def _take_slot_nowait(self) -> int:
         if self._failure is not None:

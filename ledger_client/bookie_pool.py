@@ -51,6 +51,18 @@ class BookiePool:
     def send_add(self, bookie_id: str, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> None:
         self._dispatch(bookie_id, lambda client: client.submit_add_nowait(flags, master_key, entry, callback), callback)
 
+    def send_add_tail(self, bookie_id: str, tail: bytes, callback: Callback) -> None:
+        """An ADD encoded once for all its bookies (`encode_add_tail`)."""
+        connection = self._connections.get(bookie_id)
+        if connection is not None and connection.client is not None and not self._closed:
+            # The hot path: connected, no closure to build.
+            try:
+                connection.client.submit_add_tail_nowait(tail, callback)
+                return
+            except (BookieConnectionError, trio.WouldBlock):
+                pass  # _dispatch reports it (later, through the callback)
+        self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback), callback)
+
     async def call(self, bookie_id: str, request_factory: Callable[[int], Request]):
         """Send one request and wait for its answer (or raise
         BookieConnectionError)."""

@@ -17,6 +17,7 @@ import trio
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, Entry, EntryFormatError
 from bookie.protocol.wire import (
     AddFlag,
+    encode_add_tail,
     BatchReadRequest,
     ReadFlag,
     ReadLacRequest,
@@ -324,15 +325,20 @@ class PendingAdd:
     """An add handed to the ledger; `await pending.wait()` gives its entry id
     once AQ bookies have it, or raises why it failed."""
 
+    __slots__ = ("entry_id", "done", "_error", "_on_done", "_event")
+
     def __init__(self, entry_id: int, on_done: Callable[["PendingAdd"], None] | None = None) -> None:
         self.entry_id = entry_id
-        self._done = trio.Event()
+        self.done = False
         self._error: BKError | None = None
         self._on_done = on_done
+        self._event: trio.Event | None = None  # made only if someone waits
 
     def _complete(self, error: BKError | None) -> None:
         self._error = error
-        self._done.set()
+        self.done = True
+        if self._event is not None:
+            self._event.set()
         if self._on_done is not None:
             self._on_done(self)
 
@@ -340,12 +346,13 @@ class PendingAdd:
     def error(self) -> BKError | None:
         return self._error
 
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
     async def wait(self) -> int:
-        await self._done.wait()
+        if not self.done:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+        else:
+            await trio.lowlevel.checkpoint()
         if self._error is not None:
             raise self._error
         return self.entry_id
@@ -367,6 +374,8 @@ class LedgerHandle(ReadHandle):
         self._slots = trio.Semaphore(pending_adds_max)
         self._adds: dict[int, PendingAdd] = {}
         self._ticker = CoreTicker(core, bk.registry, self._execute)
+        # One callback per bookie, made once: an add response names its entry.
+        self._response_callbacks: dict[str, Callable] = {}
         self._close_done = trio.Event()
         self._close_error: BKError | None = None
         self._flags = AddFlag.RECOVERY_ADD if core.recovery else AddFlag.NONE
@@ -417,13 +426,19 @@ class LedgerHandle(ReadHandle):
     # --- carrying out the core's actions ----------------------------------------------
 
     def _execute(self, actions: list) -> None:
+        if not actions:
+            return  # nothing changed that could move the timer
+        tail_entry_id, tail = -1, b""
         for action in actions:
             kind = type(action)
             if kind is SendAdd:
-                self._bk.pool.send_add(
-                    action.bookie_id, self._flags, self._master_key, action.entry,
-                    functools.partial(self._on_add_response, action.bookie_id, action.entry_id),
-                )
+                if action.entry_id != tail_entry_id:
+                    # An entry's sends come together: encode its bytes once.
+                    tail_entry_id, tail = action.entry_id, encode_add_tail(self._flags, self._master_key, action.entry)
+                callback = self._response_callbacks.get(action.bookie_id)
+                if callback is None:
+                    callback = self._response_callbacks[action.bookie_id] = functools.partial(self._on_add_response, action.bookie_id)
+                self._bk.pool.send_add_tail(action.bookie_id, tail, callback)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)
@@ -447,9 +462,16 @@ class LedgerHandle(ReadHandle):
             self._slots.release()
             pending._complete(error)
 
-    def _on_add_response(self, bookie_id: str, entry_id: int, response) -> None:
+    def _on_add_response(self, bookie_id: str, response) -> None:
         if isinstance(response, BookieConnectionError):
             self._core.bookies_changed(self._bk.registry.writable_racks())
+            self._execute(self._core.bookie_failed(bookie_id, now_ms()))
+            return
+        # The answer names its entry (as BookKeeper's completion keys do); one
+        # naming another ledger is a bookie's bug: treat the bookie as failed.
+        entry_id = response.entry_id
+        if response.ledger_id != self.ledger_id:
+            log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self.ledger_id, response.ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
         if response.status is not Status.OK:

@@ -113,6 +113,9 @@ class LedgerMetadata:
 
     def ensemble_at(self, entry_id: int) -> tuple[int, tuple[str, ...]]:
         """The ensemble that covers `entry_id`: (its first entry id, bookies)."""
+        last = self.ensembles[-1]
+        if entry_id >= last[0]:
+            return last  # the writer's case, on every add
         if entry_id < 0:
             raise ValueError(f"entry_id must not be negative, got {entry_id}")
         index = bisect.bisect_right(self.ensemble_keys, entry_id) - 1

@@ -359,6 +359,22 @@ def encode_add(request_id: int, flags: int, master_key: bytes, entry: bytes) -> 
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
+def encode_add_tail(flags: int, master_key: bytes, entry: bytes) -> bytes:
+    """The part of an ADD frame after the request id; the same for every
+    bookie an entry goes to, so a client encodes it once per entry."""
+    return _packer.pack(flags) + _packer.pack(master_key) + _packer.pack(entry)
+
+
+_ADD_ARRAY_AND_OP = bytes([0x95, 1])  # a msgpack array of 5, then op ADD
+
+
+def encode_add_head(request_id: int, tail_bytes: int) -> bytes:
+    """Length prefix, array header, op and request id of an ADD whose tail
+    (see `encode_add_tail`) is `tail_bytes` long; head + tail is the frame."""
+    request = _packer.pack(request_id)
+    return LENGTH_PREFIX.pack(2 + len(request) + tail_bytes) + _ADD_ARRAY_AND_OP + request
+
+
 def encode_request(request: Request) -> bytes:
     if type(request) is AddRequest:  # the hot path
         return encode_add(request.request_id, request.flags, request.master_key, request.entry)
@@ -538,6 +554,8 @@ def decode_response(fields: list[Any]) -> Response:
 
 
 __all__ = [
+    "encode_add_head",
+    "encode_add_tail",
     "PROTOCOL_VERSION",
     "FRAME_BYTES_MAX_DEFAULT",
     "LENGTH_PREFIX",
