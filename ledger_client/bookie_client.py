@@ -9,6 +9,7 @@ bound on requests in flight (callers wait for a slot).
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import AsyncIterator, Callable
 
 import trio
@@ -47,6 +48,7 @@ from bookie.protocol.wire import (
 )
 from ledger_client.exception_groups import unwrap_single_exception
 
+log = logging.getLogger(__name__)
 RECEIVE_BYTES = 256 * 1024
 Callback = Callable[["Response | BookieConnectionError"], None]
 
@@ -54,6 +56,16 @@ Callback = Callable[["Response | BookieConnectionError"], None]
 class BookieConnectionError(Exception):
     """The connection to the bookie failed or was refused; requests still in
     flight on it have an unknown outcome."""
+
+
+def _call_back(callback: Callback, result) -> None:
+    """Run a caller's callback from the connection's reader task. Its bug is
+    logged and stays its own: it must neither break this connection nor
+    keep the other requests' callbacks from running."""
+    try:
+        callback(result)
+    except Exception:
+        log.exception("a bookie request's callback failed")
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -155,7 +167,7 @@ class BookieClient:
         pending, self._pending = self._pending, {}
         for callback in pending.values():
             self._slots.release()
-            callback(self._failure)
+            _call_back(callback, self._failure)
 
     # --- requests -------------------------------------------------------------
 
@@ -305,7 +317,7 @@ class BookieClient:
         callback = self._pending.pop(response.request_id, None)
         if callback is not None:
             self._slots.release()
-            callback(response)
+            _call_back(callback, response)
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

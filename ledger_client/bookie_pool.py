@@ -59,7 +59,7 @@ class BookiePool:
             try:
                 connection.client.submit_add_tail_nowait(tail, callback)
                 return
-            except (BookieConnectionError, trio.WouldBlock):
+            except (BookieConnectionError, trio.WouldBlock, ValueError):
                 pass  # _dispatch reports it (later, through the callback)
         self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback), callback)
 
@@ -105,6 +105,8 @@ class BookiePool:
             self._fail_later(callback, error)
         except trio.WouldBlock:
             self._fail_later(callback, BookieConnectionError(f"bookie {client.bookie_id}: {REQUESTS_IN_FLIGHT_MAX} requests in flight"))
+        except ValueError as error:  # larger than the bookie's frame bound
+            self._fail_later(callback, BookieConnectionError(f"bookie {client.bookie_id} refused a request: {error}"))
 
     def _fail_later(self, callback: Callback, error: BookieConnectionError) -> None:
         async def fail() -> None:

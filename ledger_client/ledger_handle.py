@@ -16,6 +16,7 @@ import trio
 
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, Entry, EntryFormatError
 from bookie.protocol.wire import (
+    FRAME_BYTES_MAX_DEFAULT,
     AddFlag,
     encode_add_tail,
     BatchReadRequest,
@@ -53,6 +54,10 @@ BATCH_READ_ENTRIES_MAX = 1000
 BATCH_READ_BYTES_MAX = 4 * 1024 * 1024
 BATCHES_AHEAD = 4  # batch reads in flight while a range is read
 LONG_POLL_TIMEOUT_MS = 10_000
+# Room for the entry's header, digest and the frame around it within a
+# bookie's default frame bound.
+ENTRY_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT - 4096
+TAIL_IDLE_DELAY_S_MAX = 1.0  # back-off of a tailing reader that no bookie holds
 
 
 def now_ms() -> float:
@@ -302,17 +307,25 @@ class ReadHandle:
         """Every entry from `first_entry_id` on, in order, as the writer's
         LAC advances; ends after the last entry once the ledger is closed."""
         next_entry_id = first_entry_id
+        idle_delay_s = 0.0
         while True:
             if next_entry_id <= self.last_add_confirmed:
+                idle_delay_s = 0.0
                 async for entry in self.read(next_entry_id, self.last_add_confirmed):
                     yield entry
                     next_entry_id = entry.entry_id + 1
                 continue
             if self.is_closed:
                 return
+            polled_at = trio.current_time()
             await self.wait_for_lac(next_entry_id - 1)
             if self.last_add_confirmed < next_entry_id:
                 await self._refresh_metadata()
+                if trio.current_time() - polled_at < 0.05:
+                    # Nobody held the long poll (bookies that do not know the
+                    # ledger yet answer at once): back off instead of spinning.
+                    idle_delay_s = min(max(2 * idle_delay_s, 0.01), TAIL_IDLE_DELAY_S_MAX)
+                    await trio.sleep(idle_delay_s)
 
     async def _refresh_metadata(self) -> None:
         metadata, version = await self._bk.ledger_store.read(self.ledger_id)
@@ -410,6 +423,10 @@ class LedgerHandle(ReadHandle):
         not block)."""
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"entry data must be bytes, got {type(data).__name__}")
+        if len(data) > ENTRY_BYTES_MAX:
+            # Checked before the core takes it: a bookie would refuse the
+            # frame, and the entry would stay pending and block every later one.
+            raise ValueError(f"an entry holds at most {ENTRY_BYTES_MAX} bytes, got {len(data)}")
         try:
             self._slots.acquire_nowait()
         except trio.WouldBlock:
@@ -426,8 +443,6 @@ class LedgerHandle(ReadHandle):
     # --- carrying out the core's actions ----------------------------------------------
 
     def _execute(self, actions: list) -> None:
-        if not actions:
-            return  # nothing changed that could move the timer
         tail_entry_id, tail = -1, b""
         for action in actions:
             kind = type(action)
@@ -454,7 +469,10 @@ class LedgerHandle(ReadHandle):
                 self._close_done.set()
             else:
                 raise AssertionError(f"unknown action {action!r}")
-        self._ticker.poke()
+        if self._core.closed or self._core.error is not None:
+            self._ticker.wake()  # to see that it is done, and end
+        else:
+            self._ticker.poke()
 
     def _finish(self, entry_id: int, error: BKError | None) -> None:
         pending = self._adds.pop(entry_id, None)
@@ -510,6 +528,9 @@ class CoreTicker:
         self._execute = execute
         self._wakeup = trio.Event()
         self._sleeping_until_ms = math.inf
+
+    def wake(self) -> None:
+        self._wakeup.set()
 
     def poke(self) -> None:
         """Wake the timer only if the core's deadline moved before the one it

@@ -60,14 +60,20 @@ class _RecoveryDriver:
         self._done = trio.Event()
         self._ticker = CoreTicker(core, bk.registry, self._execute)
         self._nursery: trio.Nursery | None = None
+        self._finished = False
 
     async def run(self) -> tuple[LedgerMetadata, int]:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._tick_loop)
-            self._execute(self._core.start(now_ms()))
-            await self._done.wait()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._tick_loop)
+                self._execute(self._core.start(now_ms()))
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            # Answers that arrive after this (a caller gave up, or recovery
+            # ended) must not drive the core into new work.
+            self._finished = True
         result = self._result
         if isinstance(result, RecoveryFailed):
             raise result.error
@@ -75,6 +81,8 @@ class _RecoveryDriver:
         return result.metadata, result.version
 
     def _execute(self, actions: list) -> None:
+        if self._finished:
+            return
         pool = self._bk.pool
         for action in actions:
             kind = type(action)

@@ -147,6 +147,12 @@ class RecoveryCore:
     def _mark(self, now_ms: float) -> list[Action]:
         if self.metadata.state is LedgerState.CLOSED:
             return self._done(self.metadata, self.version)
+        if self.metadata.state is LedgerState.IN_RECOVERY:
+            # Already marked (by a recoverer that died, or one running now):
+            # the writer is shut out of the metadata either way. Writing it
+            # again would only bump the version under the other recoverer's
+            # close and make both start over.
+            return self._start_fencing(now_ms)
         self.phase = Phase.MARKING
         try:
             proposed = self.metadata.with_recovery_started()
@@ -178,6 +184,12 @@ class RecoveryCore:
             self.metadata, self.version = current, version
             return self._mark(now_ms)
         if self.phase is Phase.CLOSING:
+            assert self._read_metadata is not None and self._closing is not None
+            self._conflicts += 1
+            if current.ensembles == self._read_metadata.ensembles and self._conflicts <= START_CONFLICTS_MAX:
+                # Only the version moved (an older client re-marked it): the
+                # ensembles we read from and rewrote to still stand.
+                return [WriteMetadata(self._closing, version, MetadataPurpose.CLOSE)]
             # Still IN_RECOVERY but changed: another recoverer is rewriting
             # with other ensembles. Closing over its ensembles could point
             # readers at bookies that lack our rewrites: start over instead.

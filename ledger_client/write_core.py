@@ -267,7 +267,7 @@ class WriteCore:
         if now_ms - oldest.sent_at_ms < self.add_timeout_ms:
             return []
         # Every bookie late on it is replaced in one ensemble change.
-        if not [self._mark_failed(bookie_id) for bookie_id in sorted(oldest.sent_to - oldest.acked_by)]:
+        if not any([self._mark_failed(bookie_id) for bookie_id in sorted(oldest.sent_to - oldest.acked_by)]):
             return []
         return self._maybe_change_ensemble(now_ms)
 

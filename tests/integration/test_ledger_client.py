@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import contextlib
 
+import pytest
 import trio
 
 from bookie.protocol.wire import Status
 from ledger_client.bookie_client import BookieClient
 from ledger_client.bookkeeper import BookKeeper
 from ledger_client.errors import BKError, LedgerFencedError
+from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 from ledger_client.metadata import LedgerState
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
 
@@ -57,6 +59,10 @@ async def test_write_close_and_read_back(bookies, zk_hosts, zk_root):
     await start_bookies(bookies, 3)
     async with BookKeeper.connect(zk_hosts, zk_root) as bk:
         lh = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+        # An entry too large for a bookie's frame is refused before the
+        # ledger takes it, and does not block the entries after it.
+        with pytest.raises(ValueError, match="at most"):
+            await lh.submit_add(bytes(ENTRY_BYTES_MAX + 1))
         pending = [await lh.submit_add(b"entry-%d" % index) for index in range(200)]
         assert [await add.wait() for add in pending] == list(range(200))
         assert lh.last_add_confirmed == 199

@@ -540,15 +540,16 @@ def test_a_closed_ledger_is_returned_as_is_without_any_metadata_write():
 
 
 def test_a_ledger_left_in_recovery_by_a_dead_recoverer_is_recovered_again():
-    # A recoverer marked the ledger IN_RECOVERY and died; the next one marks
-    # it again (IN_RECOVERY -> IN_RECOVERY) and finishes the job.
+    # A recoverer marked the ledger IN_RECOVERY and died; the next one does
+    # not mark it again (that would only bump the version under any other
+    # recoverer's close), fences and finishes the job.
     cluster = Cluster(3, 3, 2)
     cluster.write_quorum_prefix(4)
     cluster.store.replace(cluster.metadata.with_recovery_started())
     driver = Driver(cluster, cluster.recovery_core())
     driver.run()
     assert_recovered(driver, 3)
-    assert driver.purposes() == [MetadataPurpose.START_RECOVERY, MetadataPurpose.CLOSE]
+    assert driver.purposes() == [MetadataPurpose.CLOSE]
 
 
 # --- corrupt replicas -----------------------------------------------------------------------
