@@ -65,19 +65,34 @@ class BookiePool:
 
     async def call(self, bookie_id: str, request_factory: Callable[[int], Request]):
         """Send one request and wait for its answer (or raise
-        BookieConnectionError)."""
-        done = trio.Event()
-        result: list = []
+        BookieConnectionError). Cancelled, it forgets the request and frees
+        its slot (a long poll given up on holds nothing)."""
+        client = await self._connected(bookie_id)
+        return await client.call(request_factory)
 
-        def callback(response) -> None:
-            result.append(response)
-            done.set()
+    async def _connected(self, bookie_id: str) -> BookieClient:
+        if self._closed:
+            raise BookieConnectionError(f"the client is closed (bookie {bookie_id})")
+        connection = self._connections.get(bookie_id)
+        if connection is not None and connection.client is not None:
+            return connection.client
+        # Queue a no-op behind the connection attempt and wait for its outcome.
+        ready = trio.Event()
+        outcome: list = []
 
-        self.send(bookie_id, request_factory, callback)
-        await done.wait()
-        if isinstance(result[0], BookieConnectionError):
-            raise result[0]
-        return result[0]
+        def on_connected(client: BookieClient) -> None:
+            outcome.append(client)
+            ready.set()
+
+        def on_failure(error) -> None:
+            outcome.append(error)
+            ready.set()
+
+        self._dispatch(bookie_id, on_connected, on_failure)
+        await ready.wait()
+        if isinstance(outcome[0], BookieConnectionError):
+            raise outcome[0]
+        return outcome[0]
 
     def _dispatch(self, bookie_id: str, submit: Callable[[BookieClient], None], callback: Callback) -> None:
         if self._closed:

@@ -57,7 +57,8 @@ LONG_POLL_TIMEOUT_MS = 10_000
 # Room for the entry's header, digest and the frame around it within a
 # bookie's default frame bound.
 ENTRY_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT - 4096
-TAIL_IDLE_DELAY_S_MAX = 1.0  # back-off of a tailing reader that no bookie holds
+TAIL_IDLE_DELAY_S_MAX = 1.0
+READ_TIMEOUT_S = 5.0  # a bookie that accepts a read and never answers: try the next replica  # back-off of a tailing reader that no bookie holds
 
 
 def now_ms() -> float:
@@ -114,11 +115,15 @@ class ReadHandle:
         missing = 0
         for bookie_id in self.metadata.write_set(entry_id):
             try:
-                response = await self._bk.pool.call(
-                    bookie_id, lambda request_id: ReadRequest(request_id, ReadFlag.NONE, self.ledger_id, entry_id, None, None, None)
-                )
+                with trio.fail_after(READ_TIMEOUT_S):
+                    response = await self._bk.pool.call(
+                        bookie_id, lambda request_id: ReadRequest(request_id, ReadFlag.NONE, self.ledger_id, entry_id, None, None, None)
+                    )
             except BookieConnectionError as error:
                 errors.append(f"{bookie_id}: {error}")
+                continue
+            except trio.TooSlowError:
+                errors.append(f"{bookie_id}: no answer within {READ_TIMEOUT_S:.0f}s")
                 continue
             if response.status is Status.OK and response.entry is not None:
                 try:
@@ -214,13 +219,14 @@ class ReadHandle:
         for offset in range(len(bookies)):
             bookie_id = bookies[(start + offset) % len(bookies)]
             try:
-                response = await self._bk.pool.call(
-                    bookie_id,
-                    lambda request_id: BatchReadRequest(
-                        request_id, self.ledger_id, first_entry_id, min(wanted, BATCH_READ_ENTRIES_MAX), BATCH_READ_BYTES_MAX
-                    ),
-                )
-            except BookieConnectionError:
+                with trio.fail_after(READ_TIMEOUT_S):
+                    response = await self._bk.pool.call(
+                        bookie_id,
+                        lambda request_id: BatchReadRequest(
+                            request_id, self.ledger_id, first_entry_id, min(wanted, BATCH_READ_ENTRIES_MAX), BATCH_READ_BYTES_MAX
+                        ),
+                    )
+            except (BookieConnectionError, trio.TooSlowError):
                 continue
             if response.status is not Status.OK or not response.entries:
                 continue
@@ -259,10 +265,11 @@ class ReadHandle:
         async def ask(bookie_id: str) -> None:
             nonlocal done
             try:
-                response = await self._bk.pool.call(bookie_id, lambda request_id: ReadLacRequest(request_id, self.ledger_id))
+                with trio.fail_after(READ_TIMEOUT_S):
+                    response = await self._bk.pool.call(bookie_id, lambda request_id: ReadLacRequest(request_id, self.ledger_id))
                 if response.status in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
                     answers.append(response.last_add_confirmed if response.status is Status.OK else -1)
-            except BookieConnectionError:
+            except (BookieConnectionError, trio.TooSlowError):
                 pass
             done += 1
             if len(answers) >= needed or done == len(bookies):

@@ -15,7 +15,7 @@ from bookie.protocol.entry_format import DigestManager
 from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, ReadFlag, ReadRequest
 from ledger_client.bookie_client import BookieConnectionError
 from ledger_client.errors import BKError, MetadataVersionError
-from ledger_client.ledger_handle import CoreTicker, carry_out_metadata_write, now_ms
+from ledger_client.ledger_handle import READ_TIMEOUT_S, CoreTicker, carry_out_metadata_write, now_ms
 from ledger_client.metadata import LedgerMetadata
 from ledger_client.recovery_core import (
     FenceRead,
@@ -87,16 +87,14 @@ class _RecoveryDriver:
         for action in actions:
             kind = type(action)
             if kind is FenceRead:
-                pool.send(
-                    action.bookie_id,
-                    functools.partial(self._read_request, ReadFlag.FENCE, LAST_ADD_CONFIRMED),
+                self._nursery.start_soon(
+                    self._ask, action.bookie_id, ReadFlag.FENCE, LAST_ADD_CONFIRMED,
                     functools.partial(self._on_fence, action.bookie_id),
                 )
             elif kind is RecoveryRead:
                 flags = ReadFlag.FENCE if action.fence else ReadFlag.NONE
-                pool.send(
-                    action.bookie_id,
-                    functools.partial(self._read_request, flags, action.entry_id),
+                self._nursery.start_soon(
+                    self._ask, action.bookie_id, flags, action.entry_id,
                     functools.partial(self._on_read, action.bookie_id, action.entry_id),
                 )
             elif kind is SendAdd:
@@ -114,17 +112,27 @@ class _RecoveryDriver:
                 raise AssertionError(f"unknown recovery action {action!r}")
         self._ticker.poke()
 
+    async def _ask(self, bookie_id: str, flags: ReadFlag, entry_id: int, on_answer) -> None:
+        """One read; no answer within READ_TIMEOUT_S (or a broken
+        connection) is reported as None, which the core asks again later."""
+        try:
+            with trio.fail_after(READ_TIMEOUT_S):
+                response = await self._bk.pool.call(bookie_id, functools.partial(self._read_request, flags, entry_id))
+        except (BookieConnectionError, trio.TooSlowError):
+            response = None
+        on_answer(response)
+
     def _read_request(self, flags: ReadFlag, entry_id: int, request_id: int) -> ReadRequest:
         return ReadRequest(request_id, flags, self._ledger_id, entry_id, self._master_key, None, None)
 
     def _on_fence(self, bookie_id: str, response) -> None:
-        if isinstance(response, BookieConnectionError):
+        if response is None:
             self._execute(self._core.fence_response(bookie_id, None, -1, None, now_ms()))
             return
         self._execute(self._core.fence_response(bookie_id, response.status, response.last_add_confirmed, response.entry, now_ms()))
 
     def _on_read(self, bookie_id: str, entry_id: int, response) -> None:
-        if isinstance(response, BookieConnectionError):
+        if response is None:
             self._execute(self._core.read_response(bookie_id, entry_id, None, None, now_ms()))
             return
         self._execute(self._core.read_response(bookie_id, entry_id, response.status, response.entry, now_ms()))

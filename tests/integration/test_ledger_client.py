@@ -244,3 +244,26 @@ async def test_the_sync_facade_for_code_that_is_not_async(bookies, zk_hosts, zk_
 
     last, data = await trio.to_thread.run_sync(plain_code)
     assert last == 19 and data == [b"s-%d" % index for index in range(20)]
+
+
+async def test_reads_move_on_from_a_bookie_that_stopped_answering(bookies, zk_hosts, zk_root):
+    # A bookie frozen with SIGSTOP keeps its connections open but answers
+    # nothing: reads give up on it after the read timeout and use the others.
+    import signal
+
+    processes = await start_bookies(bookies, 3)
+    async with BookKeeper.connect(zk_hosts, zk_root) as bk:
+        lh = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+        for index in range(30):
+            await lh.add(b"f-%d" % index)
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, PASSWORD)
+        assert (await rh.read_entry(0)).data == b"f-0"  # connections are open now
+        frozen = next(bookie for bookie in processes if bookie.address == rh.metadata.write_set(1)[0])
+        frozen.process.send_signal(signal.SIGSTOP)
+        try:
+            with trio.fail_after(30):
+                assert (await rh.read_entry(1)).data == b"f-1"
+                assert [entry.data async for entry in rh.read(0, 29)] == [b"f-%d" % index for index in range(30)]
+        finally:
+            frozen.process.send_signal(signal.SIGCONT)
