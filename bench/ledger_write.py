@@ -145,7 +145,7 @@ async def jetstream_writes(servers: list[str], *, window: int, entry_bytes: int,
 
     nc = await nats.connect(servers=servers)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(publish_async_max_pending=window)
         deadline = time.monotonic() + 60
         while True:  # the cluster elects its JetStream leader first
             try:
@@ -177,7 +177,9 @@ async def jetstream_writes(servers: list[str], *, window: int, entry_bytes: int,
         while time.perf_counter() < end:
             await room.acquire()
             started = time.perf_counter()
-            future = asyncio.ensure_future(js.publish("bench", payload))
+            # nats-py's pipelined publish: a future per message, acknowledged
+            # by the stream's leader once the replicas have it.
+            future = await js.publish_async("bench", payload)
             future.add_done_callback(functools.partial(done, started))
         ended = time.perf_counter()
         for _ in range(window):
