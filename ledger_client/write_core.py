@@ -435,12 +435,15 @@ class WriteCore:
     # --- failure ----------------------------------------------------------------------
 
     def _fail(self, error: BKError) -> list[Action]:
-        """The handle is broken for good: fail every pending add."""
-        if self.error is None:
+        """The handle is broken for good: fail every pending add. Said even
+        with nothing pending (an empty AddsFailed), so that a driver learns
+        it now and not at the next add."""
+        first = self.error is None
+        if first:
             self.error = error
         failed = list(self._pending)
         self._pending.clear()
-        actions: list[Action] = [AddsFailed(failed, self.error)] if failed else []
+        actions: list[Action] = [AddsFailed(failed, self.error)] if failed or first else []
         if self._closing and not self.closed:
             actions.append(CloseFailed(self.error))
         return actions

@@ -174,6 +174,18 @@ def test_unauthorized_fails_every_pending_add():
     assert isinstance(failed.error, UnauthorizedError)
 
 
+def test_a_writer_that_breaks_with_nothing_pending_says_so_at_once():
+    # Entry 0 completed at AQ; the third bookie's late UNAUTHORIZED breaks
+    # the handle. The driver hears it now, not at the next add.
+    core = make_core()
+    core.add(b"x", 0)
+    core.bookie_responded("b0", 0, Status.OK, 0)
+    assert completed(core.bookie_responded("b1", 0, Status.OK, 0)) == [0]
+    failed = only(core.bookie_responded("b2", 0, Status.UNAUTHORIZED, 0), AddsFailed)
+    assert failed.entry_ids == [] and isinstance(failed.error, UnauthorizedError)
+    assert core.bookie_responded("b2", 0, Status.UNAUTHORIZED, 0) == []  # said once
+
+
 def test_metadata_in_recovery_during_an_ensemble_change_means_fenced():
     core = make_core()
     core.add(b"x", 0)
