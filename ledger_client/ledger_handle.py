@@ -393,7 +393,7 @@ class LedgerHandle(ReadHandle):
         self._core = core
         self._slots = trio.Semaphore(pending_adds_max)
         self._adds: dict[int, PendingAdd] = {}
-        self._ticker = CoreTicker(core, bk.registry, self._execute)
+        self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
         # One callback per bookie, made once: an add response names its entry.
         self._response_callbacks: dict[str, Callable] = {}
         self._close_done = trio.Event()
@@ -529,8 +529,9 @@ class CoreTicker:
     RecoveryCore both have `next_deadline_ms`, `tick` and
     `bookies_changed`). `poke()` after each step that may move the deadline."""
 
-    def __init__(self, core, registry, execute: Callable[[list], None]) -> None:
+    def __init__(self, core, registry, execute: Callable[[list], None], *, deadlines_only_move_later: bool = False) -> None:
         self._core = core
+        self._deadlines_only_move_later = deadlines_only_move_later
         self._registry = registry
         self._execute = execute
         self._wakeup = trio.Event()
@@ -542,7 +543,15 @@ class CoreTicker:
     def poke(self) -> None:
         """Wake the timer only if the core's deadline moved before the one it
         sleeps until: waking a task on every acknowledgement would cost a
-        pass of the scheduler each (a later deadline is found on waking)."""
+        pass of the scheduler each (a later deadline is found on waking).
+        A write core's deadline moves later while one is set (its oldest
+        pending add is replaced by a newer one), so for it only a timer
+        asleep for good needs a look, which spares a deadline computation per
+        acknowledgement. (After a resend an older entry can carry a later
+        send time than the next one; the timer then fires late by at most one
+        add timeout.)"""
+        if self._deadlines_only_move_later and self._sleeping_until_ms != math.inf:
+            return
         deadline_ms = self._core.next_deadline_ms()
         if deadline_ms is not None and deadline_ms < self._sleeping_until_ms:
             self._wakeup.set()
