@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import enum
 import math
-import random
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import TYPE_CHECKING, Mapping, Union
 
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError
 from bookie.protocol.wire import Status
@@ -30,6 +29,9 @@ from ledger_client.write_core import (
     WriteCore,
     WriteMetadata,
 )
+
+if TYPE_CHECKING:
+    from random import Random  # injected: a core draws no randomness of its own
 
 READ_WINDOW_ENTRIES = 64  # entries being decided at once
 RETRY_DELAY_MS_MIN = 50.0
@@ -108,7 +110,7 @@ class RecoveryCore:
         digest: DigestManager,
         *,
         bookies: Mapping[str, str | None],
-        rng: random.Random,
+        rng: Random,
         read_window_entries: int = READ_WINDOW_ENTRIES,
         **write_options,
     ) -> None:

@@ -20,10 +20,9 @@ Safety rules it keeps (DESIGN.md section 6):
 from __future__ import annotations
 
 import enum
-import random
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Mapping, Union
+from typing import TYPE_CHECKING, Mapping, Union
 
 from bookie.protocol.entry_format import DigestManager, parse_header
 from bookie.protocol.wire import Status
@@ -39,6 +38,9 @@ from ledger_client.errors import (
 )
 from ledger_client.metadata import LedgerMetadata, LedgerState
 from ledger_client.placement import choose_replacement
+
+if TYPE_CHECKING:
+    from random import Random  # injected: a core draws no randomness of its own
 
 ENSEMBLE_CHANGES_MAX_DEFAULT = 32
 METADATA_CONFLICTS_MAX = 16  # compare-and-set retries of one metadata change
@@ -133,7 +135,7 @@ class WriteCore:
         digest: DigestManager,
         *,
         bookies: Mapping[str, str | None],
-        rng: random.Random,
+        rng: Random,
         recovery: bool = False,
         last_add_confirmed: int = -1,
         length: int = 0,
