@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ledger_client.errors import NotEnoughBookiesError
 
-if TYPE_CHECKING:
-    from random import Random
+
+class RandomSource(Protocol):
+    """The randomness placement and the pure cores take, injected: a
+    `random.Random` (seeded by the simulator), never the module's state."""
+
+    def shuffle(self, x: list) -> None: ...
+
+    def randrange(self, stop: int) -> int: ...
+
+    def choice(self, seq: Sequence[str]) -> str: ...
 
 # Bookies registered without a rack share this one, as in BookKeeper.
 DEFAULT_RACK = "/default-rack"
@@ -51,7 +59,7 @@ def choose_ensemble(
     write_quorum: int,
     *,
     exclude: Collection[str] = (),
-    rng: Random,
+    rng: RandomSource,
 ) -> list[str]:
     """`ensemble_size` distinct bookies of `bookies` (bookie id -> rack or
     None), none of them in `exclude`, ordered so that write quorums span as
@@ -105,7 +113,7 @@ def choose_replacement(
     write_quorum: int,
     *,
     exclude: Collection[str] = (),
-    rng: Random,
+    rng: RandomSource,
 ) -> str:
     """A bookie of `bookies` to take position `index` of `ensemble`: not in
     the ensemble, not in `exclude`. Among those, one that keeps the write

@@ -13,12 +13,13 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Union
+from typing import Mapping, Union
 
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError
 from bookie.protocol.wire import Status
 from ledger_client.errors import BKError, LedgerStateError, MetadataVersionError, UnauthorizedError
 from ledger_client.metadata import LedgerMetadata, LedgerState
+from ledger_client.placement import RandomSource
 from ledger_client.write_core import (
     AddsCompleted,
     AddsFailed,
@@ -29,9 +30,6 @@ from ledger_client.write_core import (
     WriteCore,
     WriteMetadata,
 )
-
-if TYPE_CHECKING:
-    from random import Random  # injected: a core draws no randomness of its own
 
 READ_WINDOW_ENTRIES = 64  # entries being decided at once
 RETRY_DELAY_MS_MIN = 50.0
@@ -110,7 +108,7 @@ class RecoveryCore:
         digest: DigestManager,
         *,
         bookies: Mapping[str, str | None],
-        rng: Random,
+        rng: RandomSource,
         read_window_entries: int = READ_WINDOW_ENTRIES,
         **write_options,
     ) -> None:

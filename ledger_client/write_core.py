@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, Union
+from typing import Mapping, Union
 
 from bookie.protocol.entry_format import DigestManager, parse_header
 from bookie.protocol.wire import Status
@@ -37,10 +37,7 @@ from ledger_client.errors import (
     UnauthorizedError,
 )
 from ledger_client.metadata import LedgerMetadata, LedgerState
-from ledger_client.placement import choose_replacement
-
-if TYPE_CHECKING:
-    from random import Random  # injected: a core draws no randomness of its own
+from ledger_client.placement import RandomSource, choose_replacement
 
 ENSEMBLE_CHANGES_MAX_DEFAULT = 32
 METADATA_CONFLICTS_MAX = 16  # compare-and-set retries of one metadata change
@@ -135,7 +132,7 @@ class WriteCore:
         digest: DigestManager,
         *,
         bookies: Mapping[str, str | None],
-        rng: Random,
+        rng: RandomSource,
         recovery: bool = False,
         last_add_confirmed: int = -1,
         length: int = 0,
