@@ -237,16 +237,29 @@ class ReadHandle:
         return [await self._read_unchecked(first_entry_id)]
 
     async def _window_read(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
+        """Entries read one by one, READ_WINDOW_ENTRIES at once (where no
+        single bookie holds a whole range). The first entry that cannot be
+        read is raised as itself, not wrapped in the nursery's group."""
         count = min(last_entry_id - first_entry_id + 1, READ_WINDOW_ENTRIES)
-        results: list[Entry | None] = [None] * count
+        results: list[Entry | BKError | None] = [None] * count
 
         async def read_one(index: int) -> None:
-            results[index] = await self._read_unchecked(first_entry_id + index)
+            try:
+                results[index] = await self._read_unchecked(first_entry_id + index)
+            except BKError as error:
+                results[index] = error
 
         async with trio.open_nursery() as nursery:
             for index in range(count):
                 nursery.start_soon(read_one, index)
-        return [entry for entry in results if entry is not None]
+        entries: list[Entry] = []
+        for result in results:
+            if isinstance(result, BKError):
+                if not entries:
+                    raise result
+                break  # what came before it is returned; it is read again next
+            entries.append(result)
+        return entries
 
     # --- the LAC ----------------------------------------------------------------------------
 

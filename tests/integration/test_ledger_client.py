@@ -267,3 +267,20 @@ async def test_reads_move_on_from_a_bookie_that_stopped_answering(bookies, zk_ho
                 assert [entry.data async for entry in rh.read(0, 29)] == [b"f-%d" % index for index in range(30)]
         finally:
             frozen.process.send_signal(signal.SIGCONT)
+
+
+async def test_striped_ledger_reads_and_a_missing_entry_error(bookies, zk_hosts, zk_root):
+    # E=4 > WQ=2: no bookie holds a whole range, so ranges are read entry by
+    # entry; past the end of an open ledger's LAC the error is a plain one.
+    from ledger_client.errors import NoSuchEntryError
+
+    await start_bookies(bookies, 4)
+    async with BookKeeper.connect(zk_hosts, zk_root) as bk:
+        lh = await bk.create_ledger(4, 2, 2, password=PASSWORD)
+        for index in range(50):
+            await lh.add(b"s-%d" % index)
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, PASSWORD)
+        assert [entry.data async for entry in rh.read(0, 49)] == [b"s-%d" % index for index in range(50)]
+        with pytest.raises(NoSuchEntryError):
+            await rh.read_entry(50)
