@@ -33,6 +33,14 @@ async def start_bookies(bookies, count: int) -> list:
     return started
 
 
+async def ledger_with_entries(bk, count: int, prefix: bytes, quorums=(3, 3, 2)):
+    """A ledger holding entries prefix + index for index < count (still open)."""
+    lh = await bk.create_ledger(*quorums, password=PASSWORD)
+    for index in range(count):
+        await lh.add(prefix + b"%d" % index)
+    return lh
+
+
 async def read_from_every_replica(metadata, expected: dict[int, bytes], *, may_lack: str | None = None) -> None:
     """Every entry reads back, byte for byte, from every bookie of its write
     set in the closed metadata (bookie ids are their addresses here), and
@@ -161,9 +169,7 @@ async def test_a_recoverer_fences_a_writer_that_keeps_writing(bookies, zk_hosts,
 async def test_two_recoverers_end_with_the_same_close(bookies, zk_hosts, zk_root):
     await start_bookies(bookies, 3)
     async with BookKeeper.connect(zk_hosts, zk_root) as writer_bk:
-        lh = await writer_bk.create_ledger(3, 3, 2, password=PASSWORD)
-        for index in range(50):
-            await lh.add(b"x%d" % index)
+        lh = await ledger_with_entries(writer_bk, 50, b"x")
         results = []
         async with BookKeeper.connect(zk_hosts, zk_root) as first, BookKeeper.connect(zk_hosts, zk_root) as second:
             async def recover(bk) -> None:
@@ -253,9 +259,7 @@ async def test_reads_move_on_from_a_bookie_that_stopped_answering(bookies, zk_ho
 
     processes = await start_bookies(bookies, 3)
     async with BookKeeper.connect(zk_hosts, zk_root) as bk:
-        lh = await bk.create_ledger(3, 3, 2, password=PASSWORD)
-        for index in range(30):
-            await lh.add(b"f-%d" % index)
+        lh = await ledger_with_entries(bk, 30, b"f-")
         await lh.close()
         rh = await bk.open_ledger(lh.ledger_id, PASSWORD)
         assert (await rh.read_entry(0)).data == b"f-0"  # connections are open now
@@ -276,9 +280,7 @@ async def test_striped_ledger_reads_and_a_missing_entry_error(bookies, zk_hosts,
 
     await start_bookies(bookies, 4)
     async with BookKeeper.connect(zk_hosts, zk_root) as bk:
-        lh = await bk.create_ledger(4, 2, 2, password=PASSWORD)
-        for index in range(50):
-            await lh.add(b"s-%d" % index)
+        lh = await ledger_with_entries(bk, 50, b"s-", quorums=(4, 2, 2))
         await lh.close()
         rh = await bk.open_ledger(lh.ledger_id, PASSWORD)
         assert [entry.data async for entry in rh.read(0, 49)] == [b"s-%d" % index for index in range(50)]
