@@ -214,22 +214,12 @@ class BookieClient:
         else:
             self._output.schedule()
 
-    def submit_nowait(self, request_factory: Callable[[int], Request], callback: Callback) -> int:
-        """`submit` for callers that cannot wait (a driver carrying out a
-        core's actions): raises trio.WouldBlock when the in-flight bound is
-        reached, BookieConnectionError when the connection is gone."""
-        request_id = self._take_slot_nowait()
-        return self._send(request_id, encode_request(request_factory(request_id)), callback)
-
-    def submit_add_nowait(self, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> int:
-        """`submit_add` for callers that cannot wait (see `submit_nowait`)."""
-        request_id = self._take_slot_nowait()
-        return self._send(request_id, encode_add(request_id, flags, master_key, entry), callback)
-
     def submit_add_tail_nowait(self, tail: bytes, callback: Callback) -> int:
-        """`submit_add_nowait` for an ADD whose tail (flags, master key,
-        entry) was encoded once with `encode_add_tail`, for every bookie the
-        entry goes to."""
+        """`submit_add` for callers that cannot wait (a driver carrying out a
+        core's actions), for an ADD whose tail (flags, master key, entry) was
+        encoded once with `encode_add_tail` for every bookie the entry goes
+        to. Raises trio.WouldBlock at the in-flight bound and
+        BookieConnectionError when the connection is gone."""
         request_id = self._take_slot_nowait()
         head = encode_add_head(request_id, len(tail))
         if len(head) + len(tail) - 4 > self.frame_bytes_max:

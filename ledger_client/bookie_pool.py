@@ -45,14 +45,9 @@ class BookiePool:
 
     # --- sending --------------------------------------------------------------------
 
-    def send(self, bookie_id: str, request_factory: Callable[[int], Request], callback: Callback) -> None:
-        self._dispatch(bookie_id, lambda client: client.submit_nowait(request_factory, callback), callback)
-
-    def send_add(self, bookie_id: str, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> None:
-        self._dispatch(bookie_id, lambda client: client.submit_add_nowait(flags, master_key, entry, callback), callback)
-
     def send_add_tail(self, bookie_id: str, tail: bytes, callback: Callback) -> None:
-        """An ADD encoded once for all its bookies (`encode_add_tail`)."""
+        """An ADD encoded once for all its bookies (`encode_add_tail`); the answer, or a
+        BookieConnectionError, comes back through `callback`."""
         connection = self._connections.get(bookie_id)
         if connection is not None and connection.client is not None and not self._closed:
             # The hot path: connected, no closure to build.
@@ -163,9 +158,6 @@ class BookiePool:
         waiting, connection.waiting = connection.waiting, []
         for _, callback in waiting:
             callback(failure or BookieConnectionError(f"connection to bookie {bookie_id} closed"))
-
-    def connected_bookies(self) -> list[str]:
-        return [bookie_id for bookie_id, connection in self._connections.items() if connection.client is not None]
 
     def close(self) -> None:
         """Refuse new requests; the owner cancels the nursery to close

@@ -126,9 +126,6 @@ class LedgerMetadata:
         _, bookies = self.ensemble_at(entry_id)
         return [bookies[(entry_id + i) % self.ensemble_size] for i in range(self.write_quorum)]
 
-    def write_set_indexes(self, entry_id: int) -> list[int]:
-        return [(entry_id + i) % self.ensemble_size for i in range(self.write_quorum)]
-
     def all_bookies(self) -> set[str]:
         return {bookie for _, bookies in self.ensembles for bookie in bookies}
 

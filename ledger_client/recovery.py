@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from bookie.protocol.entry_format import DigestManager
-from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, ReadFlag, ReadRequest
+from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, ReadFlag, ReadRequest, encode_add_tail
 from ledger_client.bookie_client import BookieConnectionError
 from ledger_client.errors import BKError, MetadataVersionError
 from ledger_client.ledger_handle import READ_TIMEOUT_S, CoreTicker, carry_out_metadata_write, now_ms
@@ -98,8 +98,8 @@ class _RecoveryDriver:
                     functools.partial(self._on_read, action.bookie_id, action.entry_id),
                 )
             elif kind is SendAdd:
-                pool.send_add(
-                    action.bookie_id, AddFlag.RECOVERY_ADD, self._master_key, action.entry,
+                pool.send_add_tail(
+                    action.bookie_id, encode_add_tail(AddFlag.RECOVERY_ADD, self._master_key, action.entry),
                     functools.partial(self._on_add, action.bookie_id, action.entry_id),
                 )
             elif kind is WriteMetadata:

@@ -84,12 +84,6 @@ class BookieRegistry:
         """Writable bookie ids and their racks: what placement picks from."""
         return {bookie_id: info.rack for bookie_id, info in self.writable_bookies.items()}
 
-    def racks(self) -> dict[str, str | None]:
-        """Racks of every registered bookie, writable or read-only."""
-        racks = {bookie_id: info.rack for bookie_id, info in self.readonly_bookies.items()}
-        racks.update(self.writable_racks())
-        return racks
-
     def address(self, bookie_id: str) -> str:
         """Where a bookie listens. A bookie missing from the registry (its
         session ended, or it is down) is tried at its id, which is its
