@@ -65,6 +65,13 @@ class SimJournal:
             for index in range(first, len(records)):
                 yield records[index], JournalPosition(file_id, index + 1)
 
+    def synced_records(self, start: JournalPosition) -> Iterator[JournalRecord]:
+        """The durable records at or after `start`: what a replay after a
+        crash would find (for the simulator's checkers)."""
+        for record, position in self.replay(start):
+            if position.offset <= self._synced.get(position.file_id, 0):
+                yield record
+
     def start_new_file(self, after: JournalPosition) -> JournalPosition:
         self._current = max([after.file_id, self._current, *self._files]) + 1
         self._files[self._current] = []
@@ -161,6 +168,16 @@ class SimEntryLog:
             found.append((stored.entry_id, EntryLocation(location.log_id, offset, len(stored.data) + _RECORD_SIZE_OVERHEAD), bytes(stored.data)))
         return found
 
+    def intact_copy(self, location: EntryLocation, ledger_id: int, entry_id: int) -> bytes | None:
+        """The synced record at `location` if it is intact and is the entry
+        named, else None (for the simulator's checkers)."""
+        if location.offset >= self._synced.get(location.log_id, 0):
+            return None
+        try:
+            return self.read(location, ledger_id, entry_id)
+        except CorruptEntryError:
+            return None
+
     def corrupt(self, ledger_id: int, entry_id: int, byte_index: int = 0) -> int:
         """Flip one byte of every stored copy of the entry; return how many."""
         copies = 0
@@ -186,6 +203,10 @@ class SimEntryIndex:
 
     def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
         return self._locations.get((ledger_id, entry_id))
+
+    def locations(self) -> list[tuple[tuple[int, int], EntryLocation]]:
+        """Every indexed (ledger, entry) and its location, in key order."""
+        return sorted(self._locations.items())
 
     def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
         ids = sorted(entry for ledger, entry in self._locations if ledger == ledger_id and first_entry_id <= entry <= last_entry_id)

@@ -307,7 +307,7 @@ class RecoveryCore:
             if (bookie_id, decision.entry_id) in self._retries:
                 continue
             decision.asked.add(bookie_id)
-            actions.append(RecoveryRead(bookie_id, decision.entry_id, fence))
+            actions.append(self._read_action(bookie_id, decision.entry_id, fence))
         return actions
 
     def read_response(self, bookie_id: str, entry_id: int, status: Status | None, entry: bytes | None, now_ms: float) -> list[Action]:
@@ -319,7 +319,7 @@ class RecoveryCore:
         if status is Status.OK and entry is not None and self._verified(entry, entry_id):
             self._retries.pop((bookie_id, entry_id), None)
             decision.positives[bookie_id] = entry
-        elif status in NEGATIVE and self.phase is Phase.READING:
+        elif self._is_negative(status) and self.phase is Phase.READING:
             self._retries.pop((bookie_id, entry_id), None)
             decision.negatives.add(bookie_id)
         elif status is Status.UNAUTHORIZED:
@@ -337,6 +337,15 @@ class RecoveryCore:
                 return self._begin_rewrite(now_ms)
             return []
         return self._decide(now_ms)
+
+    def _read_action(self, bookie_id: str, entry_id: int, fence: bool) -> RecoveryRead:
+        return RecoveryRead(bookie_id, entry_id, fence)
+
+    @staticmethod
+    def _is_negative(status: Status | None) -> bool:
+        """Only "no such entry/ledger" says an entry is absent: an IO_ERROR
+        (a corrupt replica) or no answer says nothing."""
+        return status in NEGATIVE
 
     def _verified(self, entry: bytes, entry_id: int) -> bool:
         try:
@@ -406,7 +415,7 @@ class RecoveryCore:
             elif entry_id in self._decisions:
                 self._retries[(bookie_id, entry_id)].due_ms = math.inf
                 self._decisions[entry_id].asked.add(bookie_id)
-                actions.append(RecoveryRead(bookie_id, entry_id, self.phase is Phase.READING))
+                actions.append(self._read_action(bookie_id, entry_id, self.phase is Phase.READING))
             else:
                 del self._retries[(bookie_id, entry_id)]  # settled meanwhile
         if self.writer is not None and self.phase is Phase.READING:

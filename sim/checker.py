@@ -1,0 +1,200 @@
+"""The simulator's checkers, after the invariants of DESIGN.md section 6 (and
+BookKeeper's TLA+ specification). Fed as the run goes, they report a
+violation the moment one shows:
+- every acknowledged entry keeps an intact durable copy in its write set;
+- a closed ledger's last entry id is >= every acknowledged entry;
+- no two reads of an entry disagree, and each matches what was written;
+- no entry beyond the close is ever returned;
+- a fenced writer never gets another acknowledgement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+from ledger_client.metadata import LedgerMetadata
+
+VIOLATIONS_KEPT_MAX = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    time_ms: float
+    invariant: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"[{self.time_ms:.3f} ms] {self.invariant}: {self.detail}"
+
+
+class DurableView(Protocol):
+    name: str
+
+    def durable_entries(self) -> dict[tuple[int, int], bytes | None]: ...
+
+
+class SimChecker:
+    def __init__(self, clock) -> None:
+        self._clock = clock  # () -> now_ms
+        self.violations: list[Violation] = []
+        self.metadata: dict[int, LedgerMetadata] = {}  # ledger -> newest metadata written
+        # ledger -> newest metadata before the close: its ensembles are the
+        # writer's (a close drops ensembles that begin after its last entry)
+        self.open_metadata: dict[int, LedgerMetadata] = {}
+        self.closed: dict[int, int] = {}  # ledger -> last entry id
+        self.written: dict[tuple[int, int], tuple[bytes, bytes]] = {}  # (ledger, entry) -> (entry bytes, payload)
+        self.acked: dict[int, dict[int, str]] = {}  # ledger -> entry -> writer
+        self.read: dict[tuple[int, int], bytes] = {}  # first payload read of each entry
+        self.read_beyond: dict[int, int] = {}  # ledger -> highest entry read while open
+        self.fenced_writers: dict[int, float] = {}  # ledger -> when recovery finished fencing
+        # (ledger, entry) -> bookies that acknowledged the writer's add of it
+        self.accepted: dict[tuple[int, int], set[str]] = {}
+        self.acks_after_fence = 0
+        self.reads = 0
+        self.durability_checks = 0
+
+    # --- reporting ------------------------------------------------------------------
+
+    def _violate(self, invariant: str, detail: str) -> None:
+        if len(self.violations) < VIOLATIONS_KEPT_MAX:
+            self.violations.append(Violation(self._clock(), invariant, detail))
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def acked_count(self) -> int:
+        return sum(len(entries) for entries in self.acked.values())
+
+    # --- what happens -------------------------------------------------------------------
+
+    def metadata_written(self, metadata: LedgerMetadata) -> None:
+        """A compare-and-set of a ledger's metadata took effect."""
+        self.metadata[metadata.ledger_id] = metadata
+        if not metadata.is_closed:
+            self.open_metadata[metadata.ledger_id] = metadata
+        else:
+            self._closed(metadata.ledger_id, metadata.last_entry_id)
+
+    def _closed(self, ledger_id: int, last_entry_id: int) -> None:
+        previous = self.closed.get(ledger_id)
+        if previous is not None and previous != last_entry_id:
+            self._violate("close is final", f"ledger {ledger_id} closed at {previous}, then at {last_entry_id}")
+        self.closed[ledger_id] = last_entry_id
+        above = sorted(entry_id for entry_id in self.acked.get(ledger_id, {}) if entry_id > last_entry_id)
+        if above:
+            self._violate(
+                "closed ledger holds every acknowledged entry",
+                f"ledger {ledger_id} closed at {last_entry_id}, but entries {above[:10]} were acknowledged",
+            )
+        self._check_fenced_writer(ledger_id)
+        highest_read = self.read_beyond.get(ledger_id, -1)
+        if highest_read > last_entry_id:
+            self._violate(
+                "no entry beyond the close is returned",
+                f"ledger {ledger_id} closed at {last_entry_id}, entry {highest_read} was read while it was open",
+            )
+
+    def entry_written(self, ledger_id: int, entry_id: int, entry: bytes, payload: bytes) -> None:
+        """A writer gave `payload` entry id `entry_id` (encoded as `entry`)."""
+        key = (ledger_id, entry_id)
+        assert key not in self.written, f"entry {key} written twice"
+        self.written[key] = (entry, payload)
+
+    def fence_complete(self, ledger_id: int) -> None:
+        """A recoverer fenced enough bookies: the writer is shut out."""
+        self.fenced_writers.setdefault(ledger_id, self._clock())
+
+    def entry_acked(self, ledger_id: int, entry_id: int, writer: str) -> None:
+        acked = self.acked.setdefault(ledger_id, {})
+        if entry_id in acked:
+            self._violate("an entry is acknowledged once", f"ledger {ledger_id} entry {entry_id} acknowledged twice")
+        acked[entry_id] = writer
+        if ledger_id in self.fenced_writers:
+            self.acks_after_fence += 1
+        last_entry_id = self.closed.get(ledger_id)
+        if last_entry_id is not None and entry_id > last_entry_id:
+            self._violate(
+                "a fenced writer gets no acknowledgement",
+                f"{writer} got entry {entry_id} of ledger {ledger_id} acknowledged after it was closed at {last_entry_id}",
+            )
+
+    def add_accepted(self, bookie_id: str, ledger_id: int, entry_id: int) -> None:
+        """A bookie made a writer's (not a recoverer's) add durable and
+        acknowledged it."""
+        self.accepted.setdefault((ledger_id, entry_id), set()).add(bookie_id)
+        last_entry_id = self.closed.get(ledger_id)
+        if last_entry_id is not None and entry_id <= last_entry_id + 1:
+            self._check_fenced_writer(ledger_id)
+
+    def _check_fenced_writer(self, ledger_id: int) -> None:
+        """After a close at L, the writer must never be able to complete
+        L + 1. It completes an entry once every entry up to it has an ack
+        quorum of its write set, so if the bookies have acknowledged every
+        entry from the writer's last completion through L + 1, only the
+        order in which the answers reach it decides whether the writer is
+        acknowledged beyond the close. Checking the bookies' answers, not
+        just what reached the writer, finds the fault however that race went."""
+        metadata = self.open_metadata[ledger_id]
+        last_entry_id = self.closed[ledger_id]
+        completed = max(self.acked.get(ledger_id, {-1: ""}))
+        for entry_id in range(completed + 1, last_entry_id + 2):
+            bookies = self.accepted.get((ledger_id, entry_id), set())
+            if len(bookies.intersection(metadata.write_set(entry_id))) < metadata.ack_quorum:
+                return
+        bookies = sorted(self.accepted[(ledger_id, last_entry_id + 1)])
+        self._violate(
+            "a fenced writer gets no acknowledgement",
+            f"entry {last_entry_id + 1} of ledger {ledger_id} (closed at {last_entry_id}) was acknowledged to its "
+            f"writer by {bookies}, an ack quorum, as was every entry before it",
+        )
+
+    def entry_read(self, ledger_id: int, entry_id: int, payload: bytes, reader: str, *, ledger_closed: bool) -> None:
+        self.reads += 1
+        key = (ledger_id, entry_id)
+        written = self.written.get(key)
+        if written is None or written[1] != payload:
+            self._violate("reads return what was written", f"{reader} read entry {entry_id} of ledger {ledger_id}: not what its writer wrote")
+        first = self.read.setdefault(key, payload)
+        if first != payload:
+            self._violate("reads agree", f"{reader} read entry {entry_id} of ledger {ledger_id} differently from an earlier read")
+        last_entry_id = self.closed.get(ledger_id)
+        if last_entry_id is not None and entry_id > last_entry_id:
+            self._violate(
+                "no entry beyond the close is returned",
+                f"{reader} read entry {entry_id} of ledger {ledger_id}, closed at {last_entry_id}",
+            )
+        if not ledger_closed and entry_id > self.read_beyond.get(ledger_id, -1):
+            self.read_beyond[ledger_id] = entry_id
+
+    # --- durability -------------------------------------------------------------------------
+
+    def check_durability(self, bookies: Iterable[DurableView], why: str) -> None:
+        """Every acknowledged entry has an intact durable copy on a bookie of
+        its write set (under the newest metadata)."""
+        self.durability_checks += 1
+        stored = {bookie.name: bookie.durable_entries() for bookie in bookies}
+        for ledger_id, entries in sorted(self.acked.items()):
+            metadata = self.metadata[ledger_id]
+            for entry_id in sorted(entries):
+                key = (ledger_id, entry_id)
+                entry = self.written[key][0]
+                if not any(stored.get(bookie_id, {}).get(key) == entry for bookie_id in metadata.write_set(entry_id)):
+                    self._violate(
+                        "acknowledged entries stay durable",
+                        f"after {why}: entry {entry_id} of ledger {ledger_id} has no intact durable copy on "
+                        f"{metadata.write_set(entry_id)}",
+                    )
+
+    def intact_copies(self, stored: dict[str, dict[tuple[int, int], bytes | None]], ledger_id: int, entry_id: int,
+                      excluding: str) -> int:
+        """Intact copies of a written entry on its write set, but for one bookie."""
+        metadata = self.metadata.get(ledger_id)
+        written = self.written.get((ledger_id, entry_id))
+        if metadata is None or written is None:
+            return 0
+        return sum(
+            1 for bookie_id in metadata.write_set(entry_id)
+            if bookie_id != excluding and stored.get(bookie_id, {}).get((ledger_id, entry_id)) == written[0]
+        )

@@ -1,0 +1,198 @@
+"""The simulator's nemesis: during the safety phase it injects one fault
+after another (partitions of three shapes with a minimum duration, bookie
+crashes that lose unsynced writes and restarts, pauses, corrupted entries
+on disk, ZooKeeper session expiries, client crashes), each undone after a
+while; `heal` undoes everything at once for the liveness phase."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Sequence
+
+from sim.bookie_node import SimBookie
+from sim.checker import SimChecker
+from sim.metadata_node import ZK_NAME, ZkNode
+from sim.network import Network
+from sim.node import SimNode
+from sim.parameters import SimParameters
+from sim.world import World
+
+PARTITION_MS_MIN = 100.0
+PARTITION_MS_MAX = 4_000.0
+DOWN_MS_MAX = 3_000.0
+CORRUPT_TAIL_ENTRIES = 8  # corruption aims at the last entries of open ledgers, where recovery decides
+
+
+class SimNemesis:
+    def __init__(self, world: World, network: Network, zk: ZkNode, checker: SimChecker, params: SimParameters, *,
+                 bookies: Sequence[SimBookie], clients: Sequence[SimNode]) -> None:
+        self.world = world
+        self.network = network
+        self.zk = zk
+        self.checker = checker
+        self.params = params
+        self.bookies = list(bookies)
+        self.clients = list(clients)
+        self.active = False
+        self.kinds = [kind for kind in params.faults if kind not in ("drop", "duplicate")]
+        self.injected: Counter[str] = Counter()
+        self.corrupted: set[tuple[int, int]] = set()
+        self._blocked: Counter[tuple[str, str]] = Counter()
+
+    def start(self) -> None:
+        self.active = True
+        self.network.drop_probability = self.params.drop_probability
+        self.network.duplicate_probability = self.params.duplicate_probability
+        if self.kinds:
+            self.world.after(self.world.exponential(self.params.fault_interval_ms_mean), self._inject)
+
+    def _inject(self) -> None:
+        if not self.active:
+            return
+        kind = self.world.rng.choice(self.kinds)
+        getattr(self, f"_{kind}")()
+        self.world.after(self.world.exponential(self.params.fault_interval_ms_mean), self._inject)
+
+    def _record(self, kind: str, detail: str) -> None:
+        self.injected[kind] += 1
+        self.world.log(f"nemesis {kind} {detail}")
+
+    # --- partitions -------------------------------------------------------------------
+
+    def _partition(self) -> None:
+        rng = self.world.rng
+        names = [ZK_NAME] + [node.name for node in self.bookies + self.clients]
+        shape = rng.choice(["symmetric", "asymmetric", "isolate"])
+        if shape == "isolate":
+            side = [rng.choice(names)]
+        else:
+            side = sorted(rng.sample(names, rng.randint(1, len(names) - 1)))
+        other = [name for name in names if name not in side]
+        links = [(a, b) for a in side for b in other]
+        if shape != "asymmetric":
+            links += [(b, a) for a in side for b in other]
+        for link in links:
+            self._blocked[link] += 1
+        self.network.block(links)
+        duration_ms = self.world.uniform(PARTITION_MS_MIN, PARTITION_MS_MAX)
+        self._record("partition", f"{shape} {side} | {other} for {duration_ms:.0f} ms")
+        self.world.after(duration_ms, self._end_partition, links)
+
+    def _end_partition(self, links: list[tuple[str, str]]) -> None:
+        ended = []
+        for link in links:
+            if self._blocked[link] > 0:
+                self._blocked[link] -= 1
+                if self._blocked[link] == 0:
+                    ended.append(link)
+        self.network.unblock(ended)
+
+    def _slow_link(self) -> None:
+        """Messages from one node to some others take far longer for a while
+        (a congested or retransmitting link): they arrive after messages
+        other nodes sent later."""
+        rng = self.world.rng
+        names = [node.name for node in self.bookies + self.clients]
+        source = rng.choice(names)
+        others = [name for name in names if name != source]
+        links = [(source, name) for name in rng.sample(others, rng.randint(1, len(others)))]
+        if rng.random() < 0.5:
+            links = [(destination, source) for source, destination in links]
+        extra_ms = rng.choice([20.0, 200.0, 1_000.0])
+        for link in links:
+            self.network.slow_links[link] = extra_ms
+        duration_ms = self.world.uniform(PARTITION_MS_MIN, PARTITION_MS_MAX)
+        self._record("slow_link", f"{links} +{extra_ms:.0f} ms for {duration_ms:.0f} ms")
+        self.world.after(duration_ms, self._end_slow_link, links, extra_ms)
+
+    def _end_slow_link(self, links: list[tuple[str, str]], extra_ms: float) -> None:
+        for link in links:
+            if self.network.slow_links.get(link) == extra_ms:
+                del self.network.slow_links[link]
+
+    # --- processes --------------------------------------------------------------------------
+
+    def _crash(self) -> None:
+        candidates = [bookie for bookie in self.bookies if bookie.up]
+        if not candidates:
+            return
+        bookie = self.world.rng.choice(candidates)
+        bookie.crash()
+        self._record("crash", bookie.name)
+        self.checker.check_durability(self.bookies, f"crash of {bookie.name}")
+        self.world.after(self.world.uniform(1, DOWN_MS_MAX), self._restart, bookie)
+
+    def _restart(self, node: SimNode) -> None:
+        if not node.up:
+            node.restart() if isinstance(node, SimBookie) else node.start()
+
+    def _pause(self) -> None:
+        candidates = [node for node in self.bookies + self.clients if node.up and not node.paused]
+        if not candidates:
+            return
+        node = self.world.rng.choice(candidates)
+        node.pause()
+        # Sometimes past the session timeout, so that ZooKeeper drops it.
+        duration_ms = self.world.uniform(1, 1.5 * self.params.session_timeout_ms)
+        self._record("pause", f"{node.name} for {duration_ms:.0f} ms")
+        self.world.after(duration_ms, node.resume)
+
+    def _client_crash(self) -> None:
+        candidates = [node for node in self.clients if node.up]
+        if not candidates:
+            return
+        node = self.world.rng.choice(candidates)
+        node.crash()
+        self._record("client_crash", node.name)
+        self.world.after(self.world.uniform(1, DOWN_MS_MAX), self._restart, node)
+
+    def _expire(self) -> None:
+        candidates = [node for node in self.bookies + self.clients if node.up and node.metadata.store is not None]
+        if not candidates:
+            return
+        node = self.world.rng.choice(candidates)
+        session_id = node.metadata.store.session_id
+        if session_id in self.zk.server.session_ids():
+            self.zk.server.expire_session(session_id)
+            self._record("expire", node.name)
+
+    # --- disks --------------------------------------------------------------------------------
+
+    def _corrupt(self) -> None:
+        """Flip a byte of one stored entry on one bookie, never the last
+        intact copy of an entry: aimed at the tail of open ledgers."""
+        rng = self.world.rng
+        stored = {bookie.name: bookie.durable_entries() for bookie in self.bookies}
+        open_ledgers = {ledger_id for ledger_id in self.checker.metadata if ledger_id not in self.checker.closed}
+        candidates: list[tuple[SimBookie, int, int]] = []
+        for bookie in self.bookies:
+            by_ledger: dict[int, list[int]] = {}
+            for ledger_id, entry_id in bookie.indexed_entries():
+                by_ledger.setdefault(ledger_id, []).append(entry_id)
+            for ledger_id, entry_ids in sorted(by_ledger.items()):
+                chosen = entry_ids[-CORRUPT_TAIL_ENTRIES:] if ledger_id in open_ledgers else entry_ids
+                candidates += [(bookie, ledger_id, entry_id) for entry_id in chosen]
+        rng.shuffle(candidates)
+        for bookie, ledger_id, entry_id in candidates[:20]:
+            if self.checker.intact_copies(stored, ledger_id, entry_id, excluding=bookie.name) >= 1:
+                bookie.corrupt(ledger_id, entry_id)
+                self.corrupted.add((ledger_id, entry_id))
+                self._record("corrupt", f"{bookie.name} ledger {ledger_id} entry {entry_id}")
+                self.checker.check_durability(self.bookies, f"corrupting entry {entry_id} of ledger {ledger_id} on {bookie.name}")
+                return
+
+    # --- the end of the safety phase ------------------------------------------------------------
+
+    def heal(self) -> None:
+        """Stop injecting and undo every fault: the liveness phase begins."""
+        self.active = False
+        self.network.drop_probability = 0.0
+        self.network.duplicate_probability = 0.0
+        self._blocked.clear()
+        self.network.heal()
+        for node in self.bookies + self.clients:
+            if not node.up:
+                self._restart(node)
+            elif node.paused:
+                node.resume()
+        self.world.log("nemesis healed everything")
