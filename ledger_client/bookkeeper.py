@@ -70,7 +70,7 @@ class BookKeeper:
     ) -> AsyncIterator["BookKeeper"]:
         """Connect to the cluster whose metadata is at `zk_hosts` under the
         chroot `root`. Options: `rng`, `pending_adds_max` (per ledger handle),
-        `add_timeout_ms`, `ensemble_changes_max`."""
+        `add_timeout_ms`, `ensemble_changes_max`, `address_map`."""
         from coordination.zk_store import KazooMetadataStore
 
         sync_store = await trio.to_thread.run_sync(
@@ -91,12 +91,15 @@ class BookKeeper:
         pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT,
         add_timeout_ms: float = ADD_TIMEOUT_MS_DEFAULT,
         ensemble_changes_max: int = ENSEMBLE_CHANGES_MAX_DEFAULT,
+        address_map: Mapping[str, str] | None = None,
     ) -> AsyncIterator["BookKeeper"]:
-        """A client over a metadata store already connected (closed on exit)."""
+        """A client over a metadata store already connected (closed on exit).
+        `address_map` maps bookies' registered addresses to the ones to
+        dial (behind a NAT or a proxy)."""
         async with AsyncMetadataStore(sync_store) as store:
             with unwrap_single_exception():
                 async with trio.open_nursery() as nursery:
-                    registry = BookieRegistry(store)
+                    registry = BookieRegistry(store, address_map=address_map)
                     await nursery.start(registry.run)
                     pool = BookiePool(registry, nursery)
                     bk = cls(

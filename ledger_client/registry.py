@@ -5,6 +5,7 @@ current by ZooKeeper watches on the writable and read-only lists."""
 from __future__ import annotations
 
 import logging
+from typing import Mapping
 
 import trio
 
@@ -17,9 +18,14 @@ REFRESH_DELAY_S_MAX = 5.0  # back-off ceiling when ZooKeeper fails us
 
 
 class BookieRegistry:
-    def __init__(self, store: AsyncMetadataStore, layout: ClusterLayout | None = None) -> None:
+    def __init__(
+        self, store: AsyncMetadataStore, layout: ClusterLayout | None = None, *, address_map: Mapping[str, str] | None = None
+    ) -> None:
         self.store = store
         self.layout = layout or ClusterLayout()
+        # Registered address -> the address to dial instead (a NAT, a proxy):
+        # BookKeeper's BookieAddressResolver plays this part.
+        self.address_map = dict(address_map or {})
         self.writable_bookies: dict[str, BookieRegistrationInfo] = {}
         self.readonly_bookies: dict[str, BookieRegistrationInfo] = {}
         self._changed = trio.Event()
@@ -89,7 +95,8 @@ class BookieRegistry:
         session ended, or it is down) is tried at its id, which is its
         host:port unless it was started with --bookie-id."""
         info = self.writable_bookies.get(bookie_id) or self.readonly_bookies.get(bookie_id)
-        return info.address if info is not None else bookie_id
+        address = info.address if info is not None else bookie_id
+        return self.address_map.get(address, address)
 
 
 __all__ = ["BookieRegistry"]

@@ -83,7 +83,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from quire import bookie_commands, cluster_commands, ledger_commands, zk_commands
+    from quire import bookie_commands, cluster_commands, jepsen_commands, ledger_commands, sim_commands, zk_commands
 
     parser = _Parser(prog="quire", description="quire: a replicated ledger cluster")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
@@ -125,6 +125,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ledger_commands.add_ledger_id(command(ledger, "delete", "delete a ledger", ledger_commands.delete))
 
+    simulator = commands.add_parser(
+        "sim", help="run the deterministic simulator", description="run the deterministic simulator (sim/)"
+    )
+    _common(simulator)
+    simulator.set_defaults(handler=sim_commands.sim, action=None)
+    sim_commands.add_sim(simulator)
+
+    jepsen = commands.add_parser(
+        "jepsen", help="fault-test real processes", description="a Jepsen-style run against real processes (sim/jepsen/)"
+    )
+    _common(jepsen)
+    jepsen.set_defaults(handler=jepsen_commands.jepsen, action=None)
+    jepsen_commands.add_jepsen(jepsen)
+
     cluster = group("cluster", "a local cluster of background processes")
     cluster_commands.add_up(command(cluster, "up", "start ZooKeeper and bookies in the background", cluster_commands.up))
     cluster_commands.add_data_dir(command(cluster, "status", "show the processes of a local cluster", cluster_commands.status))
@@ -148,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return arguments.handler(arguments)
     except UsageError as error:
-        print(f"quire {arguments.command} {arguments.action}: error: {error}", file=sys.stderr)
+        name = " ".join(part for part in (arguments.command, arguments.action) if part)
+        print(f"quire {name}: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

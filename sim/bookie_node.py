@@ -36,14 +36,17 @@ CHECKPOINT_WRITE_MS_MAX = 5.0
 READ_MS_MAX = 1.0
 REGISTRATION_RETRY_MS = 300.0
 ENTRY_LOG_ENTRIES_MAX = 200
+SLOW_FSYNC_MS = 100.0
 
 
 class SimBookie(SimNode):
     def __init__(self, name: str, world: World, network: Network, zk: ZkNode, checker: SimChecker, *,
-                 fsync_ms_max: float, write_cache_bytes: int, session_timeout_ms: int) -> None:
+                 fsync_ms_max: float, slow_fsync_probability: float = 0.0, write_cache_bytes: int,
+                 session_timeout_ms: int) -> None:
         super().__init__(name, world, network)
         self.checker = checker
         self.fsync_ms_max = fsync_ms_max
+        self.slow_fsync_probability = slow_fsync_probability
         self.write_cache_bytes = write_cache_bytes
         # The disk: survives crashes, minus what was not synced.
         self.journal = SimJournal()
@@ -157,7 +160,10 @@ class SimBookie(SimNode):
                 self._unsynced_tokens.append(action.token)
                 if not self._sync_scheduled:
                     self._sync_scheduled = True
-                    self.after(self.world.uniform(0.01, self.fsync_ms_max), self._sync)
+                    fsync_ms = self.world.uniform(0.01, self.fsync_ms_max)
+                    if self.world.chance(self.slow_fsync_probability):
+                        fsync_ms = self.world.uniform(fsync_ms, SLOW_FSYNC_MS)
+                    self.after(fsync_ms, self._sync)
             elif kind is DurableAdd:
                 self._store(action.ledger_id, action.entry_id, action.data)
                 if self._connection_names.get(action.connection_id, "").startswith("writer"):

@@ -139,6 +139,8 @@ class SimChecker:
         metadata = self.open_metadata[ledger_id]
         last_entry_id = self.closed[ledger_id]
         completed = max(self.acked.get(ledger_id, {-1: ""}))
+        if completed > last_entry_id:
+            return  # the writer already has one: reported by `_closed`
         for entry_id in range(completed + 1, last_entry_id + 2):
             bookies = self.accepted.get((ledger_id, entry_id), set())
             if len(bookies.intersection(metadata.write_set(entry_id))) < metadata.ack_quorum:

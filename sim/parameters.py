@@ -37,12 +37,22 @@ class SimParameters:
     latency_ms_max: float
     slow_message_probability: float  # a message that takes far longer (reordering)
     fsync_ms_max: float
+    slow_fsync_probability: float  # an fsync that takes up to SLOW_FSYNC_MS (a disk hiccup)
+    recovery_interval_ms_mean: float  # between two recoveries of one recoverer
     write_cache_bytes: int
     session_timeout_ms: int
     add_timeout_ms: int
     read_timeout_ms: int
     safety_ms: int
     liveness_ms: int
+
+    def short(self) -> str:
+        """The parameters that shape a run most, on one line."""
+        return (
+            f"bookies={self.bookies} E/WQ/AQ={self.ensemble_size}/{self.write_quorum}/{self.ack_quorum} "
+            f"writers={self.writers} readers={self.readers} recoverers={self.recoverers} "
+            f"faults={','.join(self.faults) or 'none'}"
+        )
 
     def describe(self) -> str:
         fields = dataclasses.asdict(self)
@@ -79,6 +89,8 @@ def choose_parameters(seed: int, **overrides) -> SimParameters:
         latency_ms_max=rng.choice([0.5, 3.0, 20.0]),
         slow_message_probability=rng.choice([0.0, 0.01, 0.05]),
         fsync_ms_max=rng.choice([0.2, 2.0, 20.0]),
+        slow_fsync_probability=rng.choice([0.0, 0.05]),
+        recovery_interval_ms_mean=rng.choice([100.0, 1_000.0, 5_000.0]),
         write_cache_bytes=rng.choice([16 * 1024, 256 * 1024]),
         session_timeout_ms=rng.choice([2_000, 6_000]),
         add_timeout_ms=rng.choice([500, 2_000]),

@@ -69,6 +69,7 @@ def run_seed(seed: int, *, mistake: str | None = None, trace: bool = False, **ov
     zk = ZkNode(world, network)
     bookies = [
         SimBookie(f"bookie-{index}", world, network, zk, checker, fsync_ms_max=params.fsync_ms_max,
+                  slow_fsync_probability=params.slow_fsync_probability,
                   write_cache_bytes=params.write_cache_bytes, session_timeout_ms=params.session_timeout_ms)
         for index in range(params.bookies)
     ]
@@ -80,7 +81,8 @@ def run_seed(seed: int, *, mistake: str | None = None, trace: bool = False, **ov
     ]
     recovery_class = classes.get("recovery_core_class", RecoveryCore)
     recoverers = [
-        SimRecoverer(f"recoverer-{index}", world, network, zk, checker, recovery_core_class=recovery_class, **common)
+        SimRecoverer(f"recoverer-{index}", world, network, zk, checker, recovery_core_class=recovery_class,
+                     idle_ms_mean=params.recovery_interval_ms_mean, **common)
         for index in range(params.recoverers)
     ]
     readers = [SimReader(f"reader-{index}", world, network, zk, checker, **common) for index in range(params.readers)]

@@ -1,6 +1,7 @@
 """Jepsen-style testing of a real quire cluster: the history of operations a
 run records (history.py), the checker that judges it (checker.py) and the plot
-of its throughput and latency under faults (plot.py)."""
+of its throughput and latency under faults (plot.py), the per-link proxies
+the nemesis partitions through (proxy.py) and the client processes (client.py)."""
 
 from sim.jepsen.checker import Anomaly, CheckResult, check
 from sim.jepsen.history import (
@@ -10,10 +11,12 @@ from sim.jepsen.history import (
     Operation,
     OperationPair,
     fault_windows,
+    merge_histories,
     pair_operations,
     read_history,
 )
 from sim.jepsen.plot import plot_history
+from sim.jepsen.proxy import LinkProxy, ProxyMesh, ProxyStats
 
 __all__ = [
     "Anomaly",
@@ -21,10 +24,14 @@ __all__ = [
     "FaultWindow",
     "HistoryFormatError",
     "HistoryWriter",
+    "LinkProxy",
     "Operation",
     "OperationPair",
+    "ProxyMesh",
+    "ProxyStats",
     "check",
     "fault_windows",
+    "merge_histories",
     "pair_operations",
     "plot_history",
     "read_history",

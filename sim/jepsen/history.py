@@ -82,10 +82,12 @@ class HistoryWriter:
     reading and the write, so indexes and times grow in file order even when
     several tasks or threads record at once."""
 
-    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, path: str | Path, clock: Callable[[], float] = time.monotonic, *, origin_s: float | None = None) -> None:
         self.path = Path(path)
         self._clock = clock
-        self._start_s = clock()
+        # Several processes writing their own files share an origin on the
+        # system-wide monotonic clock, so that their histories merge in time.
+        self._start_s = clock() if origin_s is None else origin_s
         self._lock = threading.Lock()
         self._next_index = 0
         self._file = open(self.path, "w", encoding="utf-8")
@@ -120,6 +122,21 @@ class HistoryWriter:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def merge_histories(paths: Iterable[str | Path], merged_path: str | Path) -> list[Operation]:
+    """Merges the histories of several processes (written with one origin)
+    into one, in time order, renumbered, and writes it to `merged_path`."""
+    operations = [operation for path in paths for operation in read_history(path)]
+    operations.sort(key=lambda operation: operation.time_ms)  # stable: a file's own order is kept
+    merged = [
+        Operation(index, operation.time_ms, operation.process, operation.type, operation.f, operation.value)
+        for index, operation in enumerate(operations)
+    ]
+    with open(merged_path, "w", encoding="utf-8") as file:
+        for operation in merged:
+            file.write(json.dumps(operation.to_record(), separators=(",", ":")) + "\n")
+    return merged
 
 
 def read_history(path: str | Path) -> list[Operation]:

@@ -1,0 +1,41 @@
+"""`quire jepsen`: a Jepsen-style run against real processes (see
+sim/jepsen/runner.py); prints the checker's summary and where the history,
+the summary and the plot are. Exit status 1 when the checker finds anomalies."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from quire.cli import nonnegative_int, positive_int
+
+
+def add_jepsen(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--duration", type=positive_int, default=60, metavar="SECONDS", help="nemesis time (default %(default)s)")
+    parser.add_argument("--writers", type=positive_int, default=2)
+    parser.add_argument("--readers", type=nonnegative_int, default=1)
+    parser.add_argument("--bookies", type=positive_int, default=5)
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the nemesis and the workload")
+    parser.add_argument(
+        "--work-dir", type=Path, default=None, metavar="DIR",
+        help="where processes keep data and logs, and the history, summary and plot go (default jepsen-runs/<time>)",
+    )
+
+
+def jepsen(arguments: argparse.Namespace) -> int:
+    from quire.cli import UsageError
+    from sim.jepsen.runner import run_jepsen
+
+    if arguments.bookies < 4:
+        raise UsageError("--bookies must be at least 4 (ledgers use 3, and one may be down)")
+    work_dir = arguments.work_dir or Path("jepsen-runs") / time.strftime("%Y%m%d-%H%M%S")
+    if work_dir.exists() and any(work_dir.iterdir()):
+        raise UsageError(f"{work_dir} is not empty: choose a new --work-dir")
+    report = run_jepsen(
+        work_dir.resolve(), duration_s=arguments.duration, writers=arguments.writers, readers=arguments.readers,
+        bookies=arguments.bookies, seed=arguments.seed,
+    )
+    print(report.summary())
+    print(f"history: {report.history_path}\nsummary: {report.summary_path}\nplot: {report.plot_path}")
+    return 0 if report.result.valid else 1

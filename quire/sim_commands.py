@@ -1,0 +1,100 @@
+"""`quire sim`: run the deterministic simulator. `--seed N` reproduces one run
+exactly; `--seeds K` runs K seeds with a progress bar and prints the seeds
+that failed. Exit status 1 when any run broke an invariant."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sys
+import time
+from pathlib import Path
+
+from quire.cli import nonnegative_int, positive_int
+
+
+def add_sim(parser: argparse.ArgumentParser) -> None:
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--seed", type=nonnegative_int, metavar="N", help="run seed N (reproduces a run exactly)")
+    which.add_argument("--seeds", type=positive_int, metavar="K", help="run K seeds: --first-seed .. --first-seed + K - 1")
+    parser.add_argument("--first-seed", type=nonnegative_int, default=0, metavar="S", help="first seed of --seeds (default 0)")
+    parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="processes for --seeds (default 1)")
+    parser.add_argument(
+        "--mistake", metavar="NAME", default=None,
+        help="plant a known mistake to show the checkers find it (for tests): "
+        "unfenced-recovery-reads, io-error-is-negative, ack-before-ensemble-written",
+    )
+    parser.add_argument("--trace", type=Path, metavar="FILE", help="with --seed: write the run's event log to FILE")
+    parser.add_argument(
+        "--check-determinism", action="store_true",
+        help="with --seed: run the seed twice and compare the digests of the event logs",
+    )
+
+
+def _run(job: tuple[int, str | None]):
+    from sim.runner import run_seed
+
+    seed, mistake = job
+    return run_seed(seed, mistake=mistake)
+
+
+def sim(arguments: argparse.Namespace) -> int:
+    from quire.cli import UsageError
+    from sim.mistakes import MISTAKES
+    from sim.runner import run_seed
+
+    if arguments.mistake is not None and arguments.mistake not in MISTAKES:
+        raise UsageError(f"unknown --mistake {arguments.mistake!r}; known: {', '.join(sorted(MISTAKES))}")
+    if arguments.seed is None and (arguments.trace or arguments.check_determinism):
+        raise UsageError("--trace and --check-determinism go with --seed")
+    if arguments.seed is not None:
+        result = run_seed(arguments.seed, mistake=arguments.mistake, trace=arguments.trace is not None)
+        print(result.summary())
+        if arguments.trace is not None:
+            arguments.trace.write_text("\n".join(result.trace or []) + "\n")
+            print(f"event log: {arguments.trace} ({len(result.trace or [])} events)")
+        status = 0 if result.ok else 1
+        if arguments.check_determinism:
+            again = run_seed(arguments.seed, mistake=arguments.mistake)
+            same = again.digest == result.digest
+            print(f"determinism: second run digest {again.digest} {'matches' if same else 'DIFFERS'}")
+            status = status or (0 if same else 1)
+        return status
+    return _batch(arguments)
+
+
+def _batch(arguments: argparse.Namespace) -> int:
+    from quire.progress import Progress
+
+    seeds = range(arguments.first_seed, arguments.first_seed + arguments.seeds)
+    jobs = [(seed, arguments.mistake) for seed in seeds]
+    failing: list[int] = []
+    started = time.monotonic()
+    with Progress("sim", total=len(jobs), unit="seeds") as bar:
+        if arguments.jobs > 1:
+            pool = multiprocessing.get_context("spawn").Pool(arguments.jobs)
+            results = pool.imap(_run, jobs)
+        else:
+            pool = None
+            results = map(_run, jobs)
+        try:
+            for done, result in enumerate(results, start=1):
+                if result.ok:
+                    print(f"seed {result.seed}: ok {result.parameters.short()} digest {result.digest[:16]}", flush=True)
+                else:
+                    failing.append(result.seed)
+                    print(result.summary(), flush=True)
+                bar.update(done)
+        finally:
+            if pool is not None:
+                pool.terminate()
+    elapsed_s = time.monotonic() - started
+    print(
+        f"{len(jobs)} seeds in {elapsed_s:.1f}s ({len(jobs) / elapsed_s:.2f} seeds/s): "
+        f"{len(jobs) - len(failing)} without violation, {len(failing)} failing"
+        + (f": {' '.join(map(str, failing))}" if failing else "")
+    )
+    if failing:
+        print(f"reproduce one with: quire sim --seed {failing[0]}" + (f" --mistake {arguments.mistake}" if arguments.mistake else ""))
+    sys.stdout.flush()
+    return 1 if failing else 0

@@ -1,0 +1,190 @@
+"""The client processes of a Jepsen-style run, each recording its operations
+to its own history file (merged by the controller): a writer creates ledgers
+and pipelines adds into them, a reader reads ledgers as it finds them, and
+the final reader (after the faults heal) recovers every ledger and reads it
+whole. Run as `python -m sim.jepsen.client writer|reader|final ...`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import signal
+import sys
+
+import trio
+
+from coordination.store import MetadataError
+from ledger_client import BookKeeper
+from ledger_client.errors import BKError
+from sim.jepsen.history import HistoryWriter
+
+PASSWORD = b"jepsen"
+CALL_DEADLINE_S = 30.0  # one create/close/read/recover
+RETRY_DELAY_S = 0.5
+FINAL_DEADLINE_S = 180.0  # every ledger recovered and read back
+
+log = logging.getLogger("quire.jepsen.client")
+
+
+def _error_text(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: argparse.Namespace) -> None:
+    rng = random.Random(f"{options.seed}-{name}")
+    sequence = 0
+    while True:
+        history.append(name, "invoke", "create", {})
+        try:
+            with trio.fail_after(CALL_DEADLINE_S):
+                handle = await bk.create_ledger(
+                    options.ensemble_size, options.write_quorum, options.ack_quorum, password=PASSWORD
+                )
+        except (BKError, MetadataError, trio.TooSlowError) as error:
+            history.append(name, "fail", "create", {"error": _error_text(error)})
+            await trio.sleep(RETRY_DELAY_S)
+            continue
+        ledger_id = handle.ledger_id
+        history.append(name, "ok", "create", {"ledger": ledger_id})
+
+        def completed(pending, op_id: int, payload: str) -> None:
+            if pending.error is None:
+                history.append(name, "ok", "add", {"op_id": op_id, "ledger": ledger_id, "entry": pending.entry_id, "payload": payload})
+            else:
+                # Failed adds may still be in the ledger (recovery keeps what
+                # reached an ack quorum): indeterminate.
+                history.append(name, "info", "add", {"op_id": op_id, "ledger": ledger_id, "payload": payload, "error": _error_text(pending.error)})
+
+        for _ in range(rng.randint(1, options.entries_per_ledger_max)):
+            sequence += 1
+            payload = f"{name}:{sequence}"
+            history.append(name, "invoke", "add", {"op_id": sequence, "ledger": ledger_id, "payload": payload})
+            try:
+                await handle.submit_add(
+                    payload.encode(), on_done=lambda pending, op_id=sequence, payload=payload: completed(pending, op_id, payload)
+                )
+            except BKError as error:
+                history.append(name, "info", "add", {"op_id": sequence, "ledger": ledger_id, "payload": payload, "error": _error_text(error)})
+                break
+            if options.add_gap_ms:
+                await trio.sleep(rng.uniform(0, 2 * options.add_gap_ms) / 1000)
+        history.append(name, "invoke", "close", {"ledger": ledger_id})
+        try:
+            with trio.fail_after(CALL_DEADLINE_S):
+                await handle.close()
+        except (BKError, trio.TooSlowError) as error:
+            history.append(name, "fail", "close", {"ledger": ledger_id, "error": _error_text(error)})
+            continue
+        history.append(name, "ok", "close", {"ledger": ledger_id, "last_entry": handle.last_add_confirmed})
+
+
+async def _read(bk: BookKeeper, history: HistoryWriter, name: str, ledger_id: int, *, recovery: bool, final: bool) -> bool:
+    """Read a ledger whole (up to its LAC if open) and record it."""
+    history.append(name, "invoke", "read", {"ledger": ledger_id})
+    try:
+        with trio.fail_after(CALL_DEADLINE_S):
+            handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=recovery)
+            last_entry_id = handle.last_add_confirmed
+            entries = []
+            if last_entry_id >= 0:
+                async for entry in handle.read(0, last_entry_id):
+                    entries.append([entry.entry_id, bytes(entry.data).decode()])
+    except (BKError, MetadataError, trio.TooSlowError) as error:
+        history.append(name, "fail", "read", {"ledger": ledger_id, "error": _error_text(error)})
+        return False
+    value = {"ledger": ledger_id, "closed": handle.is_closed, "last_entry": last_entry_id, "entries": entries}
+    if final:
+        value["final"] = True
+    history.append(name, "ok", "read", value)
+    return True
+
+
+async def reader(bk: BookKeeper, history: HistoryWriter, name: str, options: argparse.Namespace) -> None:
+    rng = random.Random(f"{options.seed}-{name}")
+    while True:
+        try:
+            ledger_ids = await bk.list_ledgers()
+        except (BKError, MetadataError):
+            ledger_ids = []
+        if ledger_ids:
+            # Mostly recent ledgers: the ones being written and recovered.
+            await _read(bk, history, name, rng.choice(ledger_ids[-10:]), recovery=False, final=False)
+        await trio.sleep(rng.uniform(0.05, 0.3))
+
+
+async def final(bk: BookKeeper, history: HistoryWriter, name: str, options: argparse.Namespace) -> None:
+    """Recover every ledger, then read each one whole; retry until done."""
+    with trio.move_on_after(FINAL_DEADLINE_S):
+        remaining = sorted(await bk.list_ledgers())
+        while remaining:
+            ledger_id = remaining[0]
+            history.append(name, "invoke", "recover", {"ledger": ledger_id})
+            try:
+                with trio.fail_after(CALL_DEADLINE_S):
+                    handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=True)
+            except (BKError, MetadataError, trio.TooSlowError) as error:
+                history.append(name, "fail", "recover", {"ledger": ledger_id, "error": _error_text(error)})
+                remaining.append(remaining.pop(0))
+                await trio.sleep(RETRY_DELAY_S)
+                continue
+            history.append(name, "ok", "recover", {"ledger": ledger_id, "last_entry": handle.last_add_confirmed})
+            if await _read(bk, history, name, ledger_id, recovery=False, final=True):
+                remaining.pop(0)
+            else:
+                remaining.append(remaining.pop(0))
+
+
+ROLES = {"writer": writer, "reader": reader, "final": final}
+
+
+async def main_async(options: argparse.Namespace) -> None:
+    # Times are taken from the controller's start, on the shared monotonic clock.
+    with HistoryWriter(options.history, origin_s=options.start_monotonic) as history:
+        async with BookKeeper.connect(
+            options.zk, options.root, session_timeout_ms=options.session_timeout_ms,
+            address_map=json.loads(options.address_map), pending_adds_max=options.window,
+            add_timeout_ms=options.add_timeout_ms,
+        ) as bk:
+            async with trio.open_nursery() as nursery:
+                async def stop_on_signal() -> None:
+                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                        async for _ in signals:
+                            nursery.cancel_scope.cancel()
+
+                nursery.start_soon(stop_on_signal)
+                await ROLES[options.role](bk, history, options.name, options)
+                nursery.cancel_scope.cancel()
+
+
+def parse_arguments(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sim.jepsen.client")
+    parser.add_argument("role", choices=sorted(ROLES))
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--zk", required=True)
+    parser.add_argument("--root", default="/quire")
+    parser.add_argument("--history", required=True)
+    parser.add_argument("--start-monotonic", type=float, required=True)
+    parser.add_argument("--address-map", default="{}", help="JSON: registered bookie address -> address to dial")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ensemble-size", type=int, default=3)
+    parser.add_argument("--write-quorum", type=int, default=3)
+    parser.add_argument("--ack-quorum", type=int, default=2)
+    parser.add_argument("--entries-per-ledger-max", type=int, default=200)
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--add-gap-ms", type=float, default=2.0)
+    parser.add_argument("--add-timeout-ms", type=int, default=3_000)
+    parser.add_argument("--session-timeout-ms", type=int, default=6_000)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_arguments(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s %(levelname)s [{options.name}] %(name)s: %(message)s")
+    trio.run(main_async, options)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
