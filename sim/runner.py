@@ -123,9 +123,12 @@ def liveness(world, nemesis, checker, bookies, writers, recoverers, readers, zk,
     deadline_ms = world.now_ms + params.liveness_ms
     # Writers get a moment to finish (and close) what they have in flight.
     world.run_until(world.now_ms + 2 * params.add_timeout_ms, stop=lambda: not checker.ok)
-    closer = SimRecoverer("liveness-recoverer", world, network, zk, checker, recovery_core_class=recovery_class,
-                          session_timeout_ms=params.session_timeout_ms, params=params, idle_ms_mean=0.0)
-    closer.recover_all(sorted(ledger_id for ledger_id in checker.metadata if ledger_id not in checker.closed))
+    # One recoverer per ledger (as many brokers taking over their topics at
+    # once would): a ledger that cannot be recovered holds up no other.
+    for ledger_id in sorted(ledger_id for ledger_id in checker.metadata if ledger_id not in checker.closed):
+        closer = SimRecoverer(f"liveness-recoverer-{ledger_id}", world, network, zk, checker, recovery_core_class=recovery_class,
+                              session_timeout_ms=params.session_timeout_ms, params=params, idle_ms_mean=0.0)
+        closer.recover_all([ledger_id])
     all_closed = lambda: all(ledger_id in checker.closed for ledger_id in checker.metadata)  # noqa: E731
     while world.now_ms < deadline_ms and checker.ok and not all_closed():
         world.run_until(world.now_ms + LIVENESS_STEP_MS, stop=lambda: not checker.ok or all_closed())
@@ -143,8 +146,8 @@ def liveness(world, nemesis, checker, bookies, writers, recoverers, readers, zk,
     reader = SimReader("liveness-reader", world, network, zk, checker, session_timeout_ms=params.session_timeout_ms, params=params)
     reader.active = False
     reader.read_all({ledger_id: checker.metadata[ledger_id] for ledger_id in sorted(checker.closed)})
-    while world.now_ms < deadline_ms and checker.ok and not reader.final_done:
-        world.run_until(world.now_ms + LIVENESS_STEP_MS, stop=lambda: not checker.ok or reader.final_done)
+    while world.now_ms < deadline_ms and not reader.final_done:
+        world.run_until(world.now_ms + LIVENESS_STEP_MS, stop=lambda: reader.final_done)
     for ledger_id, missing in sorted((reader.final_missing or {}).items()):
         if missing:
             checker._violate(

@@ -14,6 +14,7 @@ from sim.jepsen.history import (
     HistoryWriter,
     Operation,
     fault_windows,
+    merge_histories,
     pair_operations,
     read_history,
 )
@@ -211,3 +212,23 @@ def test_a_fault_end_that_matches_no_running_fault_raises():
     ]
     with pytest.raises(HistoryFormatError, match="operation 2: fault-end of fault_id 1"):
         fault_windows(operations)
+
+
+def test_histories_of_several_processes_merge_in_time_order(tmp_path):
+    # Two processes record with one origin on a shared clock; the merge
+    # interleaves them by time and numbers the records afresh.
+    now = [100.0]
+    first = HistoryWriter(tmp_path / "a.jsonl", clock=lambda: now[0], origin_s=99.0)
+    second = HistoryWriter(tmp_path / "b.jsonl", clock=lambda: now[0], origin_s=99.0)
+    first.append("writer-0", "invoke", "create", {})  # at 1000 ms
+    now[0] = 100.5
+    second.append("reader-0", "invoke", "read", {"ledger": 1})  # at 1500 ms
+    now[0] = 100.2
+    first.append("writer-0", "ok", "create", {"ledger": 1})  # at 1200 ms
+    first.close()
+    second.close()
+    merged = merge_histories([tmp_path / "a.jsonl", tmp_path / "b.jsonl"], tmp_path / "merged.jsonl")
+    assert [(operation.index, operation.time_ms, operation.process) for operation in merged] == [
+        (0, 1000.0, "writer-0"), (1, 1200.0, "writer-0"), (2, 1500.0, "reader-0"),
+    ]
+    assert read_history(tmp_path / "merged.jsonl") == merged
