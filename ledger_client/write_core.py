@@ -263,7 +263,10 @@ class WriteCore:
         if self.error is not None or self.closed or not self._pending or self._change_in_flight is not None:
             return []
         oldest = next(iter(self._pending.values()))
-        if now_ms - oldest.sent_at_ms < self.add_timeout_ms:
+        # The same sum as `next_deadline_ms`: a timer that fires at that
+        # deadline must find it due (now - sent < timeout can differ from
+        # sent + timeout <= now in floating point, and the timer would spin).
+        if now_ms < oldest.sent_at_ms + self.add_timeout_ms:
             return []
         # Every bookie late on it is replaced in one ensemble change.
         if not any([self._mark_failed(bookie_id) for bookie_id in sorted(oldest.sent_to - oldest.acked_by)]):

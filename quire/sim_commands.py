@@ -47,6 +47,8 @@ def sim(arguments: argparse.Namespace) -> int:
         raise UsageError(f"unknown --mistake {arguments.mistake!r}; known: {', '.join(sorted(MISTAKES))}")
     if arguments.seed is None and (arguments.trace or arguments.check_determinism):
         raise UsageError("--trace and --check-determinism go with --seed")
+    if arguments.trace is not None and not arguments.trace.parent.is_dir():
+        raise UsageError(f"--trace {arguments.trace}: no directory {arguments.trace.parent}")
     if arguments.seed is not None:
         result = run_seed(arguments.seed, mistake=arguments.mistake, trace=arguments.trace is not None)
         print(result.summary())

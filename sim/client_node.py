@@ -4,6 +4,7 @@ ZooKeeper link, the registry of writable bookies, and a core's timer."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping
 
 from bookie.protocol.wire import Response
@@ -44,11 +45,16 @@ class SimClient(SimNode):
 
     def call(self, bookie_id: str, make_request: Callable[[int], Any], on_response: OnResponse, *,
              timeout_ms: float | None = None) -> None:
+        """Send a request; `on_response` gets the answer, or None on a
+        broken connection or after `timeout_ms` (math.inf: wait for ever, as
+        the real drivers do for adds, whose timeout is the write core's)."""
         request_id = self._next_request_id
         self._next_request_id += 1
         self._requests[request_id] = (bookie_id, on_response)
         self.send(bookie_id, make_request(request_id))
-        self.after(self.request_timeout_ms if timeout_ms is None else timeout_ms, self._timed_out, request_id)
+        timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
+        if timeout_ms != math.inf:
+            self.after(timeout_ms, self._timed_out, request_id)
 
     def _timed_out(self, request_id: int) -> None:
         pending = self._requests.pop(request_id, None)

@@ -88,7 +88,7 @@ def choose_parameters(seed: int, **overrides) -> SimParameters:
         latency_ms_min=0.05,
         latency_ms_max=rng.choice([0.5, 3.0, 20.0]),
         slow_message_probability=rng.choice([0.0, 0.01, 0.05]),
-        fsync_ms_max=rng.choice([0.2, 2.0, 20.0]),
+        fsync_ms_max=rng.choice([1.0, 5.0, 20.0]),
         slow_fsync_probability=rng.choice([0.0, 0.05]),
         recovery_interval_ms_mean=rng.choice([100.0, 1_000.0, 5_000.0]),
         write_cache_bytes=rng.choice([16 * 1024, 256 * 1024]),

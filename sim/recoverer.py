@@ -6,6 +6,7 @@ writes the way `ledger_client.recovery` does with trio."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from bookie.protocol.entry_format import DigestManager
@@ -82,9 +83,9 @@ class SimRecoverer(SimClient):
             if not open_ledgers:
                 self.after(self.world.exponential(self.idle_ms_mean), self._next)
                 return
-            # Half the time the newest: most likely one a writer is still
+            # Mostly the newest: most likely one a writer is still
             # writing, where fencing races the writer's adds.
-            ledger_id = open_ledgers[-1] if self.world.chance(0.5) else self.world.rng.choice(open_ledgers)
+            ledger_id = open_ledgers[-1] if self.world.chance(0.8) else self.world.rng.choice(open_ledgers)
         self._choosing = True
         self.read_metadata(ledger_id, self._begin)
 
@@ -140,7 +141,7 @@ class SimRecoverer(SimClient):
                     action.bookie_id,
                     lambda request_id, entry=entry: AddRequest(request_id, AddFlag.RECOVERY_ADD, MASTER_KEY, entry),
                     functools.partial(self._on_add, core, action.bookie_id, action.entry_id),
-                    timeout_ms=self.params.add_timeout_ms,
+                    timeout_ms=math.inf,  # the rewriter's add timeout acts (tick)
                 )
             elif kind is WriteMetadata:
                 self.write_metadata(action, functools.partial(self._on_metadata, core))

@@ -6,6 +6,7 @@ abandons it open, as a crashed application would) and starts another."""
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
@@ -34,7 +35,7 @@ ABANDON_PROBABILITY = 0.2  # a ledger left open for a recoverer to close
 
 class SimWriter(SimClient):
     def __init__(self, *args: Any, params: SimParameters, write_core_class: type[WriteCore] = WriteCore, **kwargs: Any) -> None:
-        super().__init__(*args, request_timeout_ms=params.add_timeout_ms, **kwargs)
+        super().__init__(*args, request_timeout_ms=params.read_timeout_ms, **kwargs)
         self.params = params
         self.write_core_class = write_core_class
         self.active = True
@@ -168,6 +169,7 @@ class SimWriter(SimClient):
                     action.bookie_id,
                     lambda request_id, entry=entry: AddRequest(request_id, AddFlag.NONE, MASTER_KEY, entry),
                     functools.partial(self._on_add_response, core, action.bookie_id),
+                    timeout_ms=math.inf,  # the write core's add timeout acts (tick), as in LedgerHandle
                 )
             elif kind is WriteMetadata:
                 self.write_metadata(action, functools.partial(self._on_metadata, core))

@@ -43,7 +43,8 @@ async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: arg
                     options.ensemble_size, options.write_quorum, options.ack_quorum, password=PASSWORD
                 )
         except (BKError, MetadataError, trio.TooSlowError) as error:
-            history.append(name, "fail", "create", {"error": _error_text(error)})
+            # The ledger may exist (a create that timed out): indeterminate.
+            history.append(name, "info", "create", {"error": _error_text(error)})
             await trio.sleep(RETRY_DELAY_S)
             continue
         ledger_id = handle.ledger_id
@@ -75,7 +76,8 @@ async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: arg
             with trio.fail_after(CALL_DEADLINE_S):
                 await handle.close()
         except (BKError, trio.TooSlowError) as error:
-            history.append(name, "fail", "close", {"ledger": ledger_id, "error": _error_text(error)})
+            # The compare-and-set may have landed: indeterminate.
+            history.append(name, "info", "close", {"ledger": ledger_id, "error": _error_text(error)})
             continue
         history.append(name, "ok", "close", {"ledger": ledger_id, "last_entry": handle.last_add_confirmed})
 

@@ -91,9 +91,20 @@ def test_a_long_batch_of_seeds_keeps_every_invariant():
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]
 
 
+# What each planted mistake breaks: an acknowledged entry cut off by the
+# close, or a fenced writer acknowledged past it (never a liveness failure).
+SAFETY_INVARIANTS = {
+    "closed ledger holds every acknowledged entry",
+    "a fenced writer gets no acknowledgement",
+    "acknowledged entries stay durable",
+}
+
+
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
 def test_the_simulator_finds_each_planted_mistake(mistake):
     seed = first_failing_seed(mistake)
+    violation = run_seed(seed, mistake=mistake).violations[0]
+    assert violation.invariant in SAFETY_INVARIANTS, violation
     # The failing seed reproduces, and the correct cores pass it.
     assert run_seed(seed, mistake=mistake).digest == run_seed(seed, mistake=mistake).digest
     assert run_seed(seed).ok, run_seed(seed).summary()

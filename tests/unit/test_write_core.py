@@ -228,6 +228,18 @@ def test_a_bookie_that_never_answers_is_replaced_after_the_add_timeout():
     assert set(change.metadata.last_ensemble[1]) & {"b1", "b2"} == set()
 
 
+def test_a_tick_at_the_deadline_it_announced_always_acts():
+    # Found by the simulator: with these times, now - sent < timeout held at
+    # now == sent + timeout (floating point), so the timer fired, the tick
+    # did nothing and the deadline stayed in the past: a timer that spun.
+    sent_at_ms, timeout_ms = 929.5313294735885, 100.0
+    assert (sent_at_ms + timeout_ms) - sent_at_ms < timeout_ms  # the rounding in question
+    core = make_core(add_timeout_ms=timeout_ms)
+    core.add(b"x", sent_at_ms)
+    deadline_ms = core.next_deadline_ms()
+    assert any(isinstance(action, WriteMetadata) for action in core.tick(deadline_ms))
+
+
 def test_close_waits_for_pending_adds_then_writes_closed_at_the_lac():
     core = make_core()
     core.add(b"abc", 0)
