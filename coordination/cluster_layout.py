@@ -2,15 +2,25 @@
 
 One place for the paths, so that bookies, clients and tools agree:
 /instance_id, /cookies/<bookie>, /bookies/writable/<bookie> and
-/bookies/readonly/<bookie> (ephemeral registrations, JSON data). Paths are
-relative to the store's chroot (`--root`, default /quire).
+/bookies/readonly/<bookie> (ephemeral registrations, JSON data), and the
+ledger metadata nodes under /ledgers (read and listed here; written by
+`ledger_client.ledger_store`). Paths are relative to the store's chroot
+(`--root`, default /quire).
+
+Ledger metadata lives at `/ledgers/DDD/DDDD/DDDD/DDDD/LDDDD`: the id is
+zero-padded to 19 digits and cut 3/4/4/4 into directories and a leaf `L` +
+the last 4 digits (BookKeeper's "long hierarchical" layout): ledger 123 is
+`/ledgers/000/0000/0000/0000/L0123`. No node has more than 10,000 children,
+however many ledgers there are, and sorted children list ids in order.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
 from dataclasses import asdict, dataclass
+from typing import Iterator
 
 from coordination.store import MetadataStore, NoNodeError, NodeExistsError
 
@@ -94,3 +104,65 @@ def list_bookies(store: MetadataStore, layout: ClusterLayout, *, read_only: bool
             continue
         bookies[name] = BookieRegistrationInfo.from_bytes(data)
     return bookies
+
+
+# --- ledger metadata nodes ------------------------------------------------------
+
+LEDGERS_PATH = "/ledgers"
+LEDGER_ID_DIGITS = 19
+DIRECTORY_WIDTHS = (3, 4, 4, 4)  # digits per directory level under /ledgers
+LEAF_PREFIX = "L"
+LEAF_WIDTH = 4
+LEDGER_ID_MAX = 2**63 - 1  # ids are signed 64-bit, as BookKeeper's longs
+
+
+def ledger_path(ledger_id: int) -> str:
+    """The metadata node of ledger `ledger_id` (see the module docstring)."""
+    check_ledger_id(ledger_id)
+    digits = f"{ledger_id:0{LEDGER_ID_DIGITS}d}"
+    bounds = list(itertools.accumulate(DIRECTORY_WIDTHS, initial=0))
+    directories = [digits[start:end] for start, end in itertools.pairwise(bounds)]
+    return "/".join([LEDGERS_PATH, *directories, LEAF_PREFIX + digits[bounds[-1] :]])
+
+
+def iter_ledger_ids(store: MetadataStore, start: int = 0) -> Iterator[int]:
+    """Ids of the ledgers with metadata, >= `start`, in increasing order,
+    read one directory at a time as the iteration goes. Ledgers created or
+    deleted meanwhile may or may not appear. Store errors other than a
+    missing directory propagate."""
+    check_ledger_id(start)
+    return _walk(store, LEDGERS_PATH, 0, "", f"{start:0{LEDGER_ID_DIGITS}d}")
+
+
+def _walk(store: MetadataStore, directory: str, level: int, prefix: str, start_digits: str) -> Iterator[int]:
+    try:
+        names = store.children(directory)
+    except NoNodeError:
+        return  # no ledger yet, or the directory was emptied and removed
+    is_leaf_level = level == len(DIRECTORY_WIDTHS)
+    name_prefix, width = (LEAF_PREFIX, LEAF_WIDTH) if is_leaf_level else ("", DIRECTORY_WIDTHS[level])
+    for name in names:  # sorted by the store; equal widths sort as numbers
+        digits = name[len(name_prefix) :]
+        if not name.startswith(name_prefix) or not is_digits(digits, width):
+            continue  # neither a ledger node nor a level directory
+        candidate = prefix + digits
+        # Digit strings of one length compare as their numbers: skip
+        # whole subtrees below `start`.
+        if candidate < start_digits[: len(candidate)]:
+            continue
+        if is_leaf_level:
+            yield int(candidate)
+        else:
+            yield from _walk(store, f"{directory}/{name}", level + 1, candidate, start_digits)
+
+
+def is_digits(text: str, width: int) -> bool:
+    """Whether `text` is exactly `width` ASCII digits (a zero-padded number)."""
+    return len(text) == width and text.isascii() and text.isdigit()
+
+
+def check_ledger_id(ledger_id: object) -> None:
+    if not isinstance(ledger_id, int) or isinstance(ledger_id, bool):
+        raise TypeError(f"a ledger id must be an int, got {ledger_id!r}")
+    if not 0 <= ledger_id <= LEDGER_ID_MAX:
+        raise ValueError(f"a ledger id must be within [0, {LEDGER_ID_MAX}], got {ledger_id}")

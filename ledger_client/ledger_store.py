@@ -6,11 +6,9 @@ the same calls in worker threads for trio code.
 Layout, inside the cluster's chroot:
 
 - `/ledgers/DDD/DDDD/DDDD/DDDD/LDDDD`: ledger metadata (JSON, see
-  `ledger_client.metadata`). The id is zero-padded to 19 digits and cut
-  3/4/4/4 into directories and a leaf `L` + the last 4 digits (BookKeeper's
-  "long hierarchical" layout): ledger 123 is `/ledgers/000/0000/0000/0000/L0123`.
-  No node has more than 10,000 children, however many ledgers there are,
-  and sorted children list ids in order.
+  `ledger_client.metadata`). The path layout and the listing of ledger ids
+  are defined once, in `coordination.cluster_layout`, because bookies read
+  them too (their garbage collection looks for deleted ledgers).
 - `/idgen/ledgers/GGGGGGGGGG`: one id generator node per generation. An id
   is taken by creating a sequential child `id-NNNNNNNNNN` and deleting it at
   once; the id is `generation * 2**31 + N`. ZooKeeper's sequence counter is
@@ -32,6 +30,7 @@ from typing import Any, Callable, Iterator, TypeVar
 import trio
 
 from coordination.async_store import AsyncMetadataStore
+from coordination.cluster_layout import LEDGER_ID_MAX, LEDGERS_PATH, is_digits, iter_ledger_ids, ledger_path
 from coordination.store import ANY_VERSION, BadVersionError, MetadataError, MetadataStore, NodeExistsError
 from coordination.store import NoNodeError, NotEmptyError, parent_of
 from ledger_client.errors import (
@@ -45,32 +44,17 @@ from ledger_client.metadata import LedgerMetadata
 _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-LEDGERS_PATH = "/ledgers"
 ID_GENERATOR_PATH = "/idgen/ledgers"
 SEQUENCE_PREFIX = "id-"
-LEDGER_ID_DIGITS = 19
-DIRECTORY_WIDTHS = (3, 4, 4, 4)  # digits per directory level under /ledgers
-LEAF_PREFIX = "L"
-LEAF_WIDTH = 4
 GENERATION_WIDTH = 10
 SEQUENCE_BITS = 31
 SEQUENCE_MAX = 2**SEQUENCE_BITS - 1  # ZooKeeper's counter is a signed 32-bit int
 GENERATION_MAX = 2**32 - 1  # keeps every id below 2**63, a signed 64-bit long
-LEDGER_ID_MAX = 2**63 - 1
 
 # Bounds on the retry loops, each for a different reason (see where used).
 CAS_ATTEMPTS_MAX = 10
 CREATE_ATTEMPTS_MAX = 5
 ID_ATTEMPTS_MAX = 8
-
-
-def ledger_path(ledger_id: int) -> str:
-    """The node of ledger `ledger_id` (see the module docstring)."""
-    _check_ledger_id(ledger_id)
-    digits = f"{ledger_id:0{LEDGER_ID_DIGITS}d}"
-    bounds = list(itertools.accumulate(DIRECTORY_WIDTHS, initial=0))
-    directories = [digits[start:end] for start, end in itertools.pairwise(bounds)]
-    return "/".join([LEDGERS_PATH, *directories, LEAF_PREFIX + digits[bounds[-1] :]])
 
 
 def generation_path(generation: int) -> str:
@@ -146,7 +130,7 @@ class LedgerStore:
             names = self.store.children(ID_GENERATOR_PATH)
         except NoNodeError:
             return []
-        return sorted(int(name) for name in names if _is_digits(name, GENERATION_WIDTH))
+        return sorted(int(name) for name in names if is_digits(name, GENERATION_WIDTH))
 
     def _newest_generation(self) -> int:
         generations = self._generations()
@@ -306,35 +290,13 @@ class LedgerStore:
         """Ledger ids >= `start`, in increasing order, read one directory at a
         time as the iteration goes. Ledgers created or deleted meanwhile may
         or may not appear."""
-        _check_ledger_id(start)
-        return self._walk(LEDGERS_PATH, 0, "", f"{start:0{LEDGER_ID_DIGITS}d}")
+        return iter_ledger_ids(self.store, start)
 
     def list_ledger_ids(self, start: int = 0, limit: int | None = None) -> list[int]:
         """At most `limit` (None: all) ledger ids >= `start`, in increasing order."""
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ValueError(f"limit must be None or a non-negative int, got {limit!r}")
         return list(itertools.islice(self.iter_ledger_ids(start), limit))
-
-    def _walk(self, directory: str, level: int, prefix: str, start_digits: str) -> Iterator[int]:
-        try:
-            names = self.store.children(directory)
-        except NoNodeError:
-            return  # no ledger yet, or the directory was emptied and removed
-        is_leaf_level = level == len(DIRECTORY_WIDTHS)
-        name_prefix, width = (LEAF_PREFIX, LEAF_WIDTH) if is_leaf_level else ("", DIRECTORY_WIDTHS[level])
-        for name in names:  # sorted by the store; equal widths sort as numbers
-            digits = name[len(name_prefix) :]
-            if not name.startswith(name_prefix) or not _is_digits(digits, width):
-                continue  # neither a ledger node nor a level directory
-            candidate = prefix + digits
-            # Digit strings of one length compare as their numbers: skip
-            # whole subtrees below `start`.
-            if candidate < start_digits[: len(candidate)]:
-                continue
-            if is_leaf_level:
-                yield int(candidate)
-            else:
-                yield from self._walk(f"{directory}/{name}", level + 1, candidate, start_digits)
 
 
 class AsyncLedgerStore:
@@ -384,17 +346,6 @@ def _serialize(metadata: LedgerMetadata) -> bytes:
     # Check before writing that readers will get back exactly this value.
     assert LedgerMetadata.from_bytes(data) == metadata, f"ledger {metadata.ledger_id} metadata does not round-trip"
     return data
-
-
-def _is_digits(text: str, width: int) -> bool:
-    return len(text) == width and text.isascii() and text.isdigit()
-
-
-def _check_ledger_id(ledger_id: object) -> None:
-    if not isinstance(ledger_id, int) or isinstance(ledger_id, bool):
-        raise TypeError(f"a ledger id must be an int, got {ledger_id!r}")
-    if not 0 <= ledger_id <= LEDGER_ID_MAX:
-        raise ValueError(f"a ledger id must be within [0, {LEDGER_ID_MAX}], got {ledger_id}")
 
 
 def _check_attempts(attempts_max: object) -> None:
