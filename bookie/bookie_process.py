@@ -157,7 +157,10 @@ async def _serve(config, metadata, layout, journal, storage, handle_signals, tas
             f"cannot checkpoint the replayed journal ({error.strerror or error}): free space on the bookie's disks "
             "and start it again; nothing was lost"
         ) from None
-    server = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after)
+    server = BookieServer(
+        config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
+        ledger_metadata=metadata.store,
+    )
     server.set_disk_read_only(starts_read_only)
     _record_usage(server, usage, policy)
     info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only)

@@ -1,26 +1,38 @@
-"""The RocksDB (rocksdict) index of a bookie: entry locations, ledger states and
-the journal checkpoint mark, written together in one synced batch.
+"""The RocksDB (rocksdict) index of a bookie: entry locations, ledger states,
+the journal checkpoint mark and the entry logs' usage, written together in
+one synced batch.
 
 Keys: b"E" + ledger id + entry id (big-endian u64s, so entries of a ledger are
 adjacent and ordered) -> (log id, offset, size); b"L" + ledger id -> msgpack
-[master key, fenced, last-add-confirmed]; b"M" -> the mark (file id, offset).
+[master key, fenced, last-add-confirmed]; b"M" -> the mark (file id, offset);
+b"G" + log id -> msgpack [total bytes, [ledger id, bytes, ledger id, bytes,
+...]], the entry log's usage for garbage collection (BookKeeper keeps its
+EntryLogMetadata in the index too), committed with the locations it counts.
 """
 
 from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import msgpack
 from rocksdict import Options, Rdict, WriteBatch, WriteOptions
 
-from bookie.storage_interfaces import JOURNAL_START, EntryLocation, FlatLocation, JournalPosition, LedgerStateRecord
+from bookie.storage_interfaces import (
+    JOURNAL_START,
+    EntryLocation,
+    EntryLogUsage,
+    FlatLocation,
+    JournalPosition,
+    LedgerStateRecord,
+)
 
 _ENTRY_KEY = struct.Struct(">cQQ")
 _LEDGER_KEY = struct.Struct(">cQ")
 _LOCATION = struct.Struct(">QQI")
 _MARK = struct.Struct(">QQ")
+_LOG_USAGE_KEY = struct.Struct(">cQ")
 _MARK_KEY = b"M"
 _IDENTITY_KEY = b"I"
 
@@ -76,14 +88,21 @@ class RocksEntryIndex:
         self.stage(batch, locations)
         self.commit_staged(batch, ledger_states, mark)
 
-    def commit_staged(self, batch: WriteBatch, ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition) -> None:
-        """Durably and atomically: the staged locations, the ledger states
-        and the journal mark they cover."""
+    def commit_staged(
+        self,
+        batch: WriteBatch,
+        ledger_states: dict[int, LedgerStateRecord],
+        mark: JournalPosition,
+        log_usage: Mapping[int, EntryLogUsage] = {},
+    ) -> None:
+        """Durably and atomically: the staged locations, the ledger states,
+        the journal mark they cover and the usage of the logs they went to."""
         if mark < self._mark:
             raise MarkRegressionError(f"checkpoint mark {mark} is behind the stored mark {self._mark}")
         for ledger_id, state in ledger_states.items():
             value = msgpack.packb([state.master_key, state.fenced, state.last_add_confirmed])
             batch.put(_LEDGER_KEY.pack(b"L", ledger_id), value)
+        _put_log_usage(batch, log_usage)
         batch.put(_MARK_KEY, _MARK.pack(*mark))
         self._db.write(batch, self._sync)
         self._mark = mark
@@ -103,15 +122,55 @@ class RocksEntryIndex:
         return self._mark
 
     def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]:
+        for key, value in self._prefixed(b"L"):
+            master_key, fenced, last_add_confirmed = msgpack.unpackb(value)
+            yield _LEDGER_KEY.unpack(key)[1], LedgerStateRecord(master_key, fenced, last_add_confirmed)
+
+    # --- garbage collection --------------------------------------------------------
+
+    def load_log_usage(self) -> Iterator[tuple[int, EntryLogUsage]]:
+        for key, value in self._prefixed(b"G"):
+            total_bytes, flat = msgpack.unpackb(value)
+            yield _LOG_USAGE_KEY.unpack(key)[1], EntryLogUsage(total_bytes, dict(zip(flat[::2], flat[1::2])))
+
+    def commit_moves(self, locations: Iterable[FlatLocation], log_usage: Mapping[int, EntryLogUsage]) -> None:
+        """Durably and atomically: compaction copied these entries here."""
+        batch = self.new_batch()
+        self.stage(batch, locations)
+        _put_log_usage(batch, log_usage)
+        self._db.write(batch, self._sync)
+
+    def drop_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Durably and atomically forget the ledgers' entries and states."""
+        batch = self.new_batch()
+        for ledger_id in ledger_ids:
+            batch.delete_range(_ENTRY_KEY.pack(b"E", ledger_id, 0), _ENTRY_KEY.pack(b"E", ledger_id + 1, 0))
+            batch.delete(_LEDGER_KEY.pack(b"L", ledger_id))
+        self._db.write(batch, self._sync)
+
+    def delete_log_usage(self, log_id: int) -> None:
+        self._db.delete(_LOG_USAGE_KEY.pack(b"G", log_id), self._sync)
+
+    def iter_locations(self) -> Iterator[FlatLocation]:
+        unpack_key, unpack_location = _ENTRY_KEY.unpack, _LOCATION.unpack
+        for key, value in self._prefixed(b"E"):
+            yield unpack_key(key)[1:] + unpack_location(value)
+
+    def _prefixed(self, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
         iterator = self._db.iter()
-        iterator.seek(b"L")
+        iterator.seek(prefix)
         while iterator.valid():
             key = iterator.key()
-            if not key.startswith(b"L"):
+            if not key.startswith(prefix):
                 break
-            master_key, fenced, last_add_confirmed = msgpack.unpackb(iterator.value())
-            yield _LEDGER_KEY.unpack(key)[1], LedgerStateRecord(master_key, fenced, last_add_confirmed)
+            yield key, iterator.value()
             iterator.next()
 
     def close(self) -> None:
         self._db.close()
+
+
+def _put_log_usage(batch: WriteBatch, log_usage: Mapping[int, EntryLogUsage]) -> None:
+    for log_id, usage in log_usage.items():
+        flat = [number for pair in sorted(usage.ledger_bytes.items()) for number in pair]
+        batch.put(_LOG_USAGE_KEY.pack(b"G", log_id), msgpack.packb([usage.total_bytes, flat]))

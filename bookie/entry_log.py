@@ -3,7 +3,9 @@
 Each record carries the bookie's own CRC32C of the entry bytes, whatever
 digest the client chose, and the ledger and entry ids, which a read compares
 with what it asked for; so a flipped bit on disk is always found when the
-entry is read back (and answered with IO_ERROR, never NO_ENTRY).
+entry is read back (and answered with IO_ERROR, never NO_ENTRY). Staging
+counts the bytes each ledger puts into each log, for garbage collection,
+which also scans logs (compaction) and deletes them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Iterator, Mapping
 import crc32c
 
 from bookie.durable_files import fsync_directory, write_parts_at
-from bookie.storage_interfaces import CorruptEntryError, EntryLocation, FlatLocation
+from bookie.storage_interfaces import CorruptEntryError, EntryLocation, FlatLocation, LogScan, StagedUsage
 
 LOG_MAGIC = b"QLOG"
 LOG_VERSION = 1
@@ -74,7 +76,9 @@ class FileEntryLog:
         self._offset = 0
         self._fresh_log_needed = True
         self._fd: int | None = None  # the current log, once created
+        self._fd_log_id: int | None = None
         self._segments: list[_Segment] = []
+        self._staged_usage: StagedUsage = {}
 
     def log_ids(self) -> list[int]:
         ids = []
@@ -105,7 +109,22 @@ class FileEntryLog:
         segment.parts += (RECORD_HEAD.pack(size - 8, crc32c.crc32c(data), ledger_id, entry_id), data)
         location = EntryLocation(self._log_id, self._offset, size)
         self._offset += size
+        self._count_staged(ledger_id, location.offset)
         return location
+
+    def _count_staged(self, ledger_id: int, counted_from: int) -> None:
+        """Note the bytes of `ledger_id` staged into the current log from
+        offset `counted_from` up to now."""
+        if self._offset > counted_from:
+            usage = self._staged_usage.setdefault(self._log_id, {})
+            usage[ledger_id] = usage.get(ledger_id, 0) + self._offset - counted_from
+
+    def take_staged_usage(self) -> StagedUsage:
+        """Bytes staged into each log per ledger since the last call. A
+        ledger's records are adjacent in a checkpoint, so this costs a few
+        operations per ledger and log, not per entry."""
+        usage, self._staged_usage = self._staged_usage, {}
+        return usage
 
     def stage_buffer(self, buffer: Mapping[int, Mapping[int, bytes]], entries_per_step: int) -> Iterator[list[FlatLocation]]:
         """Stage a checkpoint's {ledger: {entry: data}} sorted by (ledger,
@@ -118,12 +137,15 @@ class FileEntryLog:
         segment = None
         for ledger_id in sorted(buffer):
             entries = buffer[ledger_id]
+            counted_from = self._offset  # where this ledger's bytes in the current log start
             for entry_id in sorted(entries):
                 data = entries[entry_id]
                 size = RECORD_OVERHEAD + len(data)
                 if segment is None or self._offset + size > self.log_bytes_max:
+                    self._count_staged(ledger_id, counted_from)  # before a roll changes the log
                     segment = self._segment_for(size)
                     parts = segment.parts
+                    counted_from = self._offset
                 parts += (pack(size - 8, checksum(data), ledger_id, entry_id), data)
                 offset = self._offset
                 self._offset = offset + size
@@ -132,6 +154,7 @@ class FileEntryLog:
                     yield locations
                     locations = []
                     add_location = locations.append
+            self._count_staged(ledger_id, counted_from)
         if locations:
             yield locations
 
@@ -141,17 +164,27 @@ class FileEntryLog:
         """Write every staged record and make it durable. After a failure
         the staged records are dropped and staging continues in a fresh log:
         the caller stages and writes them again."""
+        created: list[int] = []
         try:
             wrote = False
             for segment in self._segments:
                 if segment.new_log:
                     self._create_log(segment.log_id)  # syncs and closes the previous log
+                    created.append(segment.log_id)
                 write_parts_at(self._fd, segment.parts, segment.start)
                 wrote = True
             if wrote:
                 os.fdatasync(self._fd)
         except OSError:
             self._fresh_log_needed = True
+            self._staged_usage = {}
+            # Logs this write created hold nothing that the index knows of:
+            # remove them now rather than leave them to garbage collection.
+            for log_id in created:
+                try:
+                    self.delete_log(log_id)
+                except OSError:
+                    pass
             raise
         finally:
             self._segments = []
@@ -172,7 +205,7 @@ class FileEntryLog:
         if self._fd is not None:
             os.fdatasync(self._fd)
             os.close(self._fd)
-        self._fd = fd
+        self._fd, self._fd_log_id = fd, log_id
 
     # --- reading ----------------------------------------------------------------
 
@@ -237,12 +270,81 @@ class FileEntryLog:
             position += size
         return found
 
+    # --- garbage collection (never while a checkpoint stages or writes) ------------
+
+    def writing_log_id(self) -> int | None:
+        """The log the next staged record goes to, unless staging starts a
+        fresh one (after a restart or a failed write)."""
+        return None if self._fresh_log_needed else self._log_id
+
+    def log_bytes(self, log_id: int) -> int:
+        try:
+            size = (self.directory / entry_log_name(log_id)).stat().st_size
+        except FileNotFoundError:
+            return 0
+        return max(0, size - LOG_HEADER.size)
+
+    def scan(self, log_id: int, offset: int, bytes_max: int) -> LogScan:
+        """The intact records from `offset` (0: the first) in about
+        `bytes_max` bytes (a larger record is read whole). Stops for good at
+        the end of the file or at bytes that are not an intact record."""
+        start = max(offset, LOG_HEADER.size)
+        file_end = LOG_HEADER.size + self.log_bytes(log_id)
+        if start >= file_end:
+            return LogScan([], start, end=True, damaged=False)
+        raw = self._pread(log_id, min(max(bytes_max, RECORD_OVERHEAD), file_end - start), start)
+        records: list[tuple[int, int, EntryLocation, bytes]] = []
+        position = 0
+        while start + position < file_end:
+            if position + RECORD_OVERHEAD <= len(raw):
+                record_size = 8 + RECORD_HEAD.unpack_from(raw, position)[0]
+            elif position + RECORD_OVERHEAD <= file_end - start:
+                break  # the next header lies past this stretch: the next call reads it
+            else:
+                return LogScan(records, start + position, end=True, damaged=True)  # a torn header at the end
+            if record_size < RECORD_OVERHEAD or start + position + record_size > file_end:
+                return LogScan(records, start + position, end=True, damaged=True)
+            if position + record_size > len(raw):
+                if records:
+                    break
+                raw = self._pread(log_id, record_size, start)  # one record larger than bytes_max
+            parsed = _parse_record(raw, position)
+            if parsed is None:
+                return LogScan(records, start + position, end=True, damaged=True)
+            ledger_id, entry_id, data, size = parsed
+            records.append((ledger_id, entry_id, EntryLocation(log_id, start + position, size), data))
+            position += size
+        next_offset = start + position
+        return LogScan(records, next_offset, end=next_offset >= file_end, damaged=False)
+
+    def delete_log(self, log_id: int) -> int:
+        """Unlink the log and make that durable; a reader holding it open
+        finishes its read, a later one finds it missing (and looks up the
+        index again). Returns the bytes the file held."""
+        assert log_id != self.writing_log_id(), f"entry log {log_id} is being written"
+        path = self.directory / entry_log_name(log_id)
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            size = 0
+        path.unlink(missing_ok=True)
+        fsync_directory(self.directory)
+        if log_id == self._fd_log_id:
+            # Its write descriptor would keep the space allocated.
+            os.close(self._fd)
+            self._fd = self._fd_log_id = None
+        with self._read_fds_lock:
+            fd = self._read_fds.pop(log_id, None)
+            if fd is not None:
+                self._release(fd, evict=True)
+        return size
+
     def close(self) -> None:
         if self._segments:
             self.write_staged()
         if self._fd is not None:
             os.close(self._fd)
-            self._fd = None
+            self._fd = self._fd_log_id = None
         with self._read_fds_lock:
             for fd in list(self._read_fds.values()) + list(self._evicted_fds):
                 os.close(fd)

@@ -42,5 +42,10 @@ class ReadCache:
             if previous is not None:
                 self.bytes -= len(previous)
 
+    def discard_ledgers(self, ledger_ids: set[int]) -> None:
+        with self._lock:
+            for key in [key for key in self._entries if key[0] in ledger_ids]:
+                self.bytes -= len(self._entries.pop(key))
+
     def __len__(self) -> int:
         return len(self._entries)

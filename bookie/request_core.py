@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Union
+from typing import Iterable, Union
 
 from bookie.protocol.entry_format import EntryFormatError, header_fields
 from bookie.protocol.wire import (
@@ -392,6 +392,31 @@ class BookieCore:
         }
         self._dirty.clear()
         return dirty
+
+    def drop_ledgers(self, ledger_ids: Iterable[int]) -> list[int]:
+        """Garbage collection: forget ledgers whose metadata is gone; returns
+        those forgotten. From now on requests find them absent (reads answer
+        NO_LEDGER), and an add or a fence starts one afresh, journalling its
+        master key first like any new ledger's.
+
+        A ledger with a request in flight (an add or a fence waiting for the
+        journal or for write-cache room, a read, a long poll) is kept this
+        time, for the next round. So every journal record of a forgotten
+        ledger is already synced: the driver checkpoints past them before
+        it removes the ledger from the index, and a restart never replays
+        one of them."""
+        wanted = {ledger_id for ledger_id in ledger_ids if ledger_id in self.ledgers}
+        if not wanted:
+            return []
+        busy = {pending.ledger_id if type(pending) is DurableAdd else pending.request.ledger_id for pending in self._pending.values()}
+        busy.update(waiting.ledger_id for waiting in self._waiting_adds)
+        busy.update(pending.ledger_id for pending in self._pending_reads.values())
+        busy.update(self._waiters)
+        dropped = sorted(wanted - busy)
+        for ledger_id in dropped:
+            del self.ledgers[ledger_id]
+            self._dirty.discard(ledger_id)
+        return dropped
 
     def describe(self) -> dict[str, object]:
         info = dict(self.info)

@@ -2,8 +2,9 @@
 
 It moves bytes (one reader and one writer task per connection, responses
 coalesced into one send), group-commits the journal in a worker thread and
-reports durability back to the core, runs checkpoints, serves reads from
-memory or from a worker thread, and expires long polls. Every queue has a
+reports durability back to the core, runs checkpoints and garbage
+collection, serves reads from memory or from a worker thread, and expires
+long polls. Every queue has a
 bound: a client whose responses pile up, or a journal queue past its bound,
 stops the reading of requests until there is room.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import trio
 
 from bookie.config import BookieConfig
+from bookie.garbage_collector import GarbageCollector
 from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.protocol.frame_output import FrameOutput
@@ -42,6 +44,7 @@ from bookie.request_core import (
     StoreEntry,
 )
 from bookie.storage_interfaces import Journal, JournalPosition, JournalRecord, ReadOutcome
+from coordination.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +131,10 @@ class BookieServer:
         storage: LedgerStorage,
         journal: Journal,
         journal_position: JournalPosition,
+        ledger_metadata: MetadataStore | None = None,
     ) -> None:
+        """`ledger_metadata`: where garbage collection looks for ledger
+        metadata (None: it deletes no ledger)."""
         self.config = config
         self.core = core
         self.storage = storage
@@ -161,6 +167,7 @@ class BookieServer:
         self._disk_read_only = False
         self._checkpoint_failing = False
         self._listeners: list[trio.SocketListener] = []
+        self.garbage_collector = GarbageCollector(self, ledger_metadata) if config.gc_interval_s > 0 else None
 
     # --- lifetime -----------------------------------------------------------
 
@@ -186,6 +193,8 @@ class BookieServer:
             service_nursery.start_soon(self._journal_results_loop)
             service_nursery.start_soon(self._checkpoint_loop)
             service_nursery.start_soon(self._tick_loop)
+            if self.garbage_collector is not None:
+                service_nursery.start_soon(self.garbage_collector.run)
             with trio.CancelScope() as network_scope:
                 self._network_scope = network_scope
                 async with trio.open_nursery() as network_nursery:
@@ -404,6 +413,23 @@ class BookieServer:
         # write cache's single flushing buffer.
         async with self._checkpoint_lock:
             await self._checkpoint_once()
+
+    @property
+    def storage_lock(self) -> trio.Lock:
+        """Held by every checkpoint and by each step of garbage collection:
+        both write the entry logs and the index."""
+        return self._checkpoint_lock
+
+    @property
+    def synced_position(self) -> JournalPosition:
+        """Every journal record before it is durable."""
+        return self._synced_position
+
+    async def checkpoint_locked(self) -> JournalPosition:
+        """With `storage_lock` held: checkpoint everything synced so far;
+        return the durable checkpoint mark."""
+        await self._checkpoint_once()
+        return self._checkpoint_mark
 
     async def _checkpoint_once(self) -> None:
         mark = self._synced_position

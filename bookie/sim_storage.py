@@ -16,10 +16,13 @@ from bookie.storage_interfaces import (
     JOURNAL_START,
     CorruptEntryError,
     EntryLocation,
+    EntryLogUsage,
     FlatLocation,
     JournalPosition,
     JournalRecord,
     LedgerStateRecord,
+    LogScan,
+    StagedUsage,
 )
 
 # Simulated positions and locations count records, not bytes.
@@ -101,11 +104,14 @@ class _StoredEntry:
 
 
 class SimEntryLog:
+    """Locations name a record by its index in the log; sizes count bytes."""
+
     def __init__(self, *, log_entries_max: int = 1000) -> None:
         self.log_entries_max = log_entries_max
         self._logs: dict[int, list[_StoredEntry]] = {}
         self._synced: dict[int, int] = {}
         self._current = 0
+        self._staged_usage: StagedUsage = {}
 
     def append(self, ledger_id: int, entry_id: int, data: bytes) -> EntryLocation:
         log = self._logs.get(self._current)
@@ -114,7 +120,10 @@ class SimEntryLog:
             log = self._logs[self._current] = []
             self._synced[self._current] = 0
         log.append(_StoredEntry(ledger_id, entry_id, bytearray(data), crc32c.crc32c(data)))
-        return EntryLocation(self._current, len(log) - 1, len(data) + _RECORD_SIZE_OVERHEAD)
+        size = len(data) + _RECORD_SIZE_OVERHEAD
+        usage = self._staged_usage.setdefault(self._current, {})
+        usage[ledger_id] = usage.get(ledger_id, 0) + size
+        return EntryLocation(self._current, len(log) - 1, size)
 
     def stage_buffer(self, buffer: Mapping[int, Mapping[int, bytes]], entries_per_step: int) -> Iterator[list[FlatLocation]]:
         locations: list[FlatLocation] = []
@@ -188,6 +197,46 @@ class SimEntryLog:
                     copies += 1
         return copies
 
+    # --- garbage collection ---------------------------------------------------------------
+
+    def take_staged_usage(self) -> StagedUsage:
+        usage, self._staged_usage = self._staged_usage, {}
+        return usage
+
+    def log_ids(self) -> list[int]:
+        return sorted(self._logs)
+
+    def writing_log_id(self) -> int | None:
+        return self._current if self._current in self._logs else None
+
+    def log_bytes(self, log_id: int) -> int:
+        return sum(len(stored.data) + _RECORD_SIZE_OVERHEAD for stored in self._logs.get(log_id, []))
+
+    def scan(self, log_id: int, offset: int, bytes_max: int) -> LogScan:
+        log = self._logs.get(log_id)
+        if log is None:
+            return LogScan([], offset, end=True, damaged=True)
+        records: list[tuple[int, int, EntryLocation, bytes]] = []
+        total = 0
+        index = offset
+        while index < len(log) and (not records or total < bytes_max):
+            stored = log[index]
+            data = bytes(stored.data)
+            if crc32c.crc32c(data) != stored.checksum:
+                return LogScan(records, index, end=True, damaged=True)
+            size = len(data) + _RECORD_SIZE_OVERHEAD
+            records.append((stored.ledger_id, stored.entry_id, EntryLocation(log_id, index, size), data))
+            total += size
+            index += 1
+        return LogScan(records, index, end=index >= len(log), damaged=False)
+
+    def delete_log(self, log_id: int) -> int:
+        assert log_id != self.writing_log_id(), f"entry log {log_id} is being written"
+        size = self.log_bytes(log_id)
+        self._logs.pop(log_id, None)
+        self._synced.pop(log_id, None)
+        return size
+
     def close(self) -> None:
         pass
 
@@ -199,6 +248,7 @@ class SimEntryIndex:
         self._identity: bytes | None = None
         self._locations: dict[tuple[int, int], EntryLocation] = {}
         self._states: dict[int, LedgerStateRecord] = {}
+        self._log_usage: dict[int, EntryLogUsage] = {}
         self._mark = JOURNAL_START
 
     def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
@@ -227,11 +277,14 @@ class SimEntryIndex:
         self.commit_staged(list(locations), ledger_states, mark)
 
     def commit_staged(
-        self, batch: list[FlatLocation], ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition
+        self,
+        batch: list[FlatLocation],
+        ledger_states: dict[int, LedgerStateRecord],
+        mark: JournalPosition,
+        log_usage: Mapping[int, EntryLogUsage] = {},
     ) -> None:
         assert mark >= self._mark, f"checkpoint mark {mark} is behind the stored mark {self._mark}"
-        for ledger_id, entry_id, log_id, offset, size in batch:
-            self._locations[(ledger_id, entry_id)] = EntryLocation(log_id, offset, size)
+        self.commit_moves(batch, log_usage)
         for ledger_id, state in ledger_states.items():
             self._states[ledger_id] = LedgerStateRecord(state.master_key, state.fenced, state.last_add_confirmed)
         self._mark = mark
@@ -248,6 +301,29 @@ class SimEntryIndex:
     def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]:
         for ledger_id, state in sorted(self._states.items()):
             yield ledger_id, LedgerStateRecord(state.master_key, state.fenced, state.last_add_confirmed)
+
+    def load_log_usage(self) -> Iterator[tuple[int, EntryLogUsage]]:
+        for log_id, usage in sorted(self._log_usage.items()):
+            yield log_id, EntryLogUsage(usage.total_bytes, dict(usage.ledger_bytes))
+
+    def commit_moves(self, locations: Iterable[FlatLocation], log_usage: Mapping[int, EntryLogUsage]) -> None:
+        for ledger_id, entry_id, log_id, offset, size in locations:
+            self._locations[(ledger_id, entry_id)] = EntryLocation(log_id, offset, size)
+        for log_id, usage in log_usage.items():
+            self._log_usage[log_id] = EntryLogUsage(usage.total_bytes, dict(usage.ledger_bytes))
+
+    def drop_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        dropped = set(ledger_ids)
+        self._locations = {key: location for key, location in self._locations.items() if key[0] not in dropped}
+        for ledger_id in dropped:
+            self._states.pop(ledger_id, None)
+
+    def delete_log_usage(self, log_id: int) -> None:
+        self._log_usage.pop(log_id, None)
+
+    def iter_locations(self) -> Iterator[FlatLocation]:
+        for (ledger_id, entry_id), location in self.locations():
+            yield (ledger_id, entry_id, *location)
 
     def close(self) -> None:
         pass

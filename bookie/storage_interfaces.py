@@ -8,7 +8,7 @@ core and the ledger storage logic run unchanged in production and in `sim/`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, NamedTuple, Protocol
 
 
@@ -55,6 +55,44 @@ class LedgerStateRecord:
     master_key: bytes
     fenced: bool = False
     last_add_confirmed: int = -1
+
+
+@dataclass(slots=True)
+class EntryLogUsage:
+    """BookKeeper's EntryLogMetadata: how many bytes of records an entry log
+    holds in all (`total_bytes`) and per ledger. A ledger's count includes
+    copies that a later rewrite (a recovery add) superseded, as BookKeeper's
+    does: they count as live until the ledger is deleted, and compaction,
+    which copies only what the index points at, drops them."""
+
+    total_bytes: int = 0
+    ledger_bytes: dict[int, int] = field(default_factory=dict)
+
+    def add(self, ledger_id: int, size: int) -> None:
+        self.ledger_bytes[ledger_id] = self.ledger_bytes.get(ledger_id, 0) + size
+        self.total_bytes += size
+
+    def merged(self, staged: Mapping[int, int]) -> "EntryLogUsage":
+        """A copy with the bytes of `staged` ({ledger: bytes}) added."""
+        usage = EntryLogUsage(self.total_bytes, dict(self.ledger_bytes))
+        for ledger_id, size in staged.items():
+            usage.add(ledger_id, size)
+        return usage
+
+
+# {log id: {ledger id: bytes}}: what staging put into each entry log.
+StagedUsage = dict[int, dict[int, int]]
+
+
+@dataclass(slots=True)
+class LogScan:
+    """A stretch of an entry log read in order (compaction, and accounting
+    for a log whose usage was never recorded)."""
+
+    records: list[tuple[int, int, EntryLocation, bytes]]  # (ledger id, entry id, location, data), intact ones
+    next_offset: int  # where the next stretch starts
+    end: bool  # nothing follows: the log ends here (or with a torn, never-synced tail)
+    damaged: bool  # the scan stopped at bytes that are not an intact record, with more after them
 
 
 class ReadOutcome(NamedTuple):
@@ -132,6 +170,26 @@ class EntryLog(Protocol):
         """Read-ahead: the intact records of `ledger_id` stored right after
         `location`, up to about `bytes_max`, as (entry id, location, data)."""
 
+    # --- garbage collection (with no checkpoint running) ---
+
+    def take_staged_usage(self) -> StagedUsage:
+        """Bytes staged into each log, per ledger, since the last call."""
+
+    def log_ids(self) -> list[int]:
+        """Ids of the entry logs there are, ascending."""
+
+    def writing_log_id(self) -> int | None:
+        """The log that staging appends to next, if any: never compacted or deleted."""
+
+    def log_bytes(self, log_id: int) -> int:
+        """Bytes of records (intact or not) the log holds."""
+
+    def scan(self, log_id: int, offset: int, bytes_max: int) -> LogScan:
+        """The records from `offset` (0: the first) on, about `bytes_max` of them."""
+
+    def delete_log(self, log_id: int) -> int:
+        """Remove the log for good (readers that hold it open finish); return its size."""
+
     def close(self) -> None: ...
 
 
@@ -147,9 +205,16 @@ class EntryIndex(Protocol):
     def stage(self, batch: object, locations: Iterable[FlatLocation]) -> None:
         """Add entry locations to a batch (memory only)."""
 
-    def commit_staged(self, batch: object, ledger_states: dict[int, LedgerStateRecord], mark: JournalPosition) -> None:
-        """Durably and atomically record a batch's locations, ledger states
-        and the journal mark that they cover."""
+    def commit_staged(
+        self,
+        batch: object,
+        ledger_states: dict[int, LedgerStateRecord],
+        mark: JournalPosition,
+        log_usage: Mapping[int, EntryLogUsage] = {},
+    ) -> None:
+        """Durably and atomically record a batch's locations, ledger states,
+        the journal mark that they cover, and the new usage of the entry
+        logs the batch's entries went to."""
 
     def commit_checkpoint(
         self,
@@ -167,5 +232,21 @@ class EntryIndex(Protocol):
     def set_identity(self, identity: bytes) -> None: ...
 
     def load_ledger_states(self) -> Iterator[tuple[int, LedgerStateRecord]]: ...
+
+    # --- garbage collection ---
+
+    def load_log_usage(self) -> Iterator[tuple[int, EntryLogUsage]]: ...
+
+    def commit_moves(self, locations: Iterable[FlatLocation], log_usage: Mapping[int, EntryLogUsage]) -> None:
+        """Durably and atomically: entries now live at these locations (compaction)."""
+
+    def drop_ledgers(self, ledger_ids: Iterable[int]) -> None:
+        """Durably and atomically forget the ledgers' entries and states."""
+
+    def delete_log_usage(self, log_id: int) -> None:
+        """Durably forget an entry log's usage (its file is gone)."""
+
+    def iter_locations(self) -> Iterator[FlatLocation]:
+        """Every indexed entry, in (ledger, entry) order."""
 
     def close(self) -> None: ...

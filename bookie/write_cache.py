@@ -72,6 +72,16 @@ class WriteCache:
         self._active, self.active_bytes, self.active_entries = {}, 0, 0
         return self._flushing
 
+    def discard_ledgers(self, ledger_ids: set[int]) -> None:
+        """Forget the ledgers' entries (garbage collection; never while a
+        flush is in progress, whose buffer is read-only)."""
+        assert self._flushing is None, "cannot discard entries during a flush"
+        for ledger_id in ledger_ids:
+            entries = self._active.pop(ledger_id, None)
+            if entries:
+                self.active_entries -= len(entries)
+                self.active_bytes -= sum(map(len, entries.values()))
+
     def end_flush(self) -> None:
         self._flushing = None
         self.flushing_bytes = 0

@@ -33,12 +33,44 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--read-cache-bytes", type=byte_size, default=32 * 1024**2)
     parser.add_argument("--entry-log-bytes-max", type=byte_size, default=1024**3)
     parser.add_argument("--checkpoint-interval-ms", type=positive_int, default=10_000)
+    parser.add_argument(
+        "--gc-interval-s", type=_nonnegative_seconds, default=60.0,
+        help="garbage collection runs this often: deleted ledgers dropped, entry logs deleted or compacted (0: off)",
+    )
+    parser.add_argument(
+        "--gc-compaction-threshold", type=_threshold, default=0.5,
+        help="compact an entry log whose live fraction is below this (0: never; default %(default)s)",
+    )
     parser.add_argument("--disk-usage-threshold", type=fraction, default=0.95)
     parser.add_argument("--disk-usage-lwm", type=fraction, default=0.90)
     parser.add_argument("--disk-quota-bytes", type=byte_size, help="turn read-only once the bookie's own files reach this size")
     parser.add_argument("--disk-check-interval-ms", type=positive_int, default=1_000)
     parser.add_argument("--adds-in-flight-max", type=positive_int, default=20_000)
     parser.add_argument("--reads-in-flight-max", type=positive_int, default=10_000)
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
+    return value
+
+
+def _nonnegative_seconds(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _threshold(text: str) -> float:
+    value = _number(text)
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -67,6 +99,8 @@ def run(arguments: argparse.Namespace) -> int:
             read_cache_bytes=arguments.read_cache_bytes,
             entry_log_bytes_max=arguments.entry_log_bytes_max,
             checkpoint_interval_ms=arguments.checkpoint_interval_ms,
+            gc_interval_s=arguments.gc_interval_s,
+            gc_compaction_threshold=arguments.gc_compaction_threshold,
             disk_usage_threshold=arguments.disk_usage_threshold,
             disk_usage_lwm=arguments.disk_usage_lwm,
             disk_quota_bytes=arguments.disk_quota_bytes,

@@ -1,0 +1,240 @@
+"""The bookie's garbage collector (BookKeeper's GarbageCollectorThread with
+DbLedgerStorage's entry-log compaction), driven by trio.
+
+Every `gc_interval_s` one round: find the ledgers whose metadata is gone and
+drop them, record the usage of entry logs that have none, delete the logs
+that hold no live ledger, and compact those below `gc_compaction_threshold`.
+Decisions come from `bookie.gc_policy`; blocking work runs on worker
+threads; every storage step holds the server's checkpoint lock, because
+checkpoints write the same entry logs and index.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, AbstractSet
+
+import trio
+
+from bookie.compaction import CompactionAborted, EntryLogCompaction
+from bookie.gc_policy import DeletedLedgerDetector, plan_entry_logs
+from bookie.storage_interfaces import CorruptEntryError
+from coordination.cluster_layout import iter_ledger_ids, ledger_path
+from coordination.store import MetadataError, MetadataStore, NoNodeError
+
+if TYPE_CHECKING:
+    from bookie.server import BookieServer
+
+log = logging.getLogger(__name__)
+
+
+def find_absent_ledgers(store: MetadataStore, known: AbstractSet[int]) -> set[int]:
+    """Of the ledgers in `known` (a snapshot taken before this call), those
+    whose metadata the store confirms gone: missing from a listing, then
+    missing on a direct read (NoNodeError). A store error propagates, and
+    the caller then deletes nothing (blocking: call from a worker thread)."""
+    if not known:
+        return set()
+    last = max(known)
+    listed: set[int] = set()
+    for ledger_id in iter_ledger_ids(store, min(known)):
+        if ledger_id > last:
+            break
+        listed.add(ledger_id)
+    absent = set()
+    for ledger_id in sorted(set(known) - listed):
+        try:
+            store.get(ledger_path(ledger_id))
+        except NoNodeError:
+            absent.add(ledger_id)
+    return absent
+
+
+@dataclass
+class GcWork:
+    """What garbage collection did, in a round or in all."""
+
+    ledgers_dropped: int = 0
+    entry_logs_deleted: int = 0
+    entry_logs_compacted: int = 0
+    entries_moved: int = 0
+    bytes_reclaimed: int = 0  # bytes of removed log files, less the bytes compaction copied
+
+    def add(self, other: "GcWork") -> None:
+        for name, value in asdict(other).items():
+            setattr(self, name, getattr(self, name) + value)
+
+    def __bool__(self) -> bool:
+        return any(asdict(self).values())
+
+
+@dataclass
+class GcStats:
+    done: GcWork = field(default_factory=GcWork)
+    rounds: int = 0
+    rounds_failed: int = 0
+    compactions_aborted: int = 0
+    last_run_ms: float = 0.0
+    last_error: str = ""
+
+    def as_info(self) -> dict[str, object]:
+        """For GET_INFO (`quire bookie info`), each name prefixed with gc_."""
+        flat = {name: value for name, value in asdict(self).items() if name != "done"}
+        flat.update(asdict(self.done))
+        return {f"gc_{name}": value for name, value in flat.items()}
+
+
+class GarbageCollector:
+    """One per bookie server; `run()` is its task. `ledger_metadata` is the
+    synchronous store to look for ledger metadata in (None: no ledger is ever
+    deleted, entry logs are still cleaned up)."""
+
+    def __init__(self, server: "BookieServer", ledger_metadata: MetadataStore | None) -> None:
+        config = server.config
+        self.server = server
+        self.ledger_metadata = ledger_metadata
+        self.interval_s = config.gc_interval_s
+        self.compaction_threshold = config.gc_compaction_threshold
+        self.compaction_bytes_max = config.gc_compaction_bytes_max
+        self.stretch_bytes = config.gc_compaction_stretch_bytes
+        self.detector = DeletedLedgerDetector()
+        self.stats = GcStats()
+        # Ledgers the core forgot whose index entries are not yet removed:
+        # live for entry-log decisions until then.
+        self._dropping: set[int] = set()
+        # Logs found damaged: kept as they are for the life of the process.
+        self._damaged_logs: set[int] = set()
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self.interval_s)
+            await self.run_round()
+
+    async def run_round(self) -> None:
+        started = time.perf_counter()
+        work = GcWork()
+        try:
+            await self._drop_deleted_ledgers(work)
+            await self._collect_entry_logs(work)
+        except (OSError, CorruptEntryError) as error:
+            # The disk refused (full, failing): nothing half-done is visible,
+            # the next round tries again.
+            self.stats.rounds_failed += 1
+            self.stats.last_error = f"{type(error).__name__}: {error}"
+            log.error("garbage collection round failed: %s", error)
+        finally:
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            self.stats.rounds += 1
+            self.stats.last_run_ms = round(elapsed_ms, 1)
+            self.stats.done.add(work)
+            self.server.core.info.update(self.stats.as_info(), entry_logs=len(self.server.storage.log_usage))
+        if work:
+            log.info(
+                "garbage collection: dropped %d ledgers, deleted %d entry logs, compacted %d (%d entries moved), "
+                "reclaimed %d bytes in %.0f ms",
+                work.ledgers_dropped, work.entry_logs_deleted, work.entry_logs_compacted, work.entries_moved,
+                work.bytes_reclaimed, elapsed_ms,
+            )
+
+    # --- deleted ledgers -------------------------------------------------------------
+
+    async def _drop_deleted_ledgers(self, work: GcWork) -> None:
+        server, core = self.server, self.server.core
+        if server.journal_failed is not None:
+            # Records of a failed journal batch may be on disk past the synced
+            # position, where a restart would replay them: drop nothing.
+            return
+        if self.ledger_metadata is not None:
+            known = set(core.ledgers)  # before the listing begins
+            try:
+                absent = await trio.to_thread.run_sync(find_absent_ledgers, self.ledger_metadata, known)
+            except MetadataError as error:
+                self.stats.last_error = f"metadata store: {error}"
+                log.warning("garbage collection: the metadata store failed (%s); no ledger is deleted this round", error)
+            else:
+                deleted = self.detector.round(known, absent)
+                if deleted:
+                    self._dropping.update(core.drop_ledgers(deleted))
+        if not self._dropping:
+            return
+        async with server.storage_lock:
+            # Every journal record of a dropped ledger is synced (the core
+            # drops none with a request in flight). A checkpoint past them
+            # comes first, so that no restart replays them once the index
+            # forgets the ledger.
+            synced = server.synced_position
+            mark = await server.checkpoint_locked()
+            assert mark >= synced, f"checkpoint mark {mark} is behind the synced position {synced}"
+            # A writer that did not hear of the delete may have started one
+            # of them afresh meanwhile: that ledger is live again.
+            ledgers = sorted(ledger_id for ledger_id in self._dropping if ledger_id not in core.ledgers)
+            server.storage.discard_cached(ledgers)
+            await trio.to_thread.run_sync(server.storage.drop_from_index, ledgers)
+        self._dropping.clear()
+        work.ledgers_dropped += len(ledgers)
+        log.info("garbage collection: dropped ledgers %s, whose metadata is gone", _ids(ledgers))
+
+    # --- entry logs ---------------------------------------------------------------------
+
+    def _live_ledgers(self) -> set[int]:
+        return set(self.server.core.ledgers) | self._dropping
+
+    async def _collect_entry_logs(self, work: GcWork) -> None:
+        storage, lock = self.server.storage, self.server.storage_lock
+        async with lock:
+            unmeasured = storage.entry_logs_without_usage()
+        if unmeasured:
+            # Without the lock: checkpoints never write to these logs.
+            usage = await trio.to_thread.run_sync(storage.measure_entry_logs, unmeasured)
+            async with lock:
+                await trio.to_thread.run_sync(storage.record_log_usage, usage)
+            log.info("garbage collection: measured entry logs %s, which had no recorded usage", _ids(unmeasured))
+        async with lock:
+            live = self._live_ledgers()
+            writing = storage.entry_log.writing_log_id()
+            plan = await trio.to_thread.run_sync(
+                lambda: plan_entry_logs(
+                    {log_id: usage for log_id, usage in storage.log_usage.items() if log_id not in self._damaged_logs},
+                    live,
+                    writing_log_id=writing,
+                    compaction_threshold=self.compaction_threshold,
+                    compaction_bytes_max=self.compaction_bytes_max,
+                )
+            )
+            for log_id in plan.delete:
+                work.bytes_reclaimed += await trio.to_thread.run_sync(storage.delete_entry_log, log_id)
+                work.entry_logs_deleted += 1
+        for log_id in plan.compact:
+            await self._compact(log_id, work)
+
+    async def _compact(self, log_id: int, work: GcWork) -> None:
+        storage, lock = self.server.storage, self.server.storage_lock
+        async with lock:
+            compaction = EntryLogCompaction(storage, log_id, self.stretch_bytes)
+        try:
+            done = False
+            while not done:
+                # Checkpoints get the lock between stretches.
+                async with lock:
+                    done = await trio.to_thread.run_sync(compaction.step)
+            async with lock:
+                live = self._live_ledgers()
+                freed = await trio.to_thread.run_sync(compaction.finish, live)
+        except CompactionAborted as error:
+            self._damaged_logs.add(log_id)
+            self.stats.compactions_aborted += 1
+            self.stats.last_error = str(error)
+            log.error("garbage collection: %s", error)
+            return
+        finally:
+            work.entries_moved += compaction.entries_moved
+            work.bytes_reclaimed -= compaction.bytes_moved
+        work.bytes_reclaimed += freed
+        work.entry_logs_compacted += 1
+
+
+def _ids(ids: list[int], shown_max: int = 20) -> str:
+    shown = ", ".join(map(str, ids[:shown_max]))
+    return shown + (f" and {len(ids) - shown_max} more" if len(ids) > shown_max else "")
