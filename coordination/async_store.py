@@ -172,3 +172,12 @@ class AsyncMetadataStore:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
+
+
+async def connect_zookeeper(zk_hosts: str, root: str, **options: Any) -> MetadataStore:
+    """Connect a `KazooMetadataStore` from trio (kazoo connects on a worker
+    thread); options as `KazooMetadataStore.connect`."""
+    from coordination.zk_store import KazooMetadataStore
+
+    return await trio.to_thread.run_sync(functools.partial(KazooMetadataStore.connect, zk_hosts, root, **options))
+

@@ -14,6 +14,7 @@ from typing import AsyncIterator, Callable
 
 import trio
 
+from bookie.protocol.frame_input import receive_first_frames
 from bookie.protocol.frame_output import FrameOutput
 from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
@@ -126,14 +127,9 @@ class BookieClient:
         decoder = FrameDecoder(frame_bytes_max)
         try:
             await stream.send_all(encode_hello(Hello(PROTOCOL_VERSION, peer_name)))
-            while True:
-                frames = list(decoder.frames())
-                if frames:
-                    break
-                data = await stream.receive_some(RECEIVE_BYTES)
-                if not data:
-                    raise BookieConnectionError(f"bookie {address} closed the connection during the handshake")
-                decoder.feed(data)
+            frames = await receive_first_frames(stream, decoder)
+            if not frames:
+                raise BookieConnectionError(f"bookie {address} closed the connection during the handshake")
             reply = decode_hello_reply(frames[0])
         except (ProtocolError, trio.BrokenResourceError) as error:
             raise BookieConnectionError(f"handshake with bookie {address} failed: {error}") from None

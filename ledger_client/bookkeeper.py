@@ -18,7 +18,7 @@ from typing import AsyncIterator, Mapping
 import trio
 
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from coordination.async_store import AsyncMetadataStore
+from coordination.async_store import AsyncMetadataStore, connect_zookeeper
 from coordination.store import MetadataStore
 from ledger_client.errors import UnauthorizedError
 from ledger_client.exception_groups import unwrap_single_exception
@@ -71,12 +71,8 @@ class BookKeeper:
         """Connect to the cluster whose metadata is at `zk_hosts` under the
         chroot `root`. Options: `rng`, `pending_adds_max` (per ledger handle),
         `add_timeout_ms`, `ensemble_changes_max`, `address_map`."""
-        from coordination.zk_store import KazooMetadataStore
-
-        sync_store = await trio.to_thread.run_sync(
-            lambda: KazooMetadataStore.connect(
-                zk_hosts, root, session_timeout_ms=session_timeout_ms, connect_timeout_ms=connect_timeout_ms
-            )
+        sync_store = await connect_zookeeper(
+            zk_hosts, root, session_timeout_ms=session_timeout_ms, connect_timeout_ms=connect_timeout_ms
         )
         async with cls.open(sync_store, **options) as bk:
             yield bk

@@ -31,6 +31,18 @@ def byte_size(text: str) -> int:
     return int(match.group(1)) * _SIZE_FACTORS[unit]
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.IGNORECASE)
+_DURATION_FACTORS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str) -> int:
+    """Parse '500ms', '30s', '10m', '4h', '7d' (a bare number is seconds) into milliseconds."""
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 500ms, 30s, 10m, 4h, 7d)")
+    return int(float(match.group(1)) * _DURATION_FACTORS_MS[(match.group(2) or "s").lower()])
+
+
 def fraction(text: str) -> float:
     try:
         value = float(text)
@@ -83,7 +95,16 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from quire import bookie_commands, cluster_commands, jepsen_commands, ledger_commands, sim_commands, zk_commands
+    from quire import (
+        bookie_commands,
+        broker_commands,
+        cluster_commands,
+        jepsen_commands,
+        ledger_commands,
+        sim_commands,
+        topic_commands,
+        zk_commands,
+    )
 
     parser = _Parser(prog="quire", description="quire: a replicated ledger cluster")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
@@ -124,6 +145,29 @@ def build_parser() -> argparse.ArgumentParser:
         command(ledger, "recover", "fence and close a ledger that its writer left open", ledger_commands.recover)
     )
     ledger_commands.add_ledger_id(command(ledger, "delete", "delete a ledger", ledger_commands.delete))
+
+    broker = group("broker", "brokers: topics, producers, subscriptions")
+    broker_commands.add_run(command(broker, "run", "run a broker in the foreground until SIGTERM/SIGINT", broker_commands.run))
+
+    topic = group("topic", "topics: create, list, stats, set policies, unload, delete")
+    topic_commands.add_create(command(topic, "create", "create a topic (partitioned with --partitions N)", topic_commands.create))
+    topic_commands.add_ls(command(topic, "ls", "list topics", topic_commands.list_))
+    topic_commands.add_topic(command(topic, "stats", "a topic's partitions: rates, backlog per subscription, ledgers", topic_commands.stats))
+    topic_commands.add_set_policies(
+        command(topic, "set-policies", "change a topic's retention, quota, rollover or deduplication", topic_commands.set_policies)
+    )
+    topic_commands.add_topic(command(topic, "unload", "have the owners give a topic up (another broker takes it)", topic_commands.unload))
+    topic_commands.add_delete(command(topic, "delete", "delete a topic, its ledgers and subscriptions", topic_commands.delete))
+
+    produce = commands.add_parser("produce", help="send messages to a topic", description="send standard input's lines (or --count generated messages) to a topic")
+    _common(produce)
+    produce.set_defaults(handler=topic_commands.produce, action=None)
+    topic_commands.add_produce(produce)
+
+    consume = commands.add_parser("consume", help="print a subscription's messages", description="receive, print and acknowledge a subscription's messages")
+    _common(consume)
+    consume.set_defaults(handler=topic_commands.consume, action=None)
+    topic_commands.add_consume(consume)
 
     simulator = commands.add_parser(
         "sim", help="run the deterministic simulator", description="run the deterministic simulator (sim/)"

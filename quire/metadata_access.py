@@ -8,18 +8,15 @@ from typing import AsyncIterator
 
 import trio
 
-from coordination.async_store import AsyncMetadataStore
+from coordination.async_store import AsyncMetadataStore, connect_zookeeper
 from coordination.store import MetadataError
-from coordination.zk_store import KazooMetadataStore
 from quire.cli import UsageError
 
 
 @contextlib.asynccontextmanager
 async def open_metadata(zk_hosts: str, root: str, *, connect_timeout_ms: int = 5_000) -> AsyncIterator[AsyncMetadataStore]:
     try:
-        store = await trio.to_thread.run_sync(
-            lambda: KazooMetadataStore.connect(zk_hosts, root, connect_timeout_ms=connect_timeout_ms)
-        )
+        store = await connect_zookeeper(zk_hosts, root, connect_timeout_ms=connect_timeout_ms)
     except (MetadataError, ValueError) as error:
         raise UsageError(str(error)) from None
     async with AsyncMetadataStore(store) as metadata:

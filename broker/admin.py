@@ -1,0 +1,122 @@
+"""Administrative requests a broker answers (`quire topic ...` and the
+client's admin calls): topics and their policies, partition stats,
+deletion, unloading, retention on demand.
+
+Requests about a partition's live state (stats, delete, unload, retention)
+go to its owner (the client looks it up first); the others any broker
+answers from ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from broker.errors import BadRequestError, TopicExistsError, TopicNotFoundError
+from broker.topic_store import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
+from coordination.store import BadVersionError, NodeExistsError
+
+if TYPE_CHECKING:
+    from broker.server import BrokerServer
+
+POLICY_UPDATE_TRIES_MAX = 5
+
+
+def _argument(arguments: dict, name: str, kind: type, default: Any = ...) -> Any:
+    value = arguments.get(name, default)
+    if value is ...:
+        raise BadRequestError(f"missing argument {name!r}")
+    if value is not None and type(value) is not kind:
+        raise BadRequestError(f"argument {name!r} must be {kind.__name__}")
+    return value
+
+
+class AdminHandler:
+    def __init__(self, server: "BrokerServer") -> None:
+        self.server = server
+
+    async def handle(self, action: str, arguments: dict) -> dict:
+        method = getattr(self, f"_{action}", None)
+        if method is None or action.startswith("_"):
+            raise BadRequestError(f"unknown admin action {action!r}")
+        return await method(arguments)
+
+    async def _topic_metadata(self, arguments: dict) -> dict:
+        topic = check_name(_argument(arguments, "topic", str))
+        record = await self.server.topic_record(topic, create=bool(_argument(arguments, "create", bool, False)))
+        return {"partitions": record.partitions, "policies": record.policies.to_dict()}
+
+    async def _create_topic(self, arguments: dict) -> dict:
+        topic = check_name(_argument(arguments, "topic", str))
+        partitions = _argument(arguments, "partitions", int, 0)
+        if not 0 <= partitions <= PARTITIONS_MAX:
+            raise BadRequestError(f"partitions must be in 0..{PARTITIONS_MAX}, got {partitions}")
+        policies = TopicPolicies.from_dict(_argument(arguments, "policies", dict, {}), self.server.config.default_policies)
+        try:
+            await self.server.topic_store.create_topic(topic, TopicRecord(partitions, policies, int(time.time() * 1000)))
+        except NodeExistsError:
+            raise TopicExistsError(f"topic {topic!r} exists") from None
+        return {"topic": topic, "partitions": partitions, "policies": policies.to_dict()}
+
+    async def _set_policies(self, arguments: dict) -> dict:
+        topic = check_name(_argument(arguments, "topic", str))
+        changes = _argument(arguments, "policies", dict)
+        store = self.server.topic_store
+        for _ in range(POLICY_UPDATE_TRIES_MAX):
+            found = await store.read_topic(topic)
+            if found is None:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist")
+            record, version = found
+            policies = TopicPolicies.from_dict(changes, record.policies)
+            try:
+                await store.write_topic(topic, TopicRecord(record.partitions, policies, record.created_ms), version)
+            except BadVersionError:
+                continue
+            return {"topic": topic, "policies": policies.to_dict()}
+        raise BadRequestError(f"topic {topic!r} changed {POLICY_UPDATE_TRIES_MAX} times while its policies were set; retry")
+
+    async def _list_topics(self, arguments: dict) -> dict:
+        topics = []
+        for topic in await self.server.topic_store.list_topics():
+            found = await self.server.topic_store.read_topic(topic)
+            if found is not None:
+                topics.append({"topic": topic, "partitions": found[0].partitions})
+        return {"topics": topics}
+
+    async def _brokers(self, arguments: dict) -> dict:
+        brokers = await self.server.ownership.live_brokers()
+        return {"brokers": [{"broker_id": info.broker_id, "address": info.address} for info in brokers.values()]}
+
+    async def _partition_stats(self, arguments: dict) -> dict:
+        partition = check_name(_argument(arguments, "partition", str))
+        service = await self.server.serving(partition)
+        return service.describe()
+
+    async def _delete_partition(self, arguments: dict) -> dict:
+        partition = check_name(_argument(arguments, "partition", str))
+        await self.server.delete_partition(partition, force=bool(_argument(arguments, "force", bool, False)))
+        return {}
+
+    async def _delete_topic_record(self, arguments: dict) -> dict:
+        topic = check_name(_argument(arguments, "topic", str))
+        found = await self.server.topic_store.read_topic(topic)
+        if found is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        for partition in found[0].partition_names(topic):
+            if await self.server.topic_store.read_managed_ledger(partition) is not None:
+                raise BadRequestError(f"partition {partition} still exists: delete the partitions first")
+        await self.server.topic_store.delete_topic_record(topic)
+        return {}
+
+    async def _unload(self, arguments: dict) -> dict:
+        partition = check_name(_argument(arguments, "partition", str))
+        return {"unloaded": await self.server.unload_partition(partition)}
+
+    async def _apply_retention(self, arguments: dict) -> dict:
+        partition = check_name(_argument(arguments, "partition", str))
+        service = await self.server.serving(partition)
+        deleted = await service.apply_retention()
+        return {"deleted_ledgers": deleted, "first_offset": service.ml.first_offset}
+
+
+__all__ = ["AdminHandler"]

@@ -1,0 +1,60 @@
+"""One broker process from start to stop: connect to ZooKeeper, open the
+ledger client, listen, register, serve; on SIGTERM/SIGINT unload every
+partition gracefully (another broker takes each on its next lookup),
+unregister and exit."""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+import trio
+
+from broker.server import BrokerConfig, BrokerServer
+from coordination.store import MetadataError
+from coordination.async_store import connect_zookeeper
+from ledger_client import BookKeeper
+
+log = logging.getLogger(__name__)
+
+
+class BrokerStartupError(Exception):
+    """The broker cannot start; the message is one clear line for the operator."""
+
+
+async def run_broker(
+    config: BrokerConfig,
+    zk_hosts: str,
+    root: str,
+    *,
+    session_timeout_ms: int = 10_000,
+    handle_signals: bool = True,
+    task_status=trio.TASK_STATUS_IGNORED,
+) -> None:
+    try:
+        sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
+    except (MetadataError, ValueError) as error:
+        raise BrokerStartupError(str(error)) from None
+    async with BookKeeper.open(sync_store) as bk:
+        server = BrokerServer(config, bk, bk.store)
+        try:
+            await server.listen()
+        except OSError as error:
+            raise BrokerStartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.run)
+            message = f"broker {server.info.broker_id} serving on {server.info.address}"
+            log.info(message)
+            print(message, flush=True)
+            task_status.started(server)
+            if handle_signals:
+                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                    async for signal_number in signals:
+                        log.info("received %s: unloading partitions", signal.Signals(signal_number).name)
+                        break
+            else:
+                await trio.sleep_forever()
+            await server.shutdown()
+
+
+__all__ = ["BrokerStartupError", "run_broker"]

@@ -1,0 +1,299 @@
+"""`Client`: the entry point of the broker client. It finds the brokers
+(through ZooKeeper, or a fixed list), looks partitions up (following
+redirects), keeps one connection per broker, and makes producers,
+consumers, readers and admin calls.
+
+    async with Client.connect("127.0.0.1:2181", root="/quire") as client:
+        producer = await client.create_producer("orders", producer_id="billing-1")
+        message_id = await producer.send(b"payload", key="account-42")
+        consumer = await client.subscribe("orders", subscription="audit", subscription_type="shared")
+        message = await consumer.receive()
+        await consumer.acknowledge(message)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import random
+import uuid
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+import trio
+
+from broker.client.connection import BrokerConnection
+from broker.client.consumer import Consumer, ConsumerOptions, PartitionConsumer
+from broker.client.producer import Producer, ProducerOptions, PartitionProducer
+from broker.dispatcher import SubscriptionType
+from broker.errors import ConnectionClosedError, ServiceUnavailableError
+from broker.message_format import Codec
+from broker.protocol import FRAME_BYTES_MAX_DEFAULT, Admin, Lookup
+from broker.topic_store import check_name, partition_name
+from ledger_client.exception_groups import unwrap_single_exception
+
+LOOKUP_HOPS_MAX = 8  # redirects followed by one lookup
+
+
+class Client:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        discover: Callable[[], Awaitable[list[str]]],
+        *,
+        rng: random.Random,
+        client_name: str,
+        frame_bytes_max: int,
+    ) -> None:
+        self.nursery = nursery
+        self._discover = discover
+        self.rng = rng
+        self.client_name = client_name
+        self.frame_bytes_max = frame_bytes_max
+        self._handles = itertools.count(1)
+        self._connections: dict[str, BrokerConnection] = {}
+        self._connecting: dict[str, trio.Lock] = {}
+        self._brokers: list[str] = []
+        self._closables: list[Any] = []
+
+    # --- lifetime ---------------------------------------------------------------------------
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def connect(
+        cls,
+        zk_hosts: str = "127.0.0.1:2181",
+        root: str = "/quire",
+        *,
+        service_url: str | None = None,
+        session_timeout_ms: int = 10_000,
+        rng: random.Random | None = None,
+        client_name: str = "quire-client",
+        frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+    ) -> AsyncIterator["Client"]:
+        """A client of the cluster whose metadata is at `zk_hosts` under
+        `root` (brokers found through ZooKeeper), or of the brokers listed in
+        `service_url` ("host:port,host:port")."""
+        async with contextlib.AsyncExitStack() as stack:
+            if service_url is not None:
+                addresses = [address.strip() for address in service_url.split(",") if address.strip()]
+                if not addresses:
+                    raise ValueError(f"service_url names no broker: {service_url!r}")
+
+                async def discover() -> list[str]:
+                    return list(addresses)
+            else:
+                from broker.ownership import list_brokers
+                from coordination.async_store import AsyncMetadataStore, connect_zookeeper
+
+                sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
+                store = await stack.enter_async_context(AsyncMetadataStore(sync_store))
+
+                async def discover() -> list[str]:
+                    return [info.address for info in (await list_brokers(store)).values()]
+
+            with unwrap_single_exception():
+                async with trio.open_nursery() as nursery:
+                    client = cls(nursery, discover, rng=rng or random.Random(), client_name=client_name,
+                                 frame_bytes_max=frame_bytes_max)
+                    try:
+                        yield client
+                    finally:
+                        await client.aclose()
+                        nursery.cancel_scope.cancel()
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(5):
+                for closable in reversed(self._closables):
+                    await closable.close()
+            for connection in list(self._connections.values()):
+                await connection.aclose()
+
+    def new_handle(self) -> int:
+        return next(self._handles)
+
+    # --- connections and lookups -------------------------------------------------------------
+
+    async def connection(self, address: str) -> BrokerConnection:
+        """The connection to a broker (made once, shared)."""
+        connection = self._connections.get(address)
+        if connection is not None and connection.closed is None:
+            return connection
+        lock = self._connecting.setdefault(address, trio.Lock())
+        async with lock:
+            connection = self._connections.get(address)
+            if connection is not None and connection.closed is None:
+                return connection
+            connection = await BrokerConnection.connect(address, self.client_name, frame_bytes_max=self.frame_bytes_max)
+            await self.nursery.start(connection.run)
+            self._connections[address] = connection
+            return connection
+
+    async def _any_connection(self) -> BrokerConnection:
+        """A connection to some live broker."""
+        for refresh in (False, True):
+            if refresh or not self._brokers:
+                self._brokers = await self._discover()
+            live = [address for address in self._brokers if address in self._connections and self._connections[address].closed is None]
+            candidates = live or self.rng.sample(self._brokers, len(self._brokers))
+            for address in candidates:
+                try:
+                    return await self.connection(address)
+                except ConnectionClosedError:
+                    continue
+        raise ServiceUnavailableError("no broker is reachable")
+
+    async def lookup(self, partition: str) -> str:
+        """The address of the broker serving `partition`."""
+        connection = await self._any_connection()
+        authoritative = False
+        for _ in range(LOOKUP_HOPS_MAX):
+            body = await connection.request(lambda request_id: Lookup(request_id, partition, authoritative))
+            if not body["redirect"]:
+                return body["address"]
+            connection = await self.connection(body["address"])
+            authoritative = True
+        raise ServiceUnavailableError(f"lookup of {partition} redirected {LOOKUP_HOPS_MAX} times")
+
+    async def connection_for(self, partition: str) -> BrokerConnection:
+        return await self.connection(await self.lookup(partition))
+
+    async def admin(self, action: str, **arguments: Any) -> dict:
+        """An admin request any broker answers."""
+        connection = await self._any_connection()
+        return await connection.request(lambda request_id: Admin(request_id, action, arguments))
+
+    async def admin_at_owner(self, partition: str, action: str, **arguments: Any) -> dict:
+        connection = await self.connection_for(partition)
+        return await connection.request(lambda request_id: Admin(request_id, action, {"partition": partition, **arguments}))
+
+    async def partition_names(self, topic: str, *, create: bool) -> list[tuple[str, int]]:
+        """(partition name, index) of each partition of a topic; a topic that
+        is not partitioned is its own partition, index -1."""
+        check_name(topic)
+        body = await self.admin("topic_metadata", topic=topic, create=create)
+        count = body["partitions"]
+        if count == 0:
+            return [(topic, -1)]
+        return [(partition_name(topic, index), index) for index in range(count)]
+
+    # --- producers, consumers, readers -----------------------------------------------------------
+
+    async def create_producer(
+        self,
+        topic: str,
+        producer_id: str | None = None,
+        *,
+        batching: bool = False,
+        batch_messages_max: int = 1_000,
+        batch_bytes_max: int = 1024 * 1024,
+        batch_delay_ms: float = 1.0,
+        codec: Codec | str = Codec.NONE,
+        pending_messages_max: int = 10_000,
+    ) -> Producer:
+        """A producer on `topic` (created on first use if the brokers allow
+        it). A `producer_id` makes publishing exactly-once across restarts:
+        the producer learns the last sequence id the partition persisted for it."""
+        producer_id = check_name(producer_id or f"producer-{uuid.uuid4().hex[:12]}", "producer")
+        options = ProducerOptions(batching, batch_messages_max, batch_bytes_max, batch_delay_ms, Codec.parse(codec),
+                                  pending_messages_max)
+        partitions = []
+        for name, index in await self.partition_names(topic, create=True):
+            partition = PartitionProducer(self, topic, name, index, producer_id, options)
+            await self.nursery.start(partition.run)
+            partitions.append(partition)
+        producer = Producer(topic, producer_id, partitions)
+        self._closables.append(producer)
+        return producer
+
+    async def subscribe(
+        self,
+        topic: str,
+        subscription: str,
+        subscription_type: SubscriptionType | str = SubscriptionType.EXCLUSIVE,
+        *,
+        consumer_name: str = "",
+        receiver_queue_size: int = 1_000,
+        ack_timeout_ms: float | None = None,
+        negative_ack_delay_ms: float = 1_000.0,
+        ack_group_ms: float = 1.0,
+        priority: int = 0,
+        initial_position: str = "latest",
+        important: bool = False,
+    ) -> Consumer:
+        """A consumer of a durable subscription (created if new, at the
+        `initial_position`). `important`: the subscription holds every
+        message it has not acknowledged, whatever the topic's retention."""
+        check_name(subscription, "subscription")
+        options = ConsumerOptions(
+            SubscriptionType.parse(subscription_type).value, consumer_name, receiver_queue_size, ack_timeout_ms,
+            negative_ack_delay_ms, ack_group_ms, priority, initial_position, important,
+        )
+        return await self._consumer(topic, subscription, options)
+
+    async def create_reader(self, topic: str, *, start: str | int = "earliest", receiver_queue_size: int = 1_000) -> Consumer:
+        """A non-durable reader: nothing of it is stored, it holds no data,
+        and it reads from `start`: "earliest", "latest", or a partition offset
+        (for a topic that is not partitioned, or one partition by its name)."""
+        initial_position, start_offset = ("earliest", None) if start == "earliest" else ("latest", None)
+        if isinstance(start, int) and not isinstance(start, bool):
+            start_offset = start
+        elif start not in ("earliest", "latest"):
+            raise ValueError(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
+        options = ConsumerOptions(SubscriptionType.EXCLUSIVE.value, "", receiver_queue_size, None, 1_000.0, 1.0, 0,
+                                  initial_position, False, durable=False, start_offset=start_offset)
+        return await self._consumer(topic, f"reader-{uuid.uuid4().hex[:12]}", options)
+
+    async def _consumer(self, topic: str, subscription: str, options: ConsumerOptions) -> Consumer:
+        consumer = Consumer(topic, subscription)
+        for name, index in await self.partition_names(topic, create=True):
+            partition = PartitionConsumer(self, consumer, topic, name, index, subscription, options)
+            await self.nursery.start(partition.run)
+            consumer.partitions.append(partition)
+        self._closables.append(consumer)
+        return consumer
+
+    # --- admin -----------------------------------------------------------------------------------
+
+    async def create_topic(self, topic: str, partitions: int = 0, **policies: Any) -> dict:
+        return await self.admin("create_topic", topic=topic, partitions=partitions, policies=policies)
+
+    async def set_policies(self, topic: str, **policies: Any) -> dict:
+        return await self.admin("set_policies", topic=topic, policies=policies)
+
+    async def list_topics(self) -> list[dict]:
+        return (await self.admin("list_topics"))["topics"]
+
+    async def brokers(self) -> list[dict]:
+        return (await self.admin("brokers"))["brokers"]
+
+    async def topic_stats(self, topic: str) -> dict:
+        """Each partition's stats, from its owner: offsets, rates, stored
+        bytes, producers, subscriptions with their backlog, ledgers."""
+        partitions = await self.partition_names(topic, create=False)
+        return {
+            "topic": topic,
+            "partitions": {name: await self.admin_at_owner(name, "partition_stats") for name, _ in partitions},
+        }
+
+    async def delete_topic(self, topic: str, *, force: bool = False) -> None:
+        """Delete a topic: every partition's ledgers and subscriptions, then
+        the topic. Refused while producers or consumers are connected,
+        unless forced."""
+        for name, _ in await self.partition_names(topic, create=False):
+            await self.admin_at_owner(name, "delete_partition", force=force)
+        await self.admin("delete_topic_record", topic=topic)
+
+    async def unload(self, topic: str) -> None:
+        """Have each partition's owner give it up (another broker, or the
+        same, takes it on the next lookup)."""
+        for name, _ in await self.partition_names(topic, create=False):
+            await self.admin_at_owner(name, "unload")
+
+    async def apply_retention(self, topic: str) -> dict:
+        """Apply retention now (brokers do it every few seconds anyway)."""
+        return {name: await self.admin_at_owner(name, "apply_retention")
+                for name, _ in await self.partition_names(topic, create=False)}
+
+
+__all__ = ["Client"]

@@ -1,0 +1,403 @@
+"""Consumers. A `PartitionConsumer` is one subscription's consumer on one
+partition: it gives the broker permits (flow control: at most
+`receiver_queue_size` messages wait in the client), unpacks delivered
+entries into messages, gathers acknowledgements into one request every
+`ack_group_ms` (an acknowledgement returns once the broker has made it
+durable), redelivers negatively acknowledged messages after a delay and
+unacknowledged ones after the ack timeout, and after a broken connection or
+a partition that moved, subscribes again (the broker redelivers what was not
+acknowledged). `Consumer` merges a topic's partitions into one stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from broker.client.backoff import Backoff
+from broker.client.connection import BrokerConnection
+from broker.client.messages import Message, MessageId
+from broker.client.producer import RECONNECT_ERRORS
+from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
+from broker.message_format import MalformedEntryError, decode_body, decode_entry
+from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
+
+if TYPE_CHECKING:
+    from broker.client.client import Client
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConsumerOptions:
+    subscription_type: str = "exclusive"
+    consumer_name: str = ""
+    receiver_queue_size: int = 1_000  # messages waiting in the client, per partition
+    ack_timeout_ms: float | None = None  # unacknowledged this long: delivered again
+    negative_ack_delay_ms: float = 1_000.0
+    ack_group_ms: float = 1.0
+    priority: int = 0
+    initial_position: str = "latest"  # of a new subscription: "earliest" or "latest"
+    important: bool = False  # the subscription holds every message it has not acknowledged, whatever the retention
+    durable: bool = True
+    start_offset: int | None = None  # readers: where to start
+
+    def __post_init__(self) -> None:
+        if self.receiver_queue_size < 2:
+            raise ValueError("receiver_queue_size must be at least 2")
+        if self.initial_position not in ("earliest", "latest"):
+            raise ValueError(f"initial_position must be 'earliest' or 'latest', got {self.initial_position!r}")
+        if self.ack_timeout_ms is not None and self.ack_timeout_ms <= 0:
+            raise ValueError("ack_timeout_ms must be positive")
+
+
+class _AckGroup:
+    __slots__ = ("offsets", "cumulative", "done", "error")
+
+    def __init__(self, cumulative: bool) -> None:
+        self.offsets: list[int] = []
+        self.cumulative = cumulative
+        self.done = trio.Event()
+        self.error: BaseException | None = None
+
+
+class PartitionConsumer:
+    def __init__(self, client: "Client", consumer: "Consumer", topic: str, partition: str, partition_index: int,
+                 subscription: str, options: ConsumerOptions) -> None:
+        self.client = client
+        self.consumer = consumer
+        self.topic = topic
+        self.partition = partition
+        self.partition_index = partition_index
+        self.subscription = subscription
+        self.options = options
+        self.handle = client.new_handle()
+        self._connection: BrokerConnection | None = None
+        self._lost = trio.Event()
+        self._connected = trio.Event()
+        self._closed = False
+        self._generation = 0  # connections made; messages of an older one are dropped
+        self._given_since_flow = 0
+        self._acks = _AckGroup(False)
+        self._ack_wakeup = trio.Event()
+        self._unacked_deadlines: collections.OrderedDict[int, float] = collections.OrderedDict()  # offset -> deadline (s)
+        self._cancel_scope = trio.CancelScope()
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        backoff = Backoff(self.client.rng)
+        with self._cancel_scope:
+            while True:
+                try:
+                    await self._connect()
+                    break
+                except RECONNECT_ERRORS as error:
+                    log.info("consumer of %s on %s: subscribing: %s", self.subscription, self.partition, error)
+                    await trio.sleep(backoff.next_delay_s())
+            task_status.started()
+            backoff.reset()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._ack_loop)
+                if self.options.ack_timeout_ms is not None:
+                    nursery.start_soon(self._ack_timeout_loop)
+                while not self._closed:
+                    await self._lost.wait()
+                    await trio.sleep(backoff.next_delay_s())
+                    try:
+                        await self._connect()
+                        backoff.reset()
+                    except RECONNECT_ERRORS as error:
+                        log.info("consumer of %s on %s: resubscribing: %s", self.subscription, self.partition, error)
+                    except BrokerError as error:
+                        log.warning("consumer of %s on %s: %s; retrying", self.subscription, self.partition, error)
+
+    async def _connect(self) -> None:
+        options = self.options
+        connection = await self.client.connection_for(self.partition)
+        await connection.request(lambda request_id: Subscribe(
+            request_id, self.handle, self.partition, self.subscription, options.subscription_type,
+            options.consumer_name, options.priority, options.initial_position, options.durable, options.important,
+            options.start_offset,
+        ))
+        self._generation += 1
+        # What was queued from the last connection is delivered again by the broker.
+        self.consumer._drop_queued(self)
+        self._unacked_deadlines.clear()
+        self._given_since_flow = 0
+        self._lost = trio.Event()
+        self._connection = connection
+        connection.register_consumer(self.handle, self._on_message, self._on_closed)
+        connection.send(Flow(self.handle, options.receiver_queue_size))
+        self._connected.set()
+
+    def _on_closed(self, reason: str) -> None:
+        if self._connection is not None:
+            log.info("consumer of %s on %s: %s", self.subscription, self.partition, reason)
+        self._connection = None
+        self._connected = trio.Event()
+        self._lost.set()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        connection = self._connection
+        if connection is not None and connection.closed is None:
+            connection.forget_consumer(self.handle)
+            try:
+                await connection.request(lambda request_id: CloseConsumer(request_id, self.handle))
+            except BrokerError:
+                pass
+        self._cancel_scope.cancel()
+
+    # --- receiving ---------------------------------------------------------------------------
+
+    def _on_message(self, delivery: MessageDelivery) -> None:
+        try:
+            header, body = decode_entry(delivery.entry)
+            records = decode_body(header, body)
+        except MalformedEntryError as error:
+            # Not a message this broker's producers wrote (a bug or a damaged
+            # entry): it is skipped here, and said loudly.
+            log.error("consumer of %s on %s: entry %d:%d is malformed, skipped: %s",
+                      self.subscription, self.partition, delivery.ledger_id, delivery.entry_id, error)
+            return
+        messages = []
+        for index in delivery.batch_indexes:
+            if not 0 <= index < len(records):
+                continue
+            record = records[index]
+            messages.append(Message(
+                topic=self.topic, partition=self.partition,
+                message_id=MessageId(delivery.ledger_id, delivery.entry_id, index, self.partition_index),
+                offset=header.first_offset + index, data=record.payload, key=header.key_of(index),
+                properties=record.properties, publish_time_ms=record.publish_time_ms, producer_id=header.producer_id,
+                sequence_id=record.sequence_id, codec=header.codec.value, redelivery_count=delivery.redelivery_count,
+            ))
+        self.consumer._enqueue(self, self._generation, messages)
+
+    def _given(self, message: Message) -> None:
+        """The application took a message: track its ack timeout, and give
+        permits back once half the queue was taken."""
+        if self.options.ack_timeout_ms is not None:
+            self._unacked_deadlines[message.offset] = trio.current_time() + self.options.ack_timeout_ms / 1000.0
+        self._given_since_flow += 1
+        if self._given_since_flow >= self.options.receiver_queue_size // 2:
+            self._send(Flow(self.handle, self._given_since_flow))
+            self._given_since_flow = 0
+
+    def _send(self, message) -> None:
+        connection = self._connection
+        if connection is not None:
+            try:
+                connection.send(message)
+            except ConnectionClosedError:
+                self._on_closed("connection closed")
+
+    # --- acknowledging ---------------------------------------------------------------------
+
+    async def acknowledge(self, offset: int) -> None:
+        self._unacked_deadlines.pop(offset, None)
+        group = self._acks
+        group.offsets.append(offset)
+        self._ack_wakeup.set()
+        await group.done.wait()
+        if group.error is not None:
+            raise group.error
+
+    async def acknowledge_cumulative(self, offset: int) -> None:
+        for tracked in [tracked for tracked in self._unacked_deadlines if tracked <= offset]:
+            del self._unacked_deadlines[tracked]
+        group = _AckGroup(True)
+        group.offsets.append(offset)
+        await self._send_acks(group)
+        if group.error is not None:
+            raise group.error
+
+    async def _ack_loop(self) -> None:
+        delay_s = self.options.ack_group_ms / 1000.0
+        while True:
+            await self._ack_wakeup.wait()
+            self._ack_wakeup = trio.Event()
+            if delay_s > 0:
+                await trio.sleep(delay_s)
+            group, self._acks = self._acks, _AckGroup(False)
+            if group.offsets:
+                self.client.nursery.start_soon(self._send_acks, group)
+
+    async def _send_acks(self, group: _AckGroup) -> None:
+        """Send a group of acknowledgements until the broker takes it (over
+        reconnections: an acknowledgement names an offset, valid for any
+        consumer of the subscription)."""
+        try:
+            while not self._closed:
+                await self._connected.wait()
+                connection = self._connection
+                if connection is None:
+                    continue
+                try:
+                    await connection.request(lambda request_id: Ack(request_id, self.handle, group.cumulative, group.offsets))
+                    return
+                except RECONNECT_ERRORS:
+                    if self._connection is connection:
+                        connection.forget_consumer(self.handle)
+                        self._on_closed("acknowledgement failed")
+                    await trio.sleep(0.05)
+                except BrokerError as error:
+                    group.error = error
+                    return
+            group.error = ClientClosedError("consumer closed")
+        finally:
+            group.done.set()
+
+    def negative_acknowledge(self, offset: int) -> None:
+        self._unacked_deadlines.pop(offset, None)
+        self.client.nursery.start_soon(self._redeliver_later, [offset], self.options.negative_ack_delay_ms / 1000.0)
+
+    async def _redeliver_later(self, offsets: list[int], delay_s: float) -> None:
+        await trio.sleep(delay_s)
+        self._send(Redeliver(self.handle, offsets))
+
+    async def _ack_timeout_loop(self) -> None:
+        timeout_s = self.options.ack_timeout_ms / 1000.0
+        while True:
+            await trio.sleep(max(0.01, timeout_s / 4))
+            now = trio.current_time()
+            expired = [offset for offset, deadline in self._unacked_deadlines.items() if deadline <= now]
+            for offset in expired:
+                del self._unacked_deadlines[offset]
+            if expired:
+                log.info("consumer of %s on %s: %d messages not acknowledged in time, delivered again",
+                         self.subscription, self.partition, len(expired))
+                self._send(Redeliver(self.handle, expired))
+
+    # --- seeking and unsubscribing --------------------------------------------------------------
+
+    async def seek(self, *, offset: int | None = None, publish_time_ms: int | None = None,
+                   message_id: MessageId | None = None) -> int:
+        await self._connected.wait()
+        connection = self._connection
+        assert connection is not None
+        position = None if message_id is None else [message_id.ledger_id, message_id.entry_id, message_id.batch_index]
+        body = await connection.request(lambda request_id: Seek(request_id, self.handle, offset, publish_time_ms, position))
+        self.consumer._drop_queued(self)
+        self._unacked_deadlines.clear()
+        return body.get("offset", -1)
+
+    async def unsubscribe(self) -> None:
+        await self._connected.wait()
+        connection = self._connection
+        assert connection is not None
+        await connection.request(lambda request_id: Unsubscribe(request_id, self.handle))
+        self._closed = True
+        connection.forget_consumer(self.handle)
+        self._cancel_scope.cancel()
+
+
+class Consumer:
+    """A subscription's consumer on a topic: every partition's messages in
+    one queue, `receive()` in arrival order (per partition, in order)."""
+
+    def __init__(self, topic: str, subscription: str) -> None:
+        self.topic = topic
+        self.subscription = subscription
+        self.partitions: list[PartitionConsumer] = []
+        self._queue: collections.deque[tuple[PartitionConsumer, int, Message]] = collections.deque()
+        self._arrived = trio.Event()
+        self._closed = False
+
+    def _enqueue(self, source: PartitionConsumer, generation: int, messages: list[Message]) -> None:
+        for message in messages:
+            self._queue.append((source, generation, message))
+        if messages:
+            self._arrived.set()
+
+    def _drop_queued(self, source: PartitionConsumer) -> None:
+        self._queue = collections.deque(item for item in self._queue if item[0] is not source)
+
+    def _by_partition(self, message: Message) -> PartitionConsumer:
+        for partition in self.partitions:
+            if partition.partition == message.partition:
+                return partition
+        raise ValueError(f"message {message.message_id} is not from this consumer's partitions")
+
+    async def receive(self) -> Message:
+        """The next message (waits for one). Bound it with trio.fail_after."""
+        while True:
+            if self._closed:
+                raise ClientClosedError(f"consumer of {self.subscription} is closed")
+            while self._queue:
+                source, generation, message = self._queue.popleft()
+                if generation != source._generation:
+                    continue  # from a connection since replaced: the broker delivers it again
+                source._given(message)
+                return message
+            self._arrived = trio.Event()
+            await self._arrived.wait()
+
+    def receive_nowait(self) -> Message | None:
+        while self._queue:
+            source, generation, message = self._queue.popleft()
+            if generation == source._generation:
+                source._given(message)
+                return message
+        return None
+
+    async def acknowledge(self, message: Message) -> None:
+        """Acknowledge one message; returns once the broker made it durable."""
+        await self._by_partition(message).acknowledge(message.offset)
+
+    async def acknowledge_cumulative(self, message: Message) -> None:
+        """Acknowledge this message and every one before it in its partition."""
+        await self._by_partition(message).acknowledge_cumulative(message.offset)
+
+    def negative_acknowledge(self, message: Message) -> None:
+        """Ask for the message again, after the negative-ack delay."""
+        self._by_partition(message).negative_acknowledge(message.offset)
+
+    async def seek(self, *, offset: int | None = None, message_id: MessageId | None = None,
+                   publish_time_ms: int | None = None) -> None:
+        """Move the subscription: to a partition offset (one partition), to
+        just at a message id, or to the first message published at or after a time."""
+        if publish_time_ms is not None:
+            for partition in self.partitions:
+                await partition.seek(publish_time_ms=publish_time_ms)
+            return
+        if message_id is not None:
+            for partition in self.partitions:
+                if partition.partition_index == message_id.partition:
+                    await partition.seek(message_id=message_id)
+                    return
+            raise ValueError(f"message id {message_id} names partition {message_id.partition}, not one of this consumer's")
+        if offset is None:
+            raise ValueError("seek needs an offset or a publish time")
+        if len(self.partitions) != 1:
+            raise ValueError("seek to an offset is per partition: use a consumer of one partition")
+        await self.partitions[0].seek(offset=offset)
+
+    async def unsubscribe(self) -> None:
+        for partition in self.partitions:
+            await partition.unsubscribe()
+        self._closed = True
+        self._arrived.set()
+
+    async def close(self) -> None:
+        for partition in self.partitions:
+            await partition.close()
+        self._closed = True
+        self._arrived.set()
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Message:
+        return await self.receive()
+
+
+__all__ = ["Consumer", "ConsumerOptions", "PartitionConsumer"]

@@ -1,0 +1,420 @@
+"""Producers. A `PartitionProducer` publishes to one partition: it gives each
+message a sequence id (one more than the last, unless the caller names
+one), groups messages into batches when batching is on, keeps every batch
+until the broker's receipt, and after a broken connection or a partition
+that moved, looks the partition up again and resends what is pending in
+order; the broker's deduplication drops what it had persisted already.
+`Producer` routes messages over a topic's partitions by key hash.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from broker.client.backoff import Backoff
+from broker.client.connection import BrokerConnection
+from broker.client.messages import MessageId, SendResult
+from broker.errors import (
+    BadRequestError,
+    BrokerError,
+    BrokerStatus,
+    ClientClosedError,
+    ConnectionClosedError,
+    NotOwnerError,
+    ProducerBusyError,
+    RetryLaterError,
+    ServiceUnavailableError,
+    TopicFencedError,
+    error_for_status,
+)
+from broker.message_format import Codec, encode_body
+from broker.protocol import CloseProducer, ProducerOpen, Send, SendReceipt
+from broker.topic_store import check_name
+
+if TYPE_CHECKING:
+    from broker.client.client import Client
+
+log = logging.getLogger(__name__)
+
+RETRY_DELAY_S = 0.05  # after the broker says "being written, ask again"
+# Errors after which a producer looks its partition up again and resends.
+RECONNECT_ERRORS = (ConnectionClosedError, NotOwnerError, TopicFencedError, ServiceUnavailableError, ProducerBusyError)
+
+
+@dataclass(frozen=True)
+class ProducerOptions:
+    batching: bool = False
+    batch_messages_max: int = 1_000
+    batch_bytes_max: int = 1024 * 1024
+    batch_delay_ms: float = 1.0
+    codec: Codec = Codec.NONE
+    pending_messages_max: int = 10_000  # sent and not yet acknowledged by the broker; past it, send waits
+
+    def __post_init__(self) -> None:
+        if self.batch_messages_max < 1 or self.batch_bytes_max < 1 or self.pending_messages_max < 1:
+            raise ValueError("batch_messages_max, batch_bytes_max and pending_messages_max must be at least 1")
+        if self.batch_delay_ms < 0:
+            raise ValueError("batch_delay_ms must not be negative")
+
+
+class SendFuture:
+    """A message handed to a producer; `await future.wait()` gives its
+    `SendResult` once the broker has persisted it."""
+
+    __slots__ = ("sequence_id", "_event", "_result", "_error")
+
+    def __init__(self, sequence_id: int) -> None:
+        self.sequence_id = sequence_id
+        self._event = trio.Event()
+        self._result: SendResult | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def _resolve(self, result: SendResult | None, error: BaseException | None = None) -> None:
+        if not self._event.is_set():
+            self._result, self._error = result, error
+            self._event.set()
+
+    async def wait(self) -> SendResult:
+        await self._event.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+@dataclass(slots=True)
+class _OutMessage:
+    sequence_id: int
+    publish_time_ms: int
+    key: str | None
+    properties: dict[str, str] | None
+    payload: bytes
+    future: SendFuture
+
+
+@dataclass(slots=True)
+class _Batch:
+    messages: list[_OutMessage]
+    frame: Send | None = None  # built once, resent as is
+
+    @property
+    def last_sequence_id(self) -> int:
+        return self.messages[-1].sequence_id
+
+
+@dataclass(slots=True)
+class _Building:
+    messages: list[_OutMessage] = field(default_factory=list)
+    bytes: int = 0
+
+
+class PartitionProducer:
+    def __init__(self, client: "Client", topic: str, partition: str, partition_index: int, producer_id: str,
+                 options: ProducerOptions) -> None:
+        self.client = client
+        self.topic = topic
+        self.partition = partition
+        self.partition_index = partition_index
+        self.producer_id = producer_id
+        self.options = options
+        self.handle = client.new_handle()
+        self.last_sequence_id = -1  # the highest given to a message
+        self.last_persisted_sequence_id = -1  # as the broker said on connecting
+        self._pending: collections.OrderedDict[int, _Batch] = collections.OrderedDict()  # by last sequence id, send order
+        self._by_sequence: dict[int, SendFuture] = {}
+        self._building = _Building()
+        self._room = trio.Semaphore(options.pending_messages_max)
+        self._connection: BrokerConnection | None = None
+        self._lost = trio.Event()
+        self._flush_wakeup = trio.Event()
+        self._closed = False
+        self._cancel_scope = trio.CancelScope()
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Connect (raising what no retry gets past: a topic that does not
+        exist, a bad name), then stay connected until closed."""
+        backoff = Backoff(self.client.rng)
+        with self._cancel_scope:
+            while True:
+                try:
+                    await self._connect(first=True)
+                    break
+                except RECONNECT_ERRORS as error:
+                    log.info("producer %s on %s: connecting: %s", self.producer_id, self.partition, error)
+                    await trio.sleep(backoff.next_delay_s())
+            task_status.started()
+            backoff.reset()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._batch_timer)
+                while not self._closed:
+                    await self._lost.wait()
+                    await trio.sleep(backoff.next_delay_s())
+                    try:
+                        await self._connect(first=False)
+                        backoff.reset()
+                    except RECONNECT_ERRORS as error:
+                        log.info("producer %s on %s: reconnecting: %s", self.producer_id, self.partition, error)
+                    except BrokerError as error:
+                        log.warning("producer %s on %s: %s; retrying", self.producer_id, self.partition, error)
+
+    async def _connect(self, *, first: bool) -> None:
+        connection = await self.client.connection_for(self.partition)
+        body = await connection.request(lambda request_id: ProducerOpen(request_id, self.handle, self.partition, self.producer_id))
+        last = body.get("last_sequence_id", -1)
+        self.last_persisted_sequence_id = last
+        if first or self.last_sequence_id < last:
+            self.last_sequence_id = max(self.last_sequence_id, last)
+        self._lost = trio.Event()
+        self._connection = connection
+        connection.register_producer(self.handle, self._on_receipt, self._on_closed)
+        for batch in self._pending.values():
+            self._send_frame(batch)
+        if not first:
+            log.info("producer %s on %s reconnected to %s; resent %d batches", self.producer_id, self.partition,
+                     connection.address, len(self._pending))
+
+    def _on_closed(self, reason: str) -> None:
+        if self._connection is not None:
+            log.info("producer %s on %s: %s", self.producer_id, self.partition, reason)
+        self._connection = None
+        self._lost.set()
+
+    async def close(self) -> None:
+        """Send what is being batched, wait for every receipt, then close."""
+        if self._closed:
+            return
+        await self.flush()
+        self._closed = True
+        connection = self._connection
+        if connection is not None and connection.closed is None:
+            connection.forget_producer(self.handle)
+            try:
+                await connection.request(lambda request_id: CloseProducer(request_id, self.handle))
+            except BrokerError:
+                pass
+        self._fail_all(ClientClosedError(f"producer {self.producer_id} closed"))
+        self._cancel_scope.cancel()
+
+    def abort(self) -> None:
+        self._closed = True
+        self._fail_all(ClientClosedError(f"producer {self.producer_id} closed"))
+        self._cancel_scope.cancel()
+
+    # --- sending ---------------------------------------------------------------------------
+
+    async def send_async(
+        self,
+        data: bytes,
+        *,
+        key: str | None = None,
+        properties: dict[str, str] | None = None,
+        sequence_id: int | None = None,
+    ) -> SendFuture:
+        """Hand a message over (waiting only for room under
+        `pending_messages_max`); the future gives its result."""
+        if self._closed:
+            raise ClientClosedError(f"producer {self.producer_id} is closed")
+        _check_message(data, key, properties)
+        if sequence_id is not None:
+            if type(sequence_id) is not int or sequence_id < 0:
+                raise ValueError(f"sequence_id must be a non-negative integer, got {sequence_id!r}")
+            pending = self._by_sequence.get(sequence_id)
+            if pending is not None:
+                return pending  # a retry of a message still on its way
+        await self._room.acquire()
+        if sequence_id is None:
+            sequence_id = self.last_sequence_id + 1
+        elif sequence_id <= self.last_sequence_id:
+            # An explicit retry of a message no longer pending: send it on its
+            # own, after what is being batched; the broker drops it if it was
+            # persisted before.
+            self._flush_building()
+        self.last_sequence_id = max(self.last_sequence_id, sequence_id)
+        future = SendFuture(sequence_id)
+        self._by_sequence[sequence_id] = future
+        message = _OutMessage(sequence_id, int(time.time() * 1000), key, properties, bytes(data), future)
+        building = self._building
+        building.messages.append(message)
+        building.bytes += len(data)
+        options = self.options
+        if (not options.batching or len(building.messages) >= options.batch_messages_max
+                or building.bytes >= options.batch_bytes_max or sequence_id < self.last_sequence_id):
+            self._flush_building()
+        elif len(building.messages) == 1:
+            self._flush_wakeup.set()
+        return future
+
+    async def send(self, data: bytes, **options: Any) -> SendResult:
+        future = await self.send_async(data, **options)
+        return await future.wait()
+
+    async def flush(self) -> None:
+        """Send what is being batched and wait until everything sent is persisted."""
+        self._flush_building()
+        for batch in list(self._pending.values()):
+            for message in batch.messages:
+                try:
+                    await message.future.wait()
+                except BrokerError:
+                    pass
+
+    async def _batch_timer(self) -> None:
+        delay_s = self.options.batch_delay_ms / 1000.0
+        while True:
+            await self._flush_wakeup.wait()
+            self._flush_wakeup = trio.Event()
+            if delay_s > 0:
+                await trio.sleep(delay_s)
+            self._flush_building()
+
+    def _flush_building(self) -> None:
+        messages = self._building.messages
+        if not messages:
+            return
+        self._building = _Building()
+        batch = _Batch(messages)
+        self._pending[batch.last_sequence_id] = batch
+        self._send_frame(batch)
+
+    def _send_frame(self, batch: _Batch) -> None:
+        if batch.frame is None:
+            messages = batch.messages
+            codec = self.options.codec
+            body = encode_body(((m.sequence_id, m.publish_time_ms, m.properties, m.payload) for m in messages), codec)
+            keys = [m.key for m in messages] if any(m.key is not None for m in messages) else None
+            batch.frame = Send(self.handle, messages[0].sequence_id, messages[-1].sequence_id, len(messages),
+                               messages[0].publish_time_ms, codec.value, keys, body)
+        connection = self._connection
+        if connection is None:
+            return  # sent on reconnection
+        try:
+            connection.send(batch.frame)
+        except ConnectionClosedError:
+            self._on_closed("connection closed")
+
+    # --- receipts ----------------------------------------------------------------------------
+
+    def _on_receipt(self, receipt: SendReceipt) -> None:
+        batch = self._pending.get(receipt.last_sequence_id)
+        if batch is None:
+            return  # a receipt for a batch settled already (answered twice after a resend)
+        status = BrokerStatus(receipt.status) if receipt.status in BrokerStatus._value2member_map_ else BrokerStatus.ERROR
+        if status is BrokerStatus.OK:
+            self._settle(batch, lambda index, message: SendResult(
+                MessageId(receipt.ledger_id, receipt.entry_id, index, self.partition_index),
+                receipt.first_offset + index, message.sequence_id))
+        elif status is BrokerStatus.DUPLICATE:
+            self._settle(batch, lambda index, message: SendResult(
+                MessageId(-1, -1, -1, self.partition_index), -1, message.sequence_id))
+        elif status is BrokerStatus.RETRY:
+            self.client.nursery.start_soon(self._resend_later, batch)
+        elif status in (BrokerStatus.TOPIC_FENCED, BrokerStatus.NOT_OWNER, BrokerStatus.SERVICE_UNAVAILABLE, BrokerStatus.ERROR):
+            # The partition moved or its broker failed: reconnect and resend everything pending.
+            connection = self._connection
+            if connection is not None:
+                connection.forget_producer(self.handle)
+                self._on_closed(f"broker answered {status.name}: {receipt.message}")
+        else:
+            error = error_for_status(status, receipt.message)
+            self._settle(batch, None, error)
+
+    async def _resend_later(self, batch: _Batch) -> None:
+        await trio.sleep(RETRY_DELAY_S)
+        if self._pending.get(batch.last_sequence_id) is batch:
+            self._send_frame(batch)
+
+    def _settle(self, batch: _Batch, result_of, error: BaseException | None = None) -> None:
+        del self._pending[batch.last_sequence_id]
+        for index, message in enumerate(batch.messages):
+            if self._by_sequence.get(message.sequence_id) is message.future:
+                del self._by_sequence[message.sequence_id]
+            message.future._resolve(None if error is not None else result_of(index, message), error)
+            self._room.release()
+
+    def _fail_all(self, error: BaseException) -> None:
+        for batch in list(self._pending.values()):
+            self._settle(batch, None, error)
+        for message in self._building.messages:
+            message.future._resolve(None, error)
+            self._room.release()
+        self._building = _Building()
+
+    @property
+    def pending_messages(self) -> int:
+        return sum(len(batch.messages) for batch in self._pending.values()) + len(self._building.messages)
+
+
+def _check_message(data: Any, key: Any, properties: Any) -> None:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise TypeError(f"message data must be bytes, got {type(data).__name__}")
+    if key is not None and not isinstance(key, str):
+        raise TypeError(f"key must be a string, got {type(key).__name__}")
+    if properties is not None and (
+        not isinstance(properties, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in properties.items())
+    ):
+        raise TypeError("properties must be a dict of str to str")
+
+
+def partition_for_key(key: str, partitions: int) -> int:
+    """Same key, same partition, in every process (crc32, not Python's hash)."""
+    return zlib.crc32(key.encode()) % partitions
+
+
+class Producer:
+    """A producer on a topic: one partition producer per partition; a
+    message with a key goes to the partition its key hashes to, one without
+    to the next partition in turn. Sequence ids are per partition."""
+
+    def __init__(self, topic: str, producer_id: str, partitions: list[PartitionProducer]) -> None:
+        self.topic = topic
+        self.producer_id = producer_id
+        self.partitions = partitions
+        self._round_robin = 0
+
+    def _route(self, key: str | None) -> PartitionProducer:
+        if len(self.partitions) == 1:
+            return self.partitions[0]
+        if key is not None:
+            return self.partitions[partition_for_key(key, len(self.partitions))]
+        self._round_robin = (self._round_robin + 1) % len(self.partitions)
+        return self.partitions[self._round_robin]
+
+    @property
+    def last_sequence_id(self) -> int:
+        """For a topic that is not partitioned: the last sequence id given out."""
+        return self.partitions[0].last_sequence_id if len(self.partitions) == 1 else -1
+
+    async def send_async(self, data: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
+                         sequence_id: int | None = None, partition: int | None = None) -> SendFuture:
+        target = self.partitions[partition] if partition is not None else self._route(key)
+        return await target.send_async(data, key=key, properties=properties, sequence_id=sequence_id)
+
+    async def send(self, data: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
+                   sequence_id: int | None = None, partition: int | None = None) -> MessageId:
+        """Send and wait until persisted; returns the message id."""
+        future = await self.send_async(data, key=key, properties=properties, sequence_id=sequence_id, partition=partition)
+        return (await future.wait()).message_id
+
+    async def flush(self) -> None:
+        for partition in self.partitions:
+            await partition.flush()
+
+    async def close(self) -> None:
+        for partition in self.partitions:
+            await partition.close()
+
+
+__all__ = ["Producer", "ProducerOptions", "PartitionProducer", "SendFuture", "partition_for_key"]

@@ -1,0 +1,384 @@
+"""Which consumer of a subscription gets which message (Pulsar's
+dispatchers), as a pure core: consumers, permits, acknowledgements and
+entries in; deliveries out. The driver reads entries, fetches their bytes
+and sends the deliveries, in the order given.
+
+Every message passes one path, in offset order: first the replay set
+(messages to deliver again: negatively acknowledged, timed out, left by a
+consumer that went away, or held back), then newly read entries. A
+consumer's messages are delivered in offset order: once one of its messages
+is held back (no permits, or a key-shared consumer that joined recently), its
+later messages are held back too, in the replay set. The replay set is
+bounded (`replay_max`): no new entries are read while it is full.
+
+Subscription types:
+- exclusive: one consumer; another is refused.
+- failover: one active consumer (lowest priority value, then name; for a
+  partition of a partitioned topic, the one at partition index mod count);
+  the others take over, with what it had not acknowledged, if it goes.
+- shared: round-robin over consumers with permits; an entry's messages go
+  together to one consumer.
+- key_shared: a message goes to the consumer its key hashes to (a hash
+  ring with `VIRTUAL_NODES` points per consumer; no key counts as the empty
+  key). A consumer that joins while others are connected gets no message at
+  or after the read position of its joining until every message before it is
+  acknowledged, so that a key moving to it never overtakes an earlier message
+  of that key still out at another consumer (Pulsar's "recently joined
+  consumers").
+"""
+
+from __future__ import annotations
+
+import bisect
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from broker.cursor import Cursor
+
+REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery
+UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past it a consumer gets nothing more
+VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
+
+
+class SubscriptionType(str, enum.Enum):
+    EXCLUSIVE = "exclusive"
+    FAILOVER = "failover"
+    SHARED = "shared"
+    KEY_SHARED = "key_shared"
+
+    @classmethod
+    def parse(cls, value: "SubscriptionType | str") -> "SubscriptionType":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(
+                f"unknown subscription type {value!r}; known: {', '.join(kind.value for kind in cls)}"
+            ) from None
+
+
+class ConsumerRefusedError(Exception):
+    """The subscription cannot take this consumer (exclusive and taken, or
+    of another type)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRef:
+    """What the dispatcher needs of an entry (not its bytes)."""
+
+    ledger_id: int
+    entry_id: int
+    first_offset: int
+    message_count: int
+    keys: tuple[str | None, ...] | None = None
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + self.message_count - 1
+
+    def key_of(self, offset: int) -> str | None:
+        return None if self.keys is None else self.keys[offset - self.first_offset]
+
+
+@dataclass(slots=True)
+class Delivery:
+    consumer_id: int
+    entry: EntryRef
+    batch_indexes: list[int]
+    redelivery_count: int
+
+
+@dataclass(slots=True)
+class _Consumer:
+    consumer_id: int
+    name: str
+    priority: int
+    permits: int = 0
+    unacked: dict[int, EntryRef] = field(default_factory=dict)  # offset -> entry
+    join_offset: int | None = None  # key-shared: held back from here until the mark-delete passes it
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        subscription_type: SubscriptionType,
+        cursor: Cursor,
+        *,
+        partition_index: int = -1,
+        replay_max: int = REPLAY_MAX_DEFAULT,
+        unacked_per_consumer_max: int = UNACKED_PER_CONSUMER_MAX_DEFAULT,
+    ) -> None:
+        if replay_max < 1 or unacked_per_consumer_max < 1:
+            raise ValueError("replay_max and unacked_per_consumer_max must be at least 1")
+        self.subscription_type = subscription_type
+        self.cursor = cursor
+        self.partition_index = partition_index
+        self.replay_max = replay_max
+        self.unacked_per_consumer_max = unacked_per_consumer_max
+        self._consumers: dict[int, _Consumer] = {}  # in joining order
+        self._owner: dict[int, int] = {}  # delivered offset -> consumer id
+        self._replay: dict[int, EntryRef] = {}
+        self._replay_offsets: list[int] = []  # sorted keys of _replay
+        self._redeliveries: dict[int, int] = {}  # offset -> times delivered again
+        self.read_offset = cursor.mark_delete + 1  # the next offset a read gives
+        self._round_robin = 0
+        self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
+        self._active: int | None = None  # exclusive / failover
+
+    # --- consumers ------------------------------------------------------------------
+
+    @property
+    def consumer_ids(self) -> list[int]:
+        return list(self._consumers)
+
+    @property
+    def active_consumer_id(self) -> int | None:
+        return self._active
+
+    def add_consumer(self, consumer_id: int, name: str, *, priority: int = 0) -> None:
+        assert consumer_id not in self._consumers, f"consumer {consumer_id} added twice"
+        if self.subscription_type is SubscriptionType.EXCLUSIVE and self._consumers:
+            raise ConsumerRefusedError("the exclusive subscription already has a consumer")
+        consumer = _Consumer(consumer_id, name, priority)
+        if self.subscription_type is SubscriptionType.KEY_SHARED and self._consumers:
+            consumer.join_offset = self.read_offset
+        self._consumers[consumer_id] = consumer
+        self._membership_changed()
+
+    def remove_consumer(self, consumer_id: int) -> None:
+        """The consumer went away: what it had not acknowledged is delivered again."""
+        consumer = self._consumers.pop(consumer_id, None)
+        if consumer is None:
+            return
+        self._to_replay(consumer, list(consumer.unacked))
+        self._membership_changed()
+
+    def _membership_changed(self) -> None:
+        kind = self.subscription_type
+        if kind is SubscriptionType.KEY_SHARED:
+            self._ring = sorted(
+                (_hash(f"{consumer.name}\0{consumer.consumer_id}\0{point}"), consumer.consumer_id)
+                for consumer in self._consumers.values()
+                for point in range(VIRTUAL_NODES)
+            )
+        elif kind in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            ordered = sorted(self._consumers.values(), key=lambda consumer: (consumer.priority, consumer.name, consumer.consumer_id))
+            if not ordered:
+                active = None
+            elif self.partition_index >= 0 and kind is SubscriptionType.FAILOVER:
+                active = ordered[self.partition_index % len(ordered)].consumer_id
+            else:
+                active = ordered[0].consumer_id
+            if active != self._active:
+                # The new active consumer takes over what the others hold.
+                for consumer in self._consumers.values():
+                    if consumer.consumer_id != active:
+                        self._to_replay(consumer, list(consumer.unacked))
+                self._active = active
+
+    def flow(self, consumer_id: int, permits: int) -> None:
+        consumer = self._consumers.get(consumer_id)
+        if consumer is not None:
+            consumer.permits += permits
+
+    def permits(self, consumer_id: int) -> int:
+        return self._consumers[consumer_id].permits
+
+    def unacked_count(self, consumer_id: int) -> int:
+        return len(self._consumers[consumer_id].unacked)
+
+    # --- acknowledgements and redelivery --------------------------------------------
+
+    def acknowledged(self, offsets: Iterable[int]) -> None:
+        """The cursor took these acknowledgements (individual ones)."""
+        for offset in offsets:
+            self._forget(offset)
+
+    def acknowledged_through(self, offset: int) -> None:
+        """A cumulative acknowledgement (or a cursor that skipped ahead)."""
+        for delivered in [delivered for delivered in self._owner if delivered <= offset]:
+            self._forget(delivered)
+        cut = bisect.bisect_right(self._replay_offsets, offset)
+        for replayed in self._replay_offsets[:cut]:
+            del self._replay[replayed]
+            self._redeliveries.pop(replayed, None)
+        del self._replay_offsets[:cut]
+
+    def _forget(self, offset: int) -> None:
+        owner = self._owner.pop(offset, None)
+        if owner is not None:
+            self._consumers[owner].unacked.pop(offset, None)
+        if self._replay.pop(offset, None) is not None:
+            del self._replay_offsets[bisect.bisect_left(self._replay_offsets, offset)]
+        self._redeliveries.pop(offset, None)
+
+    def redeliver(self, consumer_id: int, offsets: Iterable[int] | None = None) -> None:
+        """Negative acknowledgement or ack timeout: deliver these again (all
+        of the consumer's unacknowledged messages when `offsets` is None)."""
+        consumer = self._consumers.get(consumer_id)
+        if consumer is None:
+            return
+        self._to_replay(consumer, list(consumer.unacked) if offsets is None else [o for o in offsets if o in consumer.unacked])
+
+    def _to_replay(self, consumer: _Consumer, offsets: list[int]) -> None:
+        for offset in offsets:
+            entry = consumer.unacked.pop(offset)
+            del self._owner[offset]
+            if self.cursor.is_acked(offset):
+                continue
+            self._redeliveries[offset] = self._redeliveries.get(offset, 0) + 1
+            self._hold(offset, entry)
+
+    def _hold(self, offset: int, entry: EntryRef) -> None:
+        if offset not in self._replay:
+            self._replay[offset] = entry
+            bisect.insort(self._replay_offsets, offset)
+
+    def reset(self, next_offset: int) -> None:
+        """Seek: forget every delivery and held message; read from
+        `next_offset` on (the cursor was reset by the caller)."""
+        for consumer in self._consumers.values():
+            consumer.unacked.clear()
+            if consumer.join_offset is not None:
+                consumer.join_offset = next_offset
+        self._owner.clear()
+        self._replay.clear()
+        self._replay_offsets.clear()
+        self._redeliveries.clear()
+        self.read_offset = next_offset
+
+    # --- dispatching ------------------------------------------------------------------
+
+    @property
+    def replay_count(self) -> int:
+        return len(self._replay_offsets)
+
+    def wants_read(self) -> bool:
+        """Whether a new entry could be delivered (so the driver should read one)."""
+        return len(self._replay_offsets) < self.replay_max and any(
+            consumer.permits > 0 and len(consumer.unacked) < self.unacked_per_consumer_max
+            for consumer in self._consumers.values()
+        )
+
+    def dispatch_replay(self) -> list[Delivery]:
+        """Deliver what the replay set holds, where consumers can take it."""
+        if not self._replay_offsets:
+            return []
+        candidates = [(offset, self._replay[offset]) for offset in self._replay_offsets]
+        return self._dispatch(candidates, from_replay=True)
+
+    def entry_read(self, entry: EntryRef) -> list[Delivery]:
+        """A new entry, read in order from the partition: deliver what of it
+        the cursor has not acknowledged."""
+        self.read_offset = max(self.read_offset, entry.last_offset + 1)
+        candidates = [
+            (offset, entry)
+            for offset in range(entry.first_offset, entry.last_offset + 1)
+            if not self.cursor.is_acked(offset) and offset not in self._owner and offset not in self._replay
+        ]
+        return self._dispatch(candidates, from_replay=False)
+
+    def _dispatch(self, candidates: list[tuple[int, EntryRef]], *, from_replay: bool) -> list[Delivery]:
+        deliveries: list[Delivery] = []
+        blocked: set[int] = set()  # consumers that must not receive more in this pass
+        # A consumer with messages held in the replay set gets new messages
+        # only after those (its messages go out in offset order).
+        if not from_replay and self._replay_offsets:
+            blocked.update(self._consumers)
+            if self.subscription_type is SubscriptionType.KEY_SHARED:
+                held_for = {self._key_consumer(self._replay[offset].key_of(offset)) for offset in self._replay_offsets}
+                blocked = {consumer_id for consumer_id in blocked if consumer_id in held_for}
+        current: Delivery | None = None
+        for offset, entry in candidates:
+            consumer_id = self._choose(offset, entry, blocked, current)
+            if consumer_id is None:
+                if not from_replay:
+                    self._hold(offset, entry)
+                continue
+            consumer = self._consumers[consumer_id]
+            if from_replay:
+                del self._replay[offset]
+            consumer.unacked[offset] = entry
+            self._owner[offset] = consumer_id
+            batch_index = offset - entry.first_offset
+            redeliveries = self._redeliveries.get(offset, 0)
+            if current is not None and current.consumer_id == consumer_id and current.entry is entry:
+                current.batch_indexes.append(batch_index)
+                current.redelivery_count = max(current.redelivery_count, redeliveries)
+            else:
+                # A new delivery (other consumer or entry): the consumer's
+                # permits pay for it by message count.
+                current = Delivery(consumer_id, entry, [batch_index], redeliveries)
+                deliveries.append(current)
+            consumer.permits -= 1
+        if from_replay and deliveries:
+            self._replay_offsets = [offset for offset in self._replay_offsets if offset in self._replay]
+        return deliveries
+
+    def _choose(self, offset: int, entry: EntryRef, blocked: set[int], current: Delivery | None) -> int | None:
+        kind = self.subscription_type
+        if kind is SubscriptionType.KEY_SHARED:
+            consumer_id = self._key_consumer(entry.key_of(offset))
+            if consumer_id is None or consumer_id in blocked:
+                return None
+            consumer = self._consumers[consumer_id]
+            if consumer.join_offset is not None:
+                if self.cursor.mark_delete >= consumer.join_offset - 1:
+                    consumer.join_offset = None  # everything before its joining is acknowledged
+                elif offset >= consumer.join_offset:
+                    blocked.add(consumer_id)
+                    return None
+            if not self._can_take(consumer):
+                blocked.add(consumer_id)
+                return None
+            return consumer_id
+        if kind is SubscriptionType.SHARED:
+            # The rest of an entry follows its first message to one consumer.
+            if current is not None and current.entry is entry and current.consumer_id not in blocked:
+                return current.consumer_id
+            ids = [consumer_id for consumer_id in self._consumers if consumer_id not in blocked]
+            for step in range(len(ids)):
+                consumer_id = ids[(self._round_robin + step) % len(ids)]
+                if self._can_take(self._consumers[consumer_id]):
+                    self._round_robin = (self._round_robin + step + 1) % max(1, len(ids))
+                    return consumer_id
+                blocked.add(consumer_id)
+            return None
+        # Exclusive and failover: the active consumer; an entry it started
+        # goes to it whole, even past its permits.
+        active = self._active
+        if active is None or active in blocked:
+            return None
+        if current is not None and current.entry is entry and current.consumer_id == active:
+            return active
+        if not self._can_take(self._consumers[active]):
+            blocked.add(active)
+            return None
+        return active
+
+    def _can_take(self, consumer: _Consumer) -> bool:
+        return consumer.permits > 0 and len(consumer.unacked) < self.unacked_per_consumer_max
+
+    def _key_consumer(self, key: str | None) -> int | None:
+        if not self._ring:
+            return None
+        index = bisect.bisect_left(self._ring, (_hash(key or ""), -1))
+        return self._ring[index % len(self._ring)][1]
+
+
+def _hash(text: str) -> int:
+    """A hash that is the same in every process (Python's `hash` is not)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big")
+
+
+__all__ = [
+    "ConsumerRefusedError",
+    "Delivery",
+    "Dispatcher",
+    "EntryRef",
+    "REPLAY_MAX_DEFAULT",
+    "SubscriptionType",
+    "UNACKED_PER_CONSUMER_MAX_DEFAULT",
+    "VIRTUAL_NODES",
+]

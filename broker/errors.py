@@ -1,0 +1,146 @@
+"""The errors a broker answers and a broker client raises, in one small
+hierarchy: each maps to one status on the wire, so that a client can tell
+"retry elsewhere" (the topic moved) from "retry later" from "give up"."""
+
+from __future__ import annotations
+
+import enum
+
+
+class BrokerStatus(enum.IntEnum):
+    OK = 0
+    ERROR = 1  # the broker failed (a bookie or ZooKeeper error): retry may help
+    BAD_REQUEST = 2  # the request is not valid (a bug of the client)
+    NOT_OWNER = 3  # this broker does not serve the topic (any more): look it up again
+    TOPIC_NOT_FOUND = 4
+    TOPIC_EXISTS = 5
+    PRODUCER_BUSY = 6  # another producer with this producer id is connected
+    CONSUMER_BUSY = 7  # exclusive subscription already has a consumer / type mismatch
+    DUPLICATE = 8  # the message's sequence id was persisted before: dropped
+    RETRY = 9  # a message with this sequence id is still being written: ask again
+    PARTITION_OVERFLOW = 10  # backlog quota exceeded: publish refused until space is freed
+    SUBSCRIPTION_NOT_FOUND = 11
+    TOPIC_FENCED = 12  # the topic's owner changed or its storage failed: reconnect
+    SERVICE_UNAVAILABLE = 13  # no broker can take the topic now
+    BAD_VERSION = 14  # protocol versions differ
+
+
+class BrokerError(Exception):
+    """Base of every error of the broker and its client."""
+
+    status = BrokerStatus.ERROR
+
+
+class BadRequestError(BrokerError):
+    status = BrokerStatus.BAD_REQUEST
+
+
+class NotOwnerError(BrokerError):
+    status = BrokerStatus.NOT_OWNER
+
+
+class TopicNotFoundError(BrokerError):
+    status = BrokerStatus.TOPIC_NOT_FOUND
+
+
+class TopicExistsError(BrokerError):
+    status = BrokerStatus.TOPIC_EXISTS
+
+
+class ProducerBusyError(BrokerError):
+    status = BrokerStatus.PRODUCER_BUSY
+
+
+class ConsumerBusyError(BrokerError):
+    status = BrokerStatus.CONSUMER_BUSY
+
+
+class DuplicateMessageError(BrokerError):
+    """Not an error to a producer: its message was persisted before."""
+
+    status = BrokerStatus.DUPLICATE
+
+
+class RetryLaterError(BrokerError):
+    status = BrokerStatus.RETRY
+
+
+class PartitionOverflowError(BrokerError):
+    """The partition holds more than its backlog quota: a producer is refused
+    until subscriptions acknowledge and retention frees space."""
+
+    status = BrokerStatus.PARTITION_OVERFLOW
+
+
+class SubscriptionNotFoundError(BrokerError):
+    status = BrokerStatus.SUBSCRIPTION_NOT_FOUND
+
+
+class TopicFencedError(BrokerError):
+    """The topic was taken over by another broker, or its storage failed and
+    it was unloaded: clients look it up again."""
+
+    status = BrokerStatus.TOPIC_FENCED
+
+
+class ServiceUnavailableError(BrokerError):
+    status = BrokerStatus.SERVICE_UNAVAILABLE
+
+
+class ProtocolVersionError(BrokerError):
+    status = BrokerStatus.BAD_VERSION
+
+
+class ConnectionClosedError(BrokerError):
+    """The connection to a broker broke (the client reconnects)."""
+
+
+class ClientClosedError(BrokerError):
+    """The producer, consumer or client was closed."""
+
+
+_BY_STATUS = {
+    cls.status: cls
+    for cls in (
+        BrokerError,
+        BadRequestError,
+        NotOwnerError,
+        TopicNotFoundError,
+        TopicExistsError,
+        ProducerBusyError,
+        ConsumerBusyError,
+        DuplicateMessageError,
+        RetryLaterError,
+        PartitionOverflowError,
+        SubscriptionNotFoundError,
+        TopicFencedError,
+        ServiceUnavailableError,
+        ProtocolVersionError,
+    )
+}
+
+
+def error_for_status(status: BrokerStatus, message: str) -> BrokerError:
+    return _BY_STATUS.get(status, BrokerError)(message)
+
+
+__all__ = [
+    "BadRequestError",
+    "BrokerError",
+    "BrokerStatus",
+    "ClientClosedError",
+    "ConnectionClosedError",
+    "ConsumerBusyError",
+    "DuplicateMessageError",
+    "NotOwnerError",
+    "PartitionOverflowError",
+    "ProducerBusyError",
+    "ProtocolVersionError",
+    "RetryLaterError",
+    "ServiceUnavailableError",
+    "SubscriptionNotFoundError",
+    "TopicExistsError",
+    "TopicFencedError",
+    "TopicNotFoundError",
+    "error_for_status",
+]

@@ -1,0 +1,215 @@
+"""How messages are stored in ledger entries: one entry holds a batch of one
+producer's messages (one message is a batch of one).
+
+An entry's data is a msgpack array: a header the broker reads without
+decompressing anything (producer, sequence ids, partition offset of the first
+message, publish time, codec, message count, the message keys for key-shared
+dispatch), then the body, the producer's messages compressed with the codec.
+The producer builds and compresses the body; the broker only adds the header,
+so that neither the broker nor a dispatch to a consumer ever decompresses.
+
+Body, once decompressed: a msgpack array of [sequence id, publish time (ms),
+properties (map of str to str, or nil), payload (bytes)], one per message.
+"""
+
+from __future__ import annotations
+
+import enum
+import gzip
+import zlib
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import msgpack
+
+ENTRY_FORMAT_VERSION = 1
+# A body never decompresses past this (a crafted or corrupt body must not
+# exhaust memory): the largest entry a ledger takes, with room for headers.
+BODY_BYTES_MAX = 16 * 1024 * 1024
+
+
+class MalformedEntryError(Exception):
+    """Bytes that are not an entry this broker wrote (or a body that does not
+    decompress): a bug or corruption, never silently skipped."""
+
+
+class Codec(str, enum.Enum):
+    NONE = "none"
+    ZSTD = "zstd"
+    LZ4 = "lz4"
+    GZIP = "gzip"
+
+    @classmethod
+    def parse(cls, value: "Codec | str") -> "Codec":
+        try:
+            return cls(value)
+        except ValueError:
+            raise ValueError(f"unknown codec {value!r}; known: {', '.join(codec.value for codec in cls)}") from None
+
+
+def compress(codec: Codec, data: bytes) -> bytes:
+    if codec is Codec.NONE:
+        return data
+    if codec is Codec.ZSTD:
+        import zstandard
+
+        return zstandard.ZstdCompressor(level=3, write_content_size=True).compress(data)
+    if codec is Codec.LZ4:
+        import lz4.frame
+
+        return lz4.frame.compress(data, store_size=True)
+    if codec is Codec.GZIP:
+        return gzip.compress(data, compresslevel=6, mtime=0)
+    raise AssertionError(codec)
+
+
+def decompress(codec: Codec, data: bytes, bytes_max: int = BODY_BYTES_MAX) -> bytes:
+    """Decompress, refusing anything that would grow past `bytes_max`."""
+    try:
+        if codec is Codec.NONE:
+            out = data
+        elif codec is Codec.ZSTD:
+            import zstandard
+
+            with zstandard.ZstdDecompressor().stream_reader(data) as reader:
+                out = reader.read(bytes_max + 1)
+        elif codec is Codec.LZ4:
+            import lz4.frame
+
+            decompressor = lz4.frame.LZ4FrameDecompressor()
+            out = decompressor.decompress(data, max_length=bytes_max + 1)
+        elif codec is Codec.GZIP:
+            decompressor = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            out = decompressor.decompress(data, bytes_max + 1)
+        else:
+            raise AssertionError(codec)
+    except MalformedEntryError:
+        raise
+    except Exception as error:  # each codec library raises its own types
+        raise MalformedEntryError(f"{codec.value} body does not decompress: {error}") from None
+    if len(out) > bytes_max:
+        raise MalformedEntryError(f"{codec.value} body decompresses past {bytes_max} bytes")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """What the broker knows of an entry without decompressing it."""
+
+    producer_id: str
+    first_sequence_id: int
+    last_sequence_id: int
+    first_offset: int  # partition offset of the first message
+    message_count: int
+    publish_time_ms: int  # of the first message
+    codec: Codec
+    keys: tuple[str | None, ...] | None  # one per message, or None when no message has a key
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + self.message_count - 1
+
+    def key_of(self, batch_index: int) -> str | None:
+        return None if self.keys is None else self.keys[batch_index]
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """One message of a decoded body."""
+
+    sequence_id: int
+    publish_time_ms: int
+    properties: dict[str, str]
+    payload: bytes
+
+
+_packer = msgpack.Packer(use_bin_type=True)
+
+
+def encode_body(messages: Iterable[tuple[int, int, dict[str, str] | None, bytes]], codec: Codec) -> bytes:
+    """A producer's batch body: (sequence id, publish time, properties,
+    payload) per message, compressed with `codec`."""
+    return compress(codec, _packer.pack([[sequence_id, publish_ms, properties or None, payload]
+                                         for sequence_id, publish_ms, properties, payload in messages]))
+
+
+def encode_entry(header: BatchHeader, body: bytes) -> bytes:
+    return _packer.pack([
+        ENTRY_FORMAT_VERSION,
+        header.producer_id,
+        header.first_sequence_id,
+        header.last_sequence_id,
+        header.first_offset,
+        header.message_count,
+        header.publish_time_ms,
+        header.codec.value,
+        None if header.keys is None else list(header.keys),
+        body,
+    ])
+
+
+def decode_entry(data: bytes) -> tuple[BatchHeader, bytes]:
+    """The header and the (still compressed) body of an entry."""
+    try:
+        fields = msgpack.unpackb(data)
+    except Exception as error:  # msgpack raises several unrelated types
+        raise MalformedEntryError(f"entry is not msgpack: {error}") from None
+    if type(fields) is not list or len(fields) != 10 or fields[0] != ENTRY_FORMAT_VERSION:
+        raise MalformedEntryError("entry is not a version-1 message batch")
+    _, producer_id, first_sequence_id, last_sequence_id, first_offset, count, publish_ms, codec, keys, body = fields
+    try:
+        codec = Codec(codec)
+    except ValueError:
+        raise MalformedEntryError(f"entry names an unknown codec {codec!r}") from None
+    if not (type(producer_id) is str and _ints(first_sequence_id, last_sequence_id, first_offset, count, publish_ms)
+            and count >= 1 and type(body) is bytes):
+        raise MalformedEntryError("entry header has fields of the wrong type")
+    if keys is not None and (type(keys) is not list or len(keys) != count
+                             or not all(key is None or type(key) is str for key in keys)):
+        raise MalformedEntryError("entry keys do not match its message count")
+    header = BatchHeader(producer_id, first_sequence_id, last_sequence_id, first_offset, count, publish_ms, codec,
+                         None if keys is None else tuple(keys))
+    return header, body
+
+
+def decode_body(header: BatchHeader, body: bytes) -> list[MessageRecord]:
+    raw = decompress(header.codec, body)
+    try:
+        items = msgpack.unpackb(raw)
+    except Exception as error:
+        raise MalformedEntryError(f"entry body is not msgpack: {error}") from None
+    if type(items) is not list or len(items) != header.message_count:
+        raise MalformedEntryError(f"entry body holds {len(items) if type(items) is list else '?'} messages, "
+                                  f"the header says {header.message_count}")
+    records = []
+    for item in items:
+        if type(item) is not list or len(item) != 4:
+            raise MalformedEntryError("a message of the body has the wrong shape")
+        sequence_id, publish_ms, properties, payload = item
+        if not (_ints(sequence_id, publish_ms) and type(payload) is bytes and (properties is None or _str_map(properties))):
+            raise MalformedEntryError("a message of the body has fields of the wrong type")
+        records.append(MessageRecord(sequence_id, publish_ms, properties or {}, payload))
+    return records
+
+
+def _ints(*values: Any) -> bool:
+    return all(type(value) is int for value in values)
+
+
+def _str_map(value: Any) -> bool:
+    return type(value) is dict and all(type(key) is str and type(item) is str for key, item in value.items())
+
+
+__all__ = [
+    "BODY_BYTES_MAX",
+    "BatchHeader",
+    "Codec",
+    "MalformedEntryError",
+    "MessageRecord",
+    "compress",
+    "decode_body",
+    "decode_entry",
+    "decompress",
+    "encode_body",
+    "encode_entry",
+]

@@ -1,0 +1,549 @@
+"""The broker's trio server: client connections, lookups and ownership,
+loading and unloading partitions, and routing each command to the partition
+that serves it.
+
+A connection handles its commands in order; a send waits (and so stops
+reading the connection) while its partition's open ledger has too many adds
+pending, which is the producer's back-pressure. Commands that wait on
+ZooKeeper or on a cursor write (lookups, subscribes, acknowledgements, admin)
+run as tasks of the connection, at most `requests_in_flight_max` at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from bookie.protocol.frame_input import receive_first_frames
+from bookie.protocol.frame_output import FrameOutput
+from broker.admin import AdminHandler
+from broker.dispatcher import SubscriptionType
+from broker.errors import (
+    BadRequestError,
+    BrokerError,
+    BrokerStatus,
+    ConsumerBusyError,
+    NotOwnerError,
+    ServiceUnavailableError,
+    TopicFencedError,
+    TopicNotFoundError,
+)
+from broker.managed_ledger import Position
+from broker.ownership import BrokerInfo, Ownership, rendezvous_choice
+from broker.protocol import (
+    PROTOCOL_VERSION,
+    Ack,
+    Admin,
+    CloseConsumer,
+    Closed,
+    CloseProducer,
+    Connect,
+    Connected,
+    Flow,
+    FrameDecoder,
+    Lookup,
+    ProducerOpen,
+    ProtocolError,
+    Redeliver,
+    Response,
+    Seek,
+    Send,
+    SendReceipt,
+    Subscribe,
+    Unsubscribe,
+    decode,
+    encode,
+)
+from broker.subscription import ConsumerLink
+from broker.topic import BrokerContext, PartitionService, ProducerLink
+from broker.topic_store import TopicPolicies, TopicRecord, TopicStore, check_name, split_partition
+from coordination.async_store import AsyncMetadataStore
+from coordination.store import MetadataError, NodeExistsError
+from ledger_client import BKError, BookKeeper
+
+log = logging.getLogger(__name__)
+
+RECEIVE_BYTES = 256 * 1024
+HANDSHAKE_TIMEOUT_S = 10.0
+LOAD_TIMEOUT_S = 60.0
+UNLOAD_TIMEOUT_S = 15.0
+
+
+@dataclass
+class BrokerConfig:
+    broker_id: str
+    host: str = "127.0.0.1"
+    port: int = 6650
+    advertised_address: str | None = None  # host:port clients dial; default host:port
+    ledger_password: bytes = b""
+    entry_cache_bytes: int = 64 * 1024 * 1024
+    frame_bytes_max: int = 16 * 1024 * 1024
+    requests_in_flight_max: int = 1_000  # per connection
+    connection_output_bytes_max: int = 64 * 1024 * 1024  # a connection's unsent answers; past it, reading stops
+    auto_topic_creation: bool = True
+    default_policies: TopicPolicies = field(default_factory=TopicPolicies)
+    retention_check_interval_s: float = 5.0
+
+
+@dataclass(eq=False)
+class _Connection:
+    peer: str
+    stream: trio.SocketStream
+    output: FrameOutput
+    producers: dict[int, tuple[PartitionService, ProducerLink]] = field(default_factory=dict)
+    consumers: dict[int, tuple[PartitionService, str, int]] = field(default_factory=dict)  # handle -> (partition, subscription, consumer id)
+    closed: bool = False
+
+    def send(self, message: Any) -> None:
+        if self.closed:
+            return
+        self.output.queue(encode(message))
+        self.output.flush()
+
+
+class BrokerServer:
+    def __init__(self, config: BrokerConfig, bk: BookKeeper, store: AsyncMetadataStore) -> None:
+        self.config = config
+        self.bk = bk
+        self.store = store
+        self.topic_store = TopicStore(store)
+        address = config.advertised_address or f"{config.host}:{config.port}"
+        self.info = BrokerInfo(config.broker_id, address)
+        self.ownership = Ownership(store, self.info)
+        self.context = BrokerContext(
+            bk, self.topic_store, config.ledger_password, config.entry_cache_bytes, self._request_unload,
+            retention_check_interval_s=config.retention_check_interval_s,
+        )
+        self.admin = AdminHandler(self)
+        self.partitions: dict[str, PartitionService] = {}
+        self._loading: dict[str, trio.Event] = {}
+        self._unloading: set[str] = set()
+        self._connections: set[_Connection] = set()
+        self._consumer_ids = itertools.count(1)
+        self._nursery: trio.Nursery | None = None
+        self._listeners: list[trio.SocketListener] = []
+        self.started_ms = int(time.time() * 1000)
+
+    # --- lifetime --------------------------------------------------------------------------
+
+    async def listen(self) -> int:
+        """Bind the port (0 picks one); returns it."""
+        self._listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+        port = self._listeners[0].socket.getsockname()[1]
+        if self.config.port == 0:
+            self.config.port = port
+            self.info = BrokerInfo(self.config.broker_id, self.config.advertised_address or f"{self.config.host}:{port}")
+            self.ownership.info = self.info
+        return port
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if not self._listeners:
+            await self.listen()
+        await self.topic_store.ensure_layout()
+        await self.ownership.register()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._session_loop)
+            await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+            log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
+            task_status.started()
+
+    async def shutdown(self) -> None:
+        """Graceful stop: stop taking connections' work, unload every
+        partition (other brokers take them on the next lookup), unregister."""
+        for listener in self._listeners:
+            await listener.aclose()
+        await self.ownership.unregister()
+        with trio.move_on_after(UNLOAD_TIMEOUT_S):
+            async with trio.open_nursery() as nursery:
+                for service in list(self.partitions.values()):
+                    nursery.start_soon(self._unload, service)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    async def _session_loop(self) -> None:
+        """A new ZooKeeper session means the old one expired: every ownership
+        node went with it, so every partition is given up at once (another
+        broker may already be fencing it), and the broker registers again."""
+        generation = self.store.session_generation
+        while True:
+            generation = await self.store.wait_session_change(generation)
+            log.warning("ZooKeeper session replaced: unloading %d partitions", len(self.partitions))
+            for service in list(self.partitions.values()):
+                service.fence(TopicFencedError(f"broker {self.info.broker_id} lost its ZooKeeper session"))
+            try:
+                await self.ownership.register()
+            except (MetadataError, RuntimeError) as error:
+                log.error("cannot register again after a session loss: %s", error)
+
+    # --- ownership and loading ---------------------------------------------------------------
+
+    async def topic_record(self, topic: str, *, create: bool) -> TopicRecord:
+        found = await self.topic_store.read_topic(topic)
+        if found is not None:
+            return found[0]
+        if not (create and self.config.auto_topic_creation):
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        record = TopicRecord(0, self.config.default_policies, int(time.time() * 1000))
+        try:
+            await self.topic_store.create_topic(topic, record)
+            log.info("topic %s created on first use", topic)
+        except NodeExistsError:
+            pass
+        found = await self.topic_store.read_topic(topic)
+        if found is None:
+            raise TopicNotFoundError(f"topic {topic!r} was deleted")
+        return found[0]
+
+    async def partition_policies(self, partition: str) -> tuple[str, int, TopicPolicies]:
+        """(topic, partition index, policies) of a partition that exists."""
+        check_name(partition)
+        found = await self.topic_store.read_topic(partition)
+        if found is not None and found[0].partitions == 0:
+            return partition, -1, found[0].policies
+        topic, index = split_partition(partition)
+        if index >= 0:
+            found = await self.topic_store.read_topic(topic)
+            if found is not None and index < found[0].partitions:
+                return topic, index, found[0].policies
+        raise TopicNotFoundError(f"no partition or topic {partition!r}")
+
+    async def lookup(self, partition: str, authoritative: bool) -> tuple[BrokerInfo, bool]:
+        """The broker serving `partition` (taking it if it is unowned and this
+        broker is the one to take it); the flag says "redirect": ask that
+        broker, with authority."""
+        service = self.partitions.get(partition)
+        if service is not None and service.fenced is None and not service.closing:
+            return self.info, False
+        await self.partition_policies(partition)
+        owner = await self.ownership.owner_of(partition)
+        if owner is not None:
+            if self.ownership.is_mine(owner):
+                await self.serving(partition)
+                return self.info, False
+            if owner.info.broker_id == self.info.broker_id:
+                raise ServiceUnavailableError(f"{partition} is still held by this broker's previous session; retry")
+            return owner.info, False
+        live = await self.ownership.live_brokers()
+        if not authoritative and live:
+            chosen = rendezvous_choice(partition, sorted(live))
+            if chosen != self.info.broker_id:
+                return live[chosen], True
+        owner = await self.ownership.claim(partition)
+        if not self.ownership.is_mine(owner):
+            return owner.info, False
+        await self.serving(partition)
+        return self.info, False
+
+    async def serving(self, partition: str) -> PartitionService:
+        """The loaded partition, loading it if this broker owns it."""
+        while True:
+            service = self.partitions.get(partition)
+            if service is not None:
+                if service.fenced is not None or service.closing:
+                    raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
+                return service
+            loading = self._loading.get(partition)
+            if loading is not None:
+                await loading.wait()
+                if partition not in self.partitions:
+                    raise ServiceUnavailableError(f"loading {partition} failed; retry")
+                continue
+            owner = await self.ownership.owner_of(partition)
+            if owner is None or not self.ownership.is_mine(owner):
+                raise NotOwnerError(f"broker {self.info.broker_id} does not own {partition}")
+            await self._load(partition)
+
+    async def _load(self, partition: str) -> None:
+        done = self._loading[partition] = trio.Event()
+        try:
+            topic, index, policies = await self.partition_policies(partition)
+            service = PartitionService(self.context, partition, topic, index, policies)
+            try:
+                with trio.fail_after(LOAD_TIMEOUT_S):
+                    await service.load()
+            except (BKError, MetadataError, BrokerError, trio.TooSlowError) as error:
+                log.warning("loading %s failed: %s", partition, error)
+                await self.ownership.release(partition)
+                raise ServiceUnavailableError(f"loading {partition} failed: {error}") from None
+            assert self._nursery is not None
+            await self._nursery.start(service.run)
+            self.partitions[partition] = service
+            log.info("broker %s now serves %s", self.info.broker_id, partition)
+        finally:
+            del self._loading[partition]
+            done.set()
+
+    def _request_unload(self, service: PartitionService, error: BrokerError) -> None:
+        if self._nursery is not None and service.name not in self._unloading:
+            self._nursery.start_soon(self._unload, service)
+
+    async def _unload(self, service: PartitionService) -> None:
+        if service.name in self._unloading:
+            return
+        self._unloading.add(service.name)
+        try:
+            await service.unload()
+            self._close_clients(service)
+            if self.partitions.get(service.name) is service:
+                del self.partitions[service.name]
+            try:
+                await self.ownership.release(service.name)
+            except MetadataError as error:
+                log.warning("releasing %s: %s (its node goes with the session)", service.name, error)
+            log.info("broker %s unloaded %s", self.info.broker_id, service.name)
+        finally:
+            self._unloading.discard(service.name)
+
+    async def unload_partition(self, partition: str) -> bool:
+        service = self.partitions.get(partition)
+        if service is None:
+            return False
+        await self._unload(service)
+        return True
+
+    async def delete_partition(self, partition: str, *, force: bool) -> None:
+        """Delete a partition this broker owns: its ledgers, cursors and
+        records. Refused while producers or consumers are connected, unless forced."""
+        service = await self.serving(partition)
+        busy = len(service.producers) + sum(len(subscription.consumers) for subscription in service.subscriptions.values())
+        if busy and not force:
+            raise ConsumerBusyError(f"{partition} has {busy} producers and consumers connected (force to delete anyway)")
+        self._unloading.add(partition)
+        try:
+            await service.unload()
+            self._close_clients(service)
+            self.partitions.pop(partition, None)
+            await service.ml.delete()
+            await self.topic_store.delete_partition_records(partition)
+            await self.ownership.release(partition)
+        finally:
+            self._unloading.discard(partition)
+        log.info("partition %s deleted", partition)
+
+    def _close_clients(self, service: PartitionService) -> None:
+        """Tell every producer and consumer of the partition to look it up again."""
+        for connection in list(self._connections):
+            for handle, (owner, link) in list(connection.producers.items()):
+                if owner is service:
+                    del connection.producers[handle]
+                    connection.send(Closed("producer", handle, f"{service.name} moved: look it up again"))
+            for handle, (owner, _, _) in list(connection.consumers.items()):
+                if owner is service:
+                    del connection.consumers[handle]
+                    connection.send(Closed("consumer", handle, f"{service.name} moved: look it up again"))
+
+    # --- connections -------------------------------------------------------------------------
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            peer = "%s:%s" % stream.socket.getpeername()[:2]
+        except OSError:
+            peer = "?"
+        connection = _Connection(peer, stream, FrameOutput(stream))
+        decoder = FrameDecoder(self.config.frame_bytes_max)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                hello, early = await self._first_frame(connection, decoder)
+            if hello is None:
+                return
+            self._connections.add(connection)
+            slots = trio.Semaphore(self.config.requests_in_flight_max)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
+                await self._read_requests(connection, decoder, nursery, slots, early)
+                nursery.cancel_scope.cancel()
+        except ProtocolError as error:
+            log.info("closing connection from %s: protocol error: %s", peer, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+            pass
+        finally:
+            connection.closed = True
+            self._connections.discard(connection)
+            self._forget_connection(connection)
+            await trio.aclose_forcefully(stream)
+
+    async def _first_frame(self, connection: _Connection, decoder: FrameDecoder) -> tuple[Connect | None, list]:
+        """The client's CONNECT (None if it closed or speaks another
+        version), and the frames that came behind it."""
+        frames = await receive_first_frames(connection.stream, decoder)
+        if not frames:
+            return None, []
+        hello = decode(frames[0])
+        if not isinstance(hello, Connect):
+            raise ProtocolError("the first frame must be CONNECT")
+        ok = hello.protocol_version == PROTOCOL_VERSION
+        status = BrokerStatus.OK if ok else BrokerStatus.BAD_VERSION
+        await connection.stream.send_all(encode(Connected(int(status), PROTOCOL_VERSION, self.info.broker_id,
+                                                          self.config.frame_bytes_max)))
+        return (hello if ok else None), frames[1:]
+
+    async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
+        try:
+            await connection.output.run_writer()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            cancel_scope.cancel()
+
+    async def _read_requests(self, connection: _Connection, decoder: FrameDecoder, nursery: trio.Nursery,
+                             slots: trio.Semaphore, early: list) -> None:
+        """Errors of the connection stay here, so that its nursery never
+        carries them: a peer that breaks the protocol loses this connection only."""
+        try:
+            for fields in early:
+                await self._handle(connection, decode(fields), nursery, slots)
+            await self._read_loop(connection, decoder, nursery, slots)
+        except ProtocolError as error:
+            log.info("closing connection from %s: protocol error: %s", connection.peer, error)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+    async def _read_loop(self, connection: _Connection, decoder: FrameDecoder, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
+        while True:
+            for fields in decoder.frames():
+                await self._handle(connection, decode(fields), nursery, slots)
+            while connection.output.bytes > self.config.connection_output_bytes_max:
+                await connection.output.wait_drained()
+            data = await connection.stream.receive_some(RECEIVE_BYTES)
+            if not data:
+                return
+            decoder.feed(data)
+
+    def _forget_connection(self, connection: _Connection) -> None:
+        for service, link in connection.producers.values():
+            service.remove_producer(link.producer_id, link.handle)
+        for service, subscription_name, consumer_id in connection.consumers.values():
+            service.remove_consumer(subscription_name, consumer_id)
+        connection.producers.clear()
+        connection.consumers.clear()
+
+    # --- commands ------------------------------------------------------------------------------
+
+    async def _handle(self, connection: _Connection, message: Any, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
+        kind = type(message)
+        if kind is Send:
+            found = connection.producers.get(message.producer_handle)
+            if found is None:
+                connection.send(SendReceipt(message.producer_handle, message.last_sequence_id, int(BrokerStatus.TOPIC_FENCED),
+                                            -1, -1, -1, "no such producer on this connection (it was closed): reconnect"))
+                return
+            service, link = found
+            await service.publish(link, message)
+        elif kind is Flow or kind is Redeliver:
+            # For a consumer closed meanwhile: nothing to do.
+            found = connection.consumers.get(message.consumer_handle)
+            subscription = None if found is None else found[0].subscriptions.get(found[1])
+            if subscription is not None and kind is Flow:
+                subscription.flow(found[2], message.permits)
+            elif subscription is not None:
+                subscription.redeliver(found[2], message.offsets)
+        elif kind is CloseProducer:
+            found = connection.producers.pop(message.producer_handle, None)
+            if found is not None:
+                found[0].remove_producer(found[1].producer_id, found[1].handle)
+            connection.send(Response(message.request_id, int(BrokerStatus.OK), "", {}))
+        elif kind is CloseConsumer:
+            found = connection.consumers.pop(message.consumer_handle, None)
+            if found is not None:
+                found[0].remove_consumer(found[1], found[2])
+            connection.send(Response(message.request_id, int(BrokerStatus.OK), "", {}))
+        elif kind in (Lookup, ProducerOpen, Subscribe, Ack, Seek, Unsubscribe, Admin):
+            await slots.acquire()
+            nursery.start_soon(self._request, connection, message, slots)
+        else:
+            raise ProtocolError(f"{kind.__name__} is not a request a client sends")
+
+    async def _request(self, connection: _Connection, message: Any, slots: trio.Semaphore) -> None:
+        try:
+            body = await self._answer(connection, message)
+            response = Response(message.request_id, int(BrokerStatus.OK), "", body or {})
+        except BrokerError as error:
+            response = Response(message.request_id, int(error.status), str(error), {})
+        except ValueError as error:
+            response = Response(message.request_id, int(BrokerStatus.BAD_REQUEST), str(error), {})
+        except (BKError, MetadataError, trio.TooSlowError) as error:
+            response = Response(message.request_id, int(BrokerStatus.ERROR), f"{type(error).__name__}: {error}", {})
+        finally:
+            slots.release()
+        connection.send(response)
+
+    async def _answer(self, connection: _Connection, message: Any) -> dict | None:
+        kind = type(message)
+        if kind is Lookup:
+            info, redirect = await self.lookup(message.topic, message.authoritative)
+            return {"broker_id": info.broker_id, "address": info.address, "redirect": redirect}
+        if kind is ProducerOpen:
+            check_name(message.producer_id, "producer")
+            if message.producer_handle in connection.producers:
+                raise BadRequestError(f"producer handle {message.producer_handle} is in use on this connection")
+            service = await self.serving(message.topic)
+            link = ProducerLink(message.producer_handle, message.producer_id, connection.send)
+            last_sequence_id = service.add_producer(link)
+            connection.producers[message.producer_handle] = (service, link)
+            return {"last_sequence_id": last_sequence_id, "partition": service.name}
+        if kind is Subscribe:
+            if message.consumer_handle in connection.consumers:
+                raise BadRequestError(f"consumer handle {message.consumer_handle} is in use on this connection")
+            service = await self.serving(message.topic)
+            consumer_id = next(self._consumer_ids)
+            link = ConsumerLink(consumer_id, message.consumer_handle, message.consumer_name or f"consumer-{consumer_id}", connection.send)
+            subscription = await service.subscribe(
+                link, message.subscription, SubscriptionType.parse(message.subscription_type),
+                priority=message.priority, initial_position=message.initial_position, durable=message.durable,
+                important=message.important, start_offset=message.start_offset,
+            )
+            if connection.closed:
+                service.remove_consumer(subscription.name, consumer_id)
+                return None
+            connection.consumers[message.consumer_handle] = (service, subscription.name, consumer_id)
+            return {"partition": service.name, "partition_index": service.partition_index}
+        service, subscription_name, consumer_id = self._consumer(connection, message.consumer_handle) if kind in (Ack, Seek, Unsubscribe) else (None, "", 0)
+        if kind is Ack:
+            subscription = self._subscription(service, subscription_name)
+            await subscription.acknowledge(message.offsets, cumulative=message.cumulative)
+            return None
+        if kind is Seek:
+            subscription = self._subscription(service, subscription_name)
+            if message.offset is not None:
+                offset = message.offset
+            elif message.publish_time_ms is not None:
+                offset = await service.ml.offset_at_time(message.publish_time_ms)
+            elif message.message_id is not None and len(message.message_id) == 3:
+                ledger_id, entry_id, batch_index = message.message_id
+                position = Position(ledger_id, entry_id)
+                if not service.ml.has_entry(position):
+                    raise BadRequestError(f"{service.name} holds no entry {ledger_id}:{entry_id}")
+                header = (await service.ml.read_entry(position)).header
+                if batch_index >= header.message_count:
+                    raise BadRequestError(f"entry {ledger_id}:{entry_id} holds {header.message_count} messages")
+                offset = header.first_offset + batch_index
+            else:
+                raise BadRequestError("a seek names an offset, a message id or a publish time")
+            await subscription.seek(offset)
+            return {"offset": offset}
+        if kind is Unsubscribe:
+            await service.unsubscribe(subscription_name, consumer_id)
+            connection.consumers.pop(message.consumer_handle, None)
+            return None
+        if kind is Admin:
+            return await self.admin.handle(message.action, message.arguments)
+        raise AssertionError(kind)
+
+    def _consumer(self, connection: _Connection, handle: int) -> tuple[PartitionService, str, int]:
+        found = connection.consumers.get(handle)
+        if found is None:
+            raise TopicFencedError(f"no consumer {handle} on this connection (it was closed): subscribe again")
+        return found
+
+    def _subscription(self, service: PartitionService, name: str):
+        subscription = service.subscriptions.get(name)
+        if subscription is None or service.fenced is not None:
+            raise TopicFencedError(f"subscription {name} is no longer served here: subscribe again")
+        return subscription
+
+
+__all__ = ["BrokerConfig", "BrokerServer"]

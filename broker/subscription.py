@@ -1,0 +1,313 @@
+"""A subscription on a partition this broker owns: its cursor, its
+dispatcher, the task that reads entries and sends them to consumers, and the
+cursor's persistence.
+
+Acknowledgements are group-committed: whatever arrived while a write of the
+cursor was in flight goes into the next write, and an acknowledgement is
+answered only once a write that covers it is durable. So an acknowledged
+message never comes back after a crash or a takeover; one acknowledged but
+not yet answered may (at-least-once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import trio
+
+from broker.cursor import Cursor
+from broker.dispatcher import ConsumerRefusedError, Delivery, Dispatcher, EntryRef, SubscriptionType
+from broker.errors import BadRequestError, BrokerError, ConsumerBusyError, TopicFencedError
+from broker.managed_ledger import ManagedLedger, Position, StoredEntry
+from broker.protocol import MessageDelivery
+from coordination.store import MetadataError
+
+if TYPE_CHECKING:
+    from broker.topic import PartitionService
+
+log = logging.getLogger(__name__)
+
+READ_ENTRIES_MAX = 100  # entries per read from the managed ledger
+READ_FAILURE_BACKOFF_S = 0.5
+
+
+@dataclass(slots=True)
+class ConsumerLink:
+    """How the broker reaches one consumer: its connection's send."""
+
+    consumer_id: int  # unique in this broker
+    handle: int  # the client's handle for it on its connection
+    name: str
+    send: Callable[[MessageDelivery], None]
+    messages_out: int = 0
+
+
+class Subscription:
+    def __init__(
+        self,
+        partition: "PartitionService",
+        name: str,
+        subscription_type: SubscriptionType,
+        cursor: Cursor,
+        *,
+        durable: bool,
+        important: bool,
+        cursor_version: int | None,
+        created_ms: int,
+    ) -> None:
+        self.partition = partition
+        self.name = name
+        self.subscription_type = subscription_type
+        self.cursor = cursor
+        self.durable = durable
+        self.important = important
+        self.created_ms = created_ms
+        self.dispatcher = Dispatcher(subscription_type, cursor, partition_index=partition.partition_index)
+        self.consumers: dict[int, ConsumerLink] = {}
+        self.closed = False
+        self.messages_out = 0
+        self.read_position: Position | None = None
+        self._wakeup = trio.Event()
+        # Persistence (durable subscriptions): generations of changes.
+        self._cursor_version = cursor_version
+        self._changes = 0  # changes made
+        self._persisted = 0  # changes durable
+        self._persist_wakeup = trio.Event()
+        self._persisted_event = trio.Event()
+        self._persist_error: BrokerError | None = None
+
+    @property
+    def ml(self) -> ManagedLedger:
+        return self.partition.ml
+
+    # --- consumers ---------------------------------------------------------------------
+
+    def add_consumer(self, link: ConsumerLink, subscription_type: SubscriptionType, priority: int) -> None:
+        if self.closed:
+            raise TopicFencedError(f"subscription {self.name} is closing")
+        if subscription_type is not self.subscription_type:
+            if self.consumers:
+                raise ConsumerBusyError(
+                    f"subscription {self.name} is {self.subscription_type.value} with consumers connected; "
+                    f"asked for {subscription_type.value}"
+                )
+            # Nobody is connected: the subscription takes the new type.
+            self.subscription_type = subscription_type
+            self.dispatcher = Dispatcher(subscription_type, self.cursor, partition_index=self.partition.partition_index)
+            self.read_position = None
+        try:
+            self.dispatcher.add_consumer(link.consumer_id, link.name, priority=priority)
+        except ConsumerRefusedError as error:
+            raise ConsumerBusyError(f"subscription {self.name}: {error}") from None
+        self.consumers[link.consumer_id] = link
+        self.wake()
+
+    def remove_consumer(self, consumer_id: int) -> None:
+        if self.consumers.pop(consumer_id, None) is not None:
+            self.dispatcher.remove_consumer(consumer_id)
+            self.wake()
+
+    def flow(self, consumer_id: int, permits: int) -> None:
+        self.dispatcher.flow(consumer_id, permits)
+        self.wake()
+
+    def redeliver(self, consumer_id: int, offsets: list[int] | None) -> None:
+        self.dispatcher.redeliver(consumer_id, offsets)
+        self.wake()
+
+    def wake(self) -> None:
+        self._wakeup.set()
+
+    # --- acknowledgements ----------------------------------------------------------------
+
+    async def acknowledge(self, offsets: list[int], *, cumulative: bool) -> None:
+        """Take acknowledgements; returns once they are durable."""
+        confirmed = self.ml.confirmed_offset
+        if any(offset > confirmed for offset in offsets):
+            raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed})")
+        if cumulative:
+            if len(offsets) != 1:
+                raise BadRequestError("a cumulative acknowledgement names one offset")
+            self.cursor.acknowledge_cumulative(offsets[0])
+            self.dispatcher.acknowledged_through(offsets[0])
+        else:
+            self.cursor.acknowledge(offsets)
+            self.dispatcher.acknowledged(offsets)
+        # The mark-delete position may have moved: a key-shared consumer
+        # held back may take messages now.
+        self.wake()
+        await self._changed_and_persisted()
+
+    async def _changed_and_persisted(self) -> None:
+        if not self.durable:
+            return
+        self._changes += 1
+        target = self._changes
+        self._persist_wakeup.set()
+        while self._persisted < target:
+            if self._persist_error is not None:
+                raise self._persist_error
+            await self._persisted_event.wait()
+        if self._persist_error is not None:
+            raise self._persist_error
+
+    async def persist_loop(self) -> None:
+        """Write the cursor whenever it changed; one write at a time."""
+        if not self.durable:
+            return
+        while True:
+            while self._persisted == self._changes:
+                self._persist_wakeup = trio.Event()
+                await self._persist_wakeup.wait()
+            target = self._changes
+            try:
+                await self.write_cursor()
+            except BrokerError as error:
+                self._persist_error = error
+                self._persisted_event.set()
+                self.partition.fence(error)
+                return
+            self._persisted = target
+            self._persisted_event.set()
+            self._persisted_event = trio.Event()
+
+    async def write_cursor(self) -> None:
+        record = {
+            **self.cursor.to_record(),
+            "type": self.subscription_type.value,
+            "important": self.important,
+            "created_ms": self.created_ms,
+        }
+        try:
+            self._cursor_version = await self.partition.topic_store.write_cursor(
+                self.partition.name, self.name, record, self._cursor_version
+            )
+        except MetadataError as error:
+            raise TopicFencedError(f"subscription {self.name} of {self.partition.name}: cursor write failed: {error}") from None
+
+    # --- seeking and retention -------------------------------------------------------------
+
+    async def seek(self, offset: int) -> None:
+        """Move the subscription: `offset` is the next message delivered."""
+        offset = max(offset, self.ml.first_offset)
+        offset = min(offset, self.ml.confirmed_offset + 1)
+        self.cursor.reset(offset)
+        self.dispatcher.reset(offset)
+        self.read_position = None
+        self.wake()
+        await self._changed_and_persisted()
+
+    def skip_to(self, first_offset: int) -> None:
+        """Retention deleted everything below `first_offset`."""
+        if self.cursor.mark_delete < first_offset - 1:
+            self.cursor.skip_to(first_offset)
+            self.dispatcher.acknowledged_through(first_offset - 1)
+            if self.dispatcher.read_offset < first_offset:
+                self.dispatcher.read_offset = first_offset
+                self.read_position = None
+            self._changes += 1
+            self._persist_wakeup.set()
+            self.wake()
+
+    def backlog(self) -> int:
+        return self.cursor.backlog(self.ml.confirmed_offset)
+
+    # --- dispatching --------------------------------------------------------------------------
+
+    async def dispatch_loop(self) -> None:
+        while not self.closed:
+            self._wakeup = trio.Event()
+            try:
+                progressed = await self._dispatch_once()
+            except BrokerError as error:
+                self.partition.fence(error)
+                return
+            except Exception as error:  # a bookie read failed (ledger client errors): retry later
+                log.warning("subscription %s of %s: reading failed: %s", self.name, self.partition.name, error)
+                await trio.sleep(READ_FAILURE_BACKOFF_S)
+                continue
+            if progressed:
+                await trio.lowlevel.checkpoint()
+                continue
+            await self._wakeup.wait()
+
+    async def _dispatch_once(self) -> bool:
+        deliveries = self.dispatcher.dispatch_replay()
+        if deliveries:
+            await self._send(deliveries, {})
+            return True
+        if not self.dispatcher.wants_read():
+            return False
+        ml = self.ml
+        if self.read_position is None:
+            offset = self.dispatcher.read_offset
+            position = await ml.position_of_offset(offset)
+            self.read_position = position if position is not None else ml.end_position()
+        position = self.read_position = ml.settle(self.read_position)
+        if not ml.has_entry(position):
+            return False
+        entries = await ml.read(position, READ_ENTRIES_MAX)
+        if not entries:
+            return False
+        stored: dict[tuple[int, int], StoredEntry] = {}
+        deliveries = []
+        for entry in entries:
+            header = entry.header
+            ref = EntryRef(entry.position.ledger_id, entry.position.entry_id, header.first_offset, header.message_count, header.keys)
+            stored[(ref.ledger_id, ref.entry_id)] = entry
+            deliveries += self.dispatcher.entry_read(ref)
+            self.read_position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+            if not self.dispatcher.wants_read():
+                break
+        await self._send(deliveries, stored)
+        return True
+
+    async def _send(self, deliveries: list[Delivery], stored: dict[tuple[int, int], StoredEntry]) -> None:
+        for delivery in deliveries:
+            ref = delivery.entry
+            entry = stored.get((ref.ledger_id, ref.entry_id))
+            if entry is None:
+                entry = await self.ml.read_entry(Position(ref.ledger_id, ref.entry_id))
+                stored[(ref.ledger_id, ref.entry_id)] = entry
+            link = self.consumers.get(delivery.consumer_id)
+            if link is None:
+                continue  # it left meanwhile; its messages went back to the replay set
+            link.send(MessageDelivery(link.handle, ref.ledger_id, ref.entry_id, delivery.batch_indexes,
+                                      delivery.redelivery_count, entry.data))
+            count = len(delivery.batch_indexes)
+            link.messages_out += count
+            self.messages_out += count
+            self.partition.stats.messages_out += count
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake()
+
+    def stats(self) -> dict:
+        return {
+            "type": self.subscription_type.value,
+            "durable": self.durable,
+            "important": self.important,
+            "mark_delete_offset": self.cursor.mark_delete,
+            "individually_acknowledged_ranges": len(self.cursor.acked),
+            "backlog_messages": self.backlog(),
+            "messages_out": self.messages_out,
+            "held_for_redelivery": self.dispatcher.replay_count,
+            "consumers": [
+                {"name": link.name, "permits": self.dispatcher.permits(link.consumer_id),
+                 "unacknowledged": self.dispatcher.unacked_count(link.consumer_id), "messages_out": link.messages_out,
+                 "active": self.dispatcher.active_consumer_id in (None, link.consumer_id)
+                 if self.subscription_type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER) else True}
+                for link in self.consumers.values()
+            ],
+        }
+
+
+def wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+__all__ = ["ConsumerLink", "Subscription"]

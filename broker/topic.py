@@ -1,0 +1,466 @@
+"""One partition served by this broker: its managed ledger, producer
+deduplication, subscriptions, and the housekeeping that rolls ledgers over,
+applies retention and snapshots the deduplication map.
+
+A partition is loaded when this broker takes its ownership and unloaded when
+it gives it up (gracefully: pending writes finish, cursors and the
+deduplication snapshot are written, the ledger is closed) or when it is
+fenced (a write or a compare-and-set failed: nothing more is written, and
+clients are told to look the partition up again).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import trio
+
+from broker.cursor import Cursor
+from broker.dedup import Dedup, DedupSnapshot, Verdict
+from broker.dispatcher import SubscriptionType
+from broker.errors import (
+    BadRequestError,
+    BrokerError,
+    BrokerStatus,
+    ConsumerBusyError,
+    PartitionOverflowError,
+    ProducerBusyError,
+    SubscriptionNotFoundError,
+    TopicFencedError,
+)
+from broker.managed_ledger import ManagedLedger, Position
+from broker.message_format import BatchHeader, Codec, MalformedEntryError, encode_entry
+from broker.protocol import Send, SendReceipt
+from broker.subscription import ConsumerLink, Subscription
+from broker.topic_store import TopicPolicies, TopicStore, check_name
+from coordination.store import MetadataError
+from ledger_client import BKError, BookKeeper
+
+log = logging.getLogger(__name__)
+
+DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplication map
+HOUSEKEEPING_INTERVAL_S = 1.0
+POLICY_REFRESH_INTERVAL_S = 5.0
+RATE_WINDOW_S = 10.0
+
+
+@dataclass
+class BrokerContext:
+    """What a partition needs of its broker."""
+
+    bk: BookKeeper
+    topic_store: TopicStore
+    ledger_password: bytes
+    entry_cache_bytes: int
+    request_unload: Callable[["PartitionService", BrokerError], None]
+    retention_check_interval_s: float = POLICY_REFRESH_INTERVAL_S
+
+
+@dataclass(slots=True)
+class ProducerLink:
+    handle: int
+    producer_id: str
+    send_receipt: Callable[[SendReceipt], None]
+    messages_in: int = 0
+
+
+@dataclass
+class PartitionStats:
+    messages_in: int = 0
+    bytes_in: int = 0
+    messages_out: int = 0
+    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+
+    def sample(self, now: float) -> None:
+        self.samples.append((now, self.messages_in, self.bytes_in, self.messages_out))
+
+    def rates(self, now: float) -> dict[str, float]:
+        """Per second over the last RATE_WINDOW_S seconds."""
+        past = [sample for sample in self.samples if now - sample[0] <= RATE_WINDOW_S]
+        if not past or now - past[0][0] <= 0:
+            return {"messages_in_per_s": 0.0, "bytes_in_per_s": 0.0, "messages_out_per_s": 0.0}
+        elapsed = now - past[0][0]
+        return {
+            "messages_in_per_s": round((self.messages_in - past[0][1]) / elapsed, 1),
+            "bytes_in_per_s": round((self.bytes_in - past[0][2]) / elapsed, 1),
+            "messages_out_per_s": round((self.messages_out - past[0][3]) / elapsed, 1),
+        }
+
+
+class PartitionService:
+    def __init__(self, context: BrokerContext, name: str, topic: str, partition_index: int, policies: TopicPolicies) -> None:
+        self.context = context
+        self.name = name
+        self.topic = topic
+        self.partition_index = partition_index
+        self.policies = policies
+        self.topic_store = context.topic_store
+        self.ml = ManagedLedger(
+            context.bk, context.topic_store, name, policies,
+            password=context.ledger_password, entry_cache_bytes=context.entry_cache_bytes, on_fenced=self.fence,
+        )
+        self.dedup = Dedup()
+        self.producers: dict[str, ProducerLink] = {}  # by producer id
+        self.subscriptions: dict[str, Subscription] = {}
+        self.stats = PartitionStats()
+        self.fenced: BrokerError | None = None
+        self.closing = False
+        self._nursery: trio.Nursery | None = None
+        self._subscribe_lock = trio.Lock()
+        self._dedup_version: int | None = None
+        self._dedup_pending: DedupSnapshot | None = None
+        self._dedup_written: DedupSnapshot | None = None
+        self._dedup_wakeup = trio.Event()
+        self._entries_since_snapshot = 0
+        self.loaded_ms = int(time.time() * 1000)
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Open the managed ledger (fencing the previous owner), rebuild the
+        deduplication map and load the durable cursors."""
+        await self.ml.open()
+        await self._rebuild_dedup()
+        for subscription_name, (record, version) in (await self.topic_store.read_cursors(self.name)).items():
+            try:
+                cursor = Cursor.from_record(record)
+                kind = SubscriptionType.parse(record.get("type", "exclusive"))
+            except ValueError as error:
+                log.error("partition %s: cursor %s unreadable, left alone: %s", self.name, subscription_name, error)
+                continue
+            subscription = Subscription(
+                self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
+                cursor_version=version, created_ms=record.get("created_ms", 0),
+            )
+            subscription.skip_to(self.ml.first_offset)
+            self.subscriptions[subscription_name] = subscription
+
+    async def _rebuild_dedup(self) -> None:
+        stored = await self.topic_store.read_dedup(self.name)
+        snapshot = None
+        if stored is not None:
+            record, self._dedup_version = stored
+            try:
+                snapshot = DedupSnapshot.from_record(record)
+            except (ValueError, KeyError) as error:
+                log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name, error)
+        self.dedup = Dedup.from_snapshot(snapshot)
+        ml = self.ml
+        if snapshot is not None and ml.has_entry(Position(snapshot.ledger_id, snapshot.entry_id)):
+            position = ml.settle(Position(snapshot.ledger_id, snapshot.entry_id + 1))
+        else:
+            position = ml.first_position() or ml.end_position()
+        replayed = 0
+        while ml.has_entry(position):
+            entries = await ml.read(position, 1000)
+            for entry in entries:
+                self.dedup.replayed(entry.header.producer_id, entry.header.last_sequence_id)
+                position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
+            replayed += len(entries)
+            position = ml.settle(position)
+        log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot)",
+                 self.name, self.dedup.producer_count, replayed)
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for subscription in self.subscriptions.values():
+                self._start_subscription(subscription)
+            nursery.start_soon(self._housekeeping_loop)
+            nursery.start_soon(self._dedup_snapshot_loop)
+            task_status.started()
+
+    def _start_subscription(self, subscription: Subscription) -> None:
+        assert self._nursery is not None
+        self._nursery.start_soon(subscription.dispatch_loop)
+        self._nursery.start_soon(subscription.persist_loop)
+
+    def fence(self, error: BrokerError) -> None:
+        """Stop: something failed that only a fresh load can settle."""
+        if self.fenced is not None or self.closing:
+            return
+        self.fenced = error
+        log.warning("partition %s fenced: %s", self.name, error)
+        self.context.request_unload(self, error)
+
+    async def unload(self) -> None:
+        """Stop serving. Gracefully unless fenced: pending appends finish,
+        cursors and the deduplication map are written, the ledger is closed."""
+        self.closing = True
+        for subscription in self.subscriptions.values():
+            subscription.close()
+        if self.fenced is None:
+            with trio.move_on_after(10):
+                await self.ml.close()
+                for subscription in self.subscriptions.values():
+                    if subscription.durable:
+                        try:
+                            await subscription.write_cursor()
+                        except BrokerError as error:
+                            log.warning("partition %s: %s", self.name, error)
+                await self._write_dedup_snapshot()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    # --- producers ---------------------------------------------------------------------------
+
+    def add_producer(self, link: ProducerLink) -> int:
+        """Register a producer; returns the last sequence id persisted for it."""
+        self._check_serving()
+        if link.producer_id in self.producers:
+            raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
+        self.producers[link.producer_id] = link
+        return self.dedup.last_persisted(link.producer_id)
+
+    def remove_producer(self, producer_id: str, handle: int) -> None:
+        link = self.producers.get(producer_id)
+        if link is not None and link.handle == handle:
+            del self.producers[producer_id]
+
+    def _check_serving(self) -> None:
+        if self.fenced is not None:
+            raise TopicFencedError(f"partition {self.name} is being unloaded: {self.fenced}")
+        if self.closing:
+            raise TopicFencedError(f"partition {self.name} is being unloaded")
+
+    async def publish(self, link: ProducerLink, send: Send) -> None:
+        """Store a producer's batch; answers through `link.send_receipt`."""
+        producer_id, last_sequence_id = link.producer_id, send.last_sequence_id
+
+        def answer(status: BrokerStatus, message: str = "", position: Position | None = None, first_offset: int = -1) -> None:
+            link.send_receipt(SendReceipt(
+                link.handle, last_sequence_id, int(status),
+                -1 if position is None else position.ledger_id, -1 if position is None else position.entry_id,
+                first_offset, message,
+            ))
+
+        try:
+            self._check_serving()
+            codec = Codec.parse(send.codec)
+            if send.keys is not None and len(send.keys) != send.message_count:
+                raise BadRequestError("a batch has one key (or nil) per message")
+            if send.first_sequence_id > last_sequence_id:
+                raise BadRequestError("a batch's first sequence id is above its last")
+            quota = self.policies.backlog_quota_bytes
+            if quota is not None and self.ml.stored_bytes >= quota:
+                raise PartitionOverflowError(
+                    f"partition overflow: {self.name} holds {self.ml.stored_bytes} bytes, its backlog quota is {quota} "
+                    f"(acknowledge messages of important subscriptions or raise the quota)"
+                )
+        except ValueError as error:
+            answer(BrokerStatus.BAD_REQUEST, str(error))
+            return
+        except BrokerError as error:
+            answer(error.status, str(error))
+            return
+        deduplicating = self.policies.deduplication
+        if deduplicating:
+            verdict = self.dedup.check(producer_id, last_sequence_id)
+            if verdict is Verdict.DUPLICATE:
+                answer(BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
+                return
+            if verdict is Verdict.IN_FLIGHT:
+                answer(BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
+                return
+            self.dedup.pushed(producer_id, last_sequence_id)
+        keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
+
+        def make_entry(first_offset: int, publish_ms: int) -> bytes:
+            header = BatchHeader(producer_id, send.first_sequence_id, last_sequence_id, first_offset, send.message_count,
+                                 publish_ms, codec, keys)
+            return encode_entry(header, send.body)
+
+        def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
+            if error is not None:
+                if deduplicating:
+                    self.dedup.failed(producer_id)
+                answer(error.status, str(error))
+                return
+            assert position is not None
+            if deduplicating:
+                self.dedup.persisted(producer_id, last_sequence_id)
+                self._entries_since_snapshot += 1
+                if self._entries_since_snapshot >= DEDUP_SNAPSHOT_ENTRIES:
+                    self._entries_since_snapshot = 0
+                    self._dedup_pending = self.dedup.snapshot(position.ledger_id, position.entry_id)
+                    self._dedup_wakeup.set()
+            self.stats.messages_in += send.message_count
+            self.stats.bytes_in += len(send.body)
+            link.messages_in += send.message_count
+            answer(BrokerStatus.OK, "", position, first_offset)
+            for subscription in self.subscriptions.values():
+                subscription.wake()
+
+        try:
+            await self.ml.append(make_entry, send.message_count, done)
+        except BrokerError as error:
+            if deduplicating:
+                self.dedup.failed(producer_id)
+            answer(error.status, str(error))
+
+    # --- deduplication snapshots -------------------------------------------------------------
+
+    async def _dedup_snapshot_loop(self) -> None:
+        while True:
+            await self._dedup_wakeup.wait()
+            self._dedup_wakeup = trio.Event()
+            try:
+                await self._write_dedup_snapshot()
+            except BrokerError as error:
+                self.fence(error)
+                return
+
+    async def _write_dedup_snapshot(self) -> None:
+        snapshot = self._dedup_pending
+        if snapshot is None or snapshot is self._dedup_written:
+            return
+        try:
+            self._dedup_version = await self.topic_store.write_dedup(self.name, snapshot.to_record(), self._dedup_version)
+        except MetadataError as error:
+            raise TopicFencedError(f"partition {self.name}: deduplication snapshot write failed: {error}") from None
+        self._dedup_written = snapshot
+
+    # --- subscriptions -----------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        link: ConsumerLink,
+        subscription_name: str,
+        subscription_type: SubscriptionType,
+        *,
+        priority: int,
+        initial_position: str,
+        durable: bool,
+        important: bool,
+        start_offset: int | None,
+    ) -> Subscription:
+        self._check_serving()
+        check_name(subscription_name, "subscription")
+        if initial_position not in ("earliest", "latest"):
+            raise BadRequestError(f"initial position must be earliest or latest, got {initial_position!r}")
+        async with self._subscribe_lock:
+            self._check_serving()
+            subscription = self.subscriptions.get(subscription_name)
+            if subscription is not None and subscription.durable != durable:
+                raise ConsumerBusyError(f"{subscription_name} exists as a {'durable' if subscription.durable else 'non-durable'} subscription")
+            if subscription is None:
+                if start_offset is not None:
+                    next_offset = start_offset
+                elif initial_position == "earliest":
+                    next_offset = self.ml.first_offset
+                else:
+                    next_offset = self.ml.confirmed_offset + 1
+                next_offset = min(max(next_offset, self.ml.first_offset), self.ml.confirmed_offset + 1)
+                subscription = Subscription(
+                    self, subscription_name, subscription_type, Cursor.at(next_offset),
+                    durable=durable, important=important, cursor_version=None, created_ms=int(time.time() * 1000),
+                )
+                if durable:
+                    # Durable before the consumer hears of it: a restart keeps its position.
+                    await subscription.write_cursor()
+                self.subscriptions[subscription_name] = subscription
+                self._start_subscription(subscription)
+            elif important and not subscription.important:
+                subscription.important = True
+                await subscription.write_cursor()
+            subscription.add_consumer(link, subscription_type, priority)
+            return subscription
+
+    def remove_consumer(self, subscription_name: str, consumer_id: int) -> None:
+        subscription = self.subscriptions.get(subscription_name)
+        if subscription is None:
+            return
+        subscription.remove_consumer(consumer_id)
+        if not subscription.durable and not subscription.consumers:
+            subscription.close()
+            del self.subscriptions[subscription_name]
+
+    async def unsubscribe(self, subscription_name: str, consumer_id: int | None) -> None:
+        """Delete a subscription (its only consumer may be the one asking)."""
+        subscription = self.subscriptions.get(subscription_name)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"no subscription {subscription_name!r} on {self.name}")
+        others = [other for other in subscription.consumers if other != consumer_id]
+        if others:
+            raise ConsumerBusyError(f"subscription {subscription_name!r} has {len(others)} other consumers connected")
+        subscription.close()
+        del self.subscriptions[subscription_name]
+        if subscription.durable:
+            await self.topic_store.delete_cursor(self.name, subscription_name)
+
+    # --- housekeeping ------------------------------------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        last_retention_check = 0.0
+        while True:
+            await trio.sleep(HOUSEKEEPING_INTERVAL_S)
+            now = time.monotonic()
+            self.stats.sample(now)
+            try:
+                if self.ml.rollover_reason() is not None:
+                    await self.ml.rollover()
+                if now - last_retention_check >= self.context.retention_check_interval_s:
+                    last_retention_check = now
+                    await self._refresh_policies()
+                    await self.apply_retention()
+            except BrokerError as error:
+                self.fence(error)
+                return
+            except (BKError, MetadataError) as error:
+                log.warning("partition %s: housekeeping failed, retried later: %s", self.name, error)
+
+    async def _refresh_policies(self) -> None:
+        found = await self.topic_store.read_topic(self.topic)
+        if found is not None and found[0].policies != self.policies:
+            self.policies = self.ml.policies = found[0].policies
+            log.info("partition %s: policies now %s", self.name, self.policies)
+
+    def held_from_offset(self) -> int | None:
+        """The first offset an important subscription has not acknowledged."""
+        held = [subscription.cursor.mark_delete + 1 for subscription in self.subscriptions.values()
+                if subscription.durable and subscription.important]
+        return min(held) if held else None
+
+    async def apply_retention(self) -> list[int]:
+        deleted = await self.ml.trim(self.held_from_offset())
+        if deleted:
+            for subscription in self.subscriptions.values():
+                subscription.skip_to(self.ml.first_offset)
+        return deleted
+
+    # --- stats -------------------------------------------------------------------------------
+
+    def describe(self) -> dict:
+        ml = self.ml
+        state = ml.open_ledger_state
+        ledgers = []
+        for info in ml.record.ledgers:
+            entry = {"ledger_id": info.ledger_id, "first_offset": info.first_offset, "created_ms": info.created_ms}
+            if info.is_closed:
+                entry.update(entries=info.entries, messages=info.messages, bytes=info.bytes, closed_ms=info.closed_ms, state="closed")
+            else:
+                entry.update(entries=state.entries, messages=state.messages, bytes=state.bytes, state="open")
+            ledgers.append(entry)
+        return {
+            "partition": self.name,
+            "first_offset": ml.first_offset,
+            "next_offset": ml.confirmed_offset + 1,
+            "stored_bytes": ml.stored_bytes,
+            "backlog_quota_bytes": self.policies.backlog_quota_bytes,
+            "messages_in": self.stats.messages_in,
+            "bytes_in": self.stats.bytes_in,
+            "messages_out": self.stats.messages_out,
+            **self.stats.rates(time.monotonic()),
+            "producers": [{"producer_id": link.producer_id, "messages_in": link.messages_in,
+                           "last_sequence_id": self.dedup.last_persisted(link.producer_id)} for link in self.producers.values()],
+            "subscriptions": {name: subscription.stats() for name, subscription in self.subscriptions.items()},
+            "ledgers": ledgers,
+            "policies": self.policies.to_dict(),
+        }
+
+
+__all__ = ["BrokerContext", "PartitionService", "ProducerLink"]

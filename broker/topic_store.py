@@ -1,0 +1,326 @@
+"""What brokers keep in ZooKeeper, and where (inside the cluster's chroot):
+
+    /brokers/<broker id>                    ephemeral: a live broker and its address
+    /topics/<topic>                         a topic: partitions, policies
+    /owners/<partition>                     ephemeral: the broker serving a partition
+    /managed-ledgers/<partition>            its ledgers (versioned; compare-and-set)
+    /managed-ledgers/<partition>/dedup      the producers' deduplication snapshot
+    /managed-ledgers/<partition>/cursors/<subscription>   a durable cursor
+
+A partition is a topic itself when the topic is not partitioned, else
+`<topic>-partition-<i>` (Pulsar's naming). Records are JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from coordination.async_store import AsyncMetadataStore
+from coordination.store import NodeExistsError, NoNodeError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,199}$")
+PARTITION_SUFFIX = re.compile(r"^(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})$")
+PARTITIONS_MAX = 10_000
+
+BROKERS = "/brokers"
+TOPICS = "/topics"
+OWNERS = "/owners"
+MANAGED_LEDGERS = "/managed-ledgers"
+
+
+def check_name(name: str, what: str = "topic") -> str:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        raise ValueError(
+            f"bad {what} name {name!r}: 1-200 characters of letters, digits and _ . : = -, starting with a letter or digit"
+        )
+    return name
+
+
+def partition_name(topic: str, index: int) -> str:
+    """The name of partition `index` of a partitioned topic (-1: the topic itself)."""
+    return topic if index < 0 else f"{topic}-partition-{index}"
+
+
+def split_partition(name: str) -> tuple[str, int]:
+    """(topic, partition index) of a partition's name; index -1 when the
+    name does not look like a partition of a partitioned topic."""
+    match = PARTITION_SUFFIX.match(name)
+    if match is None:
+        return name, -1
+    return match.group("topic"), int(match.group("index"))
+
+
+def broker_path(broker_id: str) -> str:
+    return f"{BROKERS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def owner_path(partition: str) -> str:
+    return f"{OWNERS}/{partition}"
+
+
+def managed_ledger_path(partition: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}"
+
+
+def dedup_path(partition: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}/dedup"
+
+
+def cursors_path(partition: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}/cursors"
+
+
+def cursor_path(partition: str, subscription: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}/cursors/{subscription}"
+
+
+# --- records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicPolicies:
+    """A topic's limits. None means no limit."""
+
+    retention_time_ms: int | None = None  # closed ledgers older than this may go
+    retention_bytes: int | None = None  # beyond the newest this many bytes, ledgers may go
+    backlog_quota_bytes: int | None = None  # a partition holding more refuses producers
+    rollover_entries: int = 50_000
+    rollover_bytes: int = 256 * 1024 * 1024
+    rollover_time_ms: int = 4 * 3600 * 1000  # a ledger older than this is closed and a new one started
+    rollover_idle_ms: int = 10 * 60 * 1000  # ... and one nobody wrote to for this long
+    deduplication: bool = True
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
+        for name in ("rollover_entries", "rollover_bytes", "rollover_time_ms", "rollover_idle_ms"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if type(self.deduplication) is not bool:
+            raise ValueError("deduplication must be true or false")
+        if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
+            raise ValueError(
+                f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+                f"{self.ensemble_size}/{self.write_quorum}/{self.ack_quorum}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], base: "TopicPolicies | None" = None) -> "TopicPolicies":
+        """Policies from a map, unknown names refused; names not given keep
+        `base`'s values."""
+        known = {item.name for item in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown topic policies {unknown}; known: {sorted(known)}")
+        return replace(base or cls(), **values)
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    partitions: int  # 0: not partitioned
+    policies: TopicPolicies = field(default_factory=TopicPolicies)
+    created_ms: int = 0
+
+    def partition_names(self, topic: str) -> list[str]:
+        if self.partitions == 0:
+            return [topic]
+        return [partition_name(topic, index) for index in range(self.partitions)]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {"partitions": self.partitions, "policies": self.policies.to_dict(), "created_ms": self.created_ms}, sort_keys=True
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TopicRecord":
+        record = json.loads(data)
+        return cls(record["partitions"], TopicPolicies.from_dict(record.get("policies", {})), record.get("created_ms", 0))
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    """One ledger of a partition. `entries`, `messages` and `bytes` are None
+    while it is open (the owner knows them; the record learns them at its close)."""
+
+    ledger_id: int
+    first_offset: int
+    created_ms: int
+    entries: int | None = None
+    messages: int | None = None
+    bytes: int | None = None
+    closed_ms: int | None = None
+
+    @property
+    def is_closed(self) -> bool:
+        return self.entries is not None
+
+    @property
+    def last_offset(self) -> int:
+        assert self.messages is not None, "an open ledger's last offset is not in the record"
+        return self.first_offset + self.messages - 1
+
+    def closed(self, entries: int, messages: int, bytes_: int, closed_ms: int) -> "LedgerInfo":
+        return replace(self, entries=entries, messages=messages, bytes=bytes_, closed_ms=closed_ms)
+
+
+@dataclass(frozen=True)
+class ManagedLedgerRecord:
+    ledgers: tuple[LedgerInfo, ...] = ()
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"ledgers": [asdict(info) for info in self.ledgers]}, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "ManagedLedgerRecord":
+        record = json.loads(data)
+        return cls(tuple(LedgerInfo(**info) for info in record["ledgers"]))
+
+
+# --- the store -------------------------------------------------------------------------
+
+
+class TopicStore:
+    """The broker's records in the metadata store (trio)."""
+
+    def __init__(self, store: AsyncMetadataStore) -> None:
+        self.store = store
+
+    async def ensure_layout(self) -> None:
+        for path in (BROKERS, TOPICS, OWNERS, MANAGED_LEDGERS):
+            await self.store.ensure_path(path)
+
+    # topics
+
+    async def create_topic(self, topic: str, record: TopicRecord) -> None:
+        check_name(topic)
+        if not 0 <= record.partitions <= PARTITIONS_MAX:
+            raise ValueError(f"partitions must be in 0..{PARTITIONS_MAX}, got {record.partitions}")
+        await self.store.create(topic_path(topic), record.to_bytes(), make_parents=True)
+
+    async def read_topic(self, topic: str) -> tuple[TopicRecord, int] | None:
+        try:
+            data, stat = await self.store.get(topic_path(topic))
+        except NoNodeError:
+            return None
+        return TopicRecord.from_bytes(data), stat.version
+
+    async def write_topic(self, topic: str, record: TopicRecord, expected_version: int) -> None:
+        await self.store.set(topic_path(topic), record.to_bytes(), expected_version)
+
+    async def delete_topic_record(self, topic: str) -> None:
+        try:
+            await self.store.delete(topic_path(topic))
+        except NoNodeError:
+            pass
+
+    async def list_topics(self) -> list[str]:
+        try:
+            return sorted(await self.store.children(TOPICS))
+        except NoNodeError:
+            return []
+
+    # managed ledgers
+
+    async def read_managed_ledger(self, partition: str) -> tuple[ManagedLedgerRecord, int] | None:
+        try:
+            data, stat = await self.store.get(managed_ledger_path(partition))
+        except NoNodeError:
+            return None
+        return ManagedLedgerRecord.from_bytes(data), stat.version
+
+    async def create_managed_ledger(self, partition: str) -> tuple[ManagedLedgerRecord, int]:
+        """An empty record, or the existing one if another broker made it first."""
+        record = ManagedLedgerRecord()
+        try:
+            await self.store.create(managed_ledger_path(partition), record.to_bytes(), make_parents=True)
+            return record, 0
+        except NodeExistsError:
+            existing = await self.read_managed_ledger(partition)
+            assert existing is not None, "a managed ledger record vanished while being created"
+            return existing
+
+    async def write_managed_ledger(self, partition: str, record: ManagedLedgerRecord, expected_version: int) -> int:
+        """Compare-and-set; BadVersionError when another broker changed it."""
+        stat = await self.store.set(managed_ledger_path(partition), record.to_bytes(), expected_version)
+        return stat.version
+
+    async def delete_partition_records(self, partition: str) -> None:
+        try:
+            await self.store.delete(managed_ledger_path(partition), recursive=True)
+        except NoNodeError:
+            pass
+
+    # cursors and deduplication snapshots
+
+    async def read_cursors(self, partition: str) -> dict[str, tuple[dict, int]]:
+        """Every durable cursor of a partition: name -> (record, version)."""
+        try:
+            names = await self.store.children(cursors_path(partition))
+        except NoNodeError:
+            return {}
+        cursors = {}
+        for name in names:
+            try:
+                data, stat = await self.store.get(cursor_path(partition, name))
+            except NoNodeError:
+                continue
+            cursors[name] = (json.loads(data), stat.version)
+        return cursors
+
+    async def write_cursor(self, partition: str, subscription: str, record: dict, expected_version: int | None) -> int:
+        """Compare-and-set (create when `expected_version` is None); a
+        BadVersionError or NodeExistsError means another broker took the
+        partition over. Returns the new version."""
+        return await self._write_versioned(cursor_path(partition, subscription), record, expected_version)
+
+    async def delete_cursor(self, partition: str, subscription: str) -> None:
+        try:
+            await self.store.delete(cursor_path(partition, subscription))
+        except NoNodeError:
+            pass
+
+    async def read_dedup(self, partition: str) -> tuple[dict, int] | None:
+        try:
+            data, stat = await self.store.get(dedup_path(partition))
+        except NoNodeError:
+            return None
+        return json.loads(data), stat.version
+
+    async def write_dedup(self, partition: str, record: dict, expected_version: int | None) -> int:
+        return await self._write_versioned(dedup_path(partition), record, expected_version)
+
+    async def _write_versioned(self, path: str, record: dict, expected_version: int | None) -> int:
+        data = json.dumps(record, separators=(",", ":")).encode()
+        if expected_version is None:
+            await self.store.create(path, data, make_parents=True)
+            return 0
+        stat = await self.store.set(path, data, expected_version)
+        return stat.version
+
+
+__all__ = [
+    "LedgerInfo",
+    "ManagedLedgerRecord",
+    "TopicPolicies",
+    "TopicRecord",
+    "TopicStore",
+    "check_name",
+    "partition_name",
+    "split_partition",
+]

@@ -1,0 +1,87 @@
+"""`quire broker run`: a broker in the foreground until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+import trio
+
+from quire.cli import UsageError, byte_size, configure_logging, duration_ms, port_number, positive_int
+
+
+def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Topic policy flags; with `defaults`, they set the broker's defaults for new topics."""
+    scope = "default for new topics: " if defaults else ""
+    parser.add_argument("--retention-time", type=duration_ms, metavar="DURATION",
+                        help=f"{scope}delete closed ledgers older than this (e.g. 7d) once no important subscription needs them")
+    parser.add_argument("--retention-size", type=byte_size, metavar="BYTES",
+                        help=f"{scope}keep at most this much beyond what important subscriptions need")
+    parser.add_argument("--backlog-quota", type=byte_size, metavar="BYTES",
+                        help=f"{scope}refuse producers (partition overflow) while a partition holds this much")
+    parser.add_argument("--rollover-entries", type=positive_int, help=f"{scope}entries per ledger")
+    parser.add_argument("--rollover-size", type=byte_size, metavar="BYTES", help=f"{scope}bytes per ledger")
+    parser.add_argument("--rollover-time", type=duration_ms, metavar="DURATION", help=f"{scope}age of a ledger")
+    parser.add_argument("--rollover-idle", type=duration_ms, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long")
+    parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication")
+    parser.add_argument("--ensemble-size", "-E", type=positive_int)
+    parser.add_argument("--write-quorum", "-W", type=positive_int)
+    parser.add_argument("--ack-quorum", "-A", type=positive_int)
+
+
+def policies_from(arguments: argparse.Namespace) -> dict:
+    """The policy flags given, as TopicPolicies field names."""
+    names = {
+        "retention_time": "retention_time_ms", "retention_size": "retention_bytes", "backlog_quota": "backlog_quota_bytes",
+        "rollover_entries": "rollover_entries", "rollover_size": "rollover_bytes", "rollover_time": "rollover_time_ms",
+        "rollover_idle": "rollover_idle_ms", "ensemble_size": "ensemble_size", "write_quorum": "write_quorum",
+        "ack_quorum": "ack_quorum",
+    }
+    policies = {field: getattr(arguments, flag) for flag, field in names.items() if getattr(arguments, flag) is not None}
+    if arguments.deduplication is not None:
+        policies["deduplication"] = arguments.deduplication == "on"
+    return policies
+
+
+def add_run(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=port_number, default=6650)
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
+    parser.add_argument("--advertised-address", help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
+    parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
+    parser.add_argument("--ledger-password", default="", help="password of the topics' ledgers (Spark export needs the same)")
+    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000)
+    parser.add_argument("--entry-cache-bytes", type=byte_size, default=64 * 1024**2)
+    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2)
+    parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
+    parser.add_argument("--retention-check-interval", type=duration_ms, default=5_000, metavar="DURATION")
+    add_policies(parser, defaults=True)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    from broker.broker_process import BrokerStartupError, run_broker
+    from broker.server import BrokerConfig
+    from broker.topic_store import TopicPolicies
+
+    host = arguments.host
+    advertised = arguments.advertised_address or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}"
+    try:
+        config = BrokerConfig(
+            broker_id=arguments.broker_id or advertised,
+            host=host,
+            port=arguments.port,
+            advertised_address=advertised,
+            ledger_password=arguments.ledger_password.encode(),
+            entry_cache_bytes=arguments.entry_cache_bytes,
+            frame_bytes_max=arguments.frame_bytes_max,
+            auto_topic_creation=not arguments.no_auto_topic_creation,
+            default_policies=TopicPolicies.from_dict(policies_from(arguments)),
+            retention_check_interval_s=arguments.retention_check_interval / 1000,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    configure_logging(arguments.log_level, f"broker {config.broker_id}")
+    try:
+        trio.run(lambda: run_broker(config, arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms))
+    except BrokerStartupError as error:
+        raise UsageError(str(error)) from None
+    return 0

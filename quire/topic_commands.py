@@ -1,0 +1,249 @@
+"""`quire topic create|ls|stats|delete|set-policies|unload`, `quire produce`
+and `quire consume`: topics from the command line, through the brokers."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import sys
+import time
+from typing import AsyncIterator, Awaitable, Callable
+
+import trio
+
+from quire.broker_commands import add_policies, policies_from
+from quire.cli import UsageError, byte_size, configure_logging, duration_ms, nonnegative_int, positive_int
+
+
+def add_topic(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("topic")
+    parser.add_argument("--service-url", help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+
+
+def add_create(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--partitions", type=nonnegative_int, default=0, help="0: not partitioned (default)")
+    add_policies(parser, defaults=False)
+
+
+def add_set_policies(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    add_policies(parser, defaults=False)
+
+
+def add_delete(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--force", action="store_true", help="delete even with producers or consumers connected")
+
+
+def add_ls(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service-url", help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+
+
+def add_produce(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--count", type=nonnegative_int, help="send this many generated messages instead of standard input's lines")
+    parser.add_argument("--size", type=byte_size, default=1024, help="bytes of each generated message (default 1024)")
+    parser.add_argument("--producer-id", help="for exactly-once publishing across runs (default: a new id)")
+    parser.add_argument("--key", help="message key (generated messages: KEY-<n % --keys>)")
+    parser.add_argument("--keys", type=positive_int, default=1, help="with --key and --count: this many distinct keys")
+    parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--codec", choices=["none", "zstd", "lz4", "gzip"], default="none")
+    parser.add_argument("--batching", action="store_true", help="batch messages into entries")
+    parser.add_argument("--window", type=positive_int, default=1000, help="messages in flight (default 1000)")
+
+
+def add_consume(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--subscription", "-s", required=True)
+    parser.add_argument("--type", choices=["exclusive", "failover", "shared", "key_shared"], default="exclusive")
+    parser.add_argument("--count", type=nonnegative_int, help="stop after this many messages")
+    parser.add_argument("--initial-position", choices=["earliest", "latest"], default="earliest",
+                        help="where a new subscription starts (default: earliest)")
+    parser.add_argument("--idle-timeout", type=duration_ms, default=None, metavar="DURATION",
+                        help="stop once no message came for this long (default: wait for ever, or --count)")
+    parser.add_argument("--format", choices=["text", "json"], default="text")
+    parser.add_argument("--no-ack", action="store_true", help="do not acknowledge what is printed")
+    parser.add_argument("--important", action="store_true", help="a new subscription holds its unacknowledged messages against retention")
+
+
+@contextlib.asynccontextmanager
+async def _client(arguments: argparse.Namespace) -> AsyncIterator:
+    from broker.client import Client
+    from coordination.store import MetadataError
+
+    try:
+        async with Client.connect(arguments.zk, arguments.root, service_url=getattr(arguments, "service_url", None)) as client:
+            yield client
+    except (MetadataError, ValueError) as error:
+        raise UsageError(str(error)) from None
+
+
+def _run(arguments: argparse.Namespace, body: Callable[..., Awaitable[None]]) -> int:
+    from broker.errors import BrokerError
+
+    configure_logging("warning" if arguments.log_level == "info" else arguments.log_level, "client")
+
+    async def go() -> None:
+        async with _client(arguments) as client:
+            await body(client)
+
+    try:
+        trio.run(go)
+    except BrokerError as error:
+        raise UsageError(f"{type(error).__name__}: {error}") from None
+    return 0
+
+
+def _print(value) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+def create(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        _print(await client.create_topic(arguments.topic, arguments.partitions, **policies_from(arguments)))
+
+    return _run(arguments, body)
+
+
+def set_policies(arguments: argparse.Namespace) -> int:
+    changes = policies_from(arguments)
+    if not changes:
+        raise UsageError("name at least one policy to change (see --help)")
+
+    async def body(client) -> None:
+        _print(await client.set_policies(arguments.topic, **changes))
+
+    return _run(arguments, body)
+
+
+def list_(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        for topic in await client.list_topics():
+            partitions = topic["partitions"]
+            print(topic["topic"] if partitions == 0 else f"{topic['topic']} ({partitions} partitions)")
+
+    return _run(arguments, body)
+
+
+def stats(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        _print(await client.topic_stats(arguments.topic))
+
+    return _run(arguments, body)
+
+
+def delete(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        await client.delete_topic(arguments.topic, force=arguments.force)
+        print(f"deleted topic {arguments.topic}")
+
+    return _run(arguments, body)
+
+
+def unload(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        await client.unload(arguments.topic)
+        print(f"unloaded topic {arguments.topic}")
+
+    return _run(arguments, body)
+
+
+def _properties(items: list[str]) -> dict[str, str]:
+    properties = {}
+    for item in items:
+        name, separator, value = item.partition("=")
+        if not separator or not name:
+            raise UsageError(f"--property takes NAME=VALUE, got {item!r}")
+        properties[name] = value
+    return properties
+
+
+def produce(arguments: argparse.Namespace) -> int:
+    properties = _properties(arguments.property)
+
+    async def body(client) -> None:
+        producer = await client.create_producer(arguments.topic, arguments.producer_id, batching=arguments.batching,
+                                                codec=arguments.codec, pending_messages_max=arguments.window)
+        started = time.monotonic()
+        sent = 0
+        first = last = None
+
+        def messages():
+            if arguments.count is not None:
+                filler = b"x" * max(0, arguments.size - 16)
+                for number in range(arguments.count):
+                    key = None if arguments.key is None else f"{arguments.key}-{number % arguments.keys}"
+                    yield f"{number:015d} ".encode() + filler, key
+            else:
+                for line in sys.stdin.buffer:
+                    yield line.rstrip(b"\n"), arguments.key
+
+        futures = []
+        for data, key in messages():
+            futures.append(await producer.send_async(data, key=key, properties=properties or None))
+            if len(futures) >= arguments.window:
+                result = await futures.pop(0).wait()
+                first = first or result.message_id
+                last = result.message_id
+                sent += 1
+        for future in futures:
+            result = await future.wait()
+            first = first or result.message_id
+            last = result.message_id
+            sent += 1
+        elapsed = time.monotonic() - started
+        await producer.close()
+        _print({"topic": arguments.topic, "producer_id": producer.producer_id, "sent": sent,
+                "first_message_id": str(first) if first else None, "last_message_id": str(last) if last else None,
+                "seconds": round(elapsed, 3), "messages_per_s": round(sent / elapsed, 1) if elapsed > 0 else None})
+
+    return _run(arguments, body)
+
+
+def consume(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        consumer = await client.subscribe(
+            arguments.topic, arguments.subscription, arguments.type,
+            initial_position=arguments.initial_position, important=arguments.important,
+        )
+        received = 0
+        while arguments.count is None or received < arguments.count:
+            if arguments.idle_timeout is not None:
+                with trio.move_on_after(arguments.idle_timeout / 1000):
+                    message = await consumer.receive()
+                    _show(message, arguments.format)
+                    received += 1
+                    if not arguments.no_ack:
+                        await consumer.acknowledge(message)
+                    continue
+                break
+            message = await consumer.receive()
+            _show(message, arguments.format)
+            received += 1
+            if not arguments.no_ack:
+                await consumer.acknowledge(message)
+        await consumer.close()
+        print(f"received {received} messages", file=sys.stderr)
+
+    return _run(arguments, body)
+
+
+def _show(message, output_format: str) -> None:
+    if output_format == "json":
+        try:
+            data = {"data": message.data.decode()}
+        except UnicodeDecodeError:
+            data = {"data_base64": base64.b64encode(message.data).decode()}
+        print(json.dumps({
+            "message_id": str(message.message_id), "offset": message.offset, "key": message.key,
+            "properties": message.properties, "publish_time_ms": message.publish_time_ms,
+            "producer_id": message.producer_id, "sequence_id": message.sequence_id,
+            "redelivery_count": message.redelivery_count, **data,
+        }, sort_keys=True), flush=True)
+    else:
+        text = message.data.decode(errors="replace")
+        key = f" key={message.key}" if message.key is not None else ""
+        print(f"{message.message_id} offset={message.offset}{key} {text}", flush=True)
