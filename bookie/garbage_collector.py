@@ -106,6 +106,11 @@ class GarbageCollector:
         self._dropping: set[int] = set()
         # Logs found damaged: kept as they are for the life of the process.
         self._damaged_logs: set[int] = set()
+        self._publish()
+
+    def _publish(self) -> None:
+        """Counters for GET_INFO (`quire bookie info`), from the start on."""
+        self.server.core.info.update(self.stats.as_info(), entry_logs=len(self.server.storage.log_usage))
 
     async def run(self) -> None:
         while True:
@@ -129,7 +134,7 @@ class GarbageCollector:
             self.stats.rounds += 1
             self.stats.last_run_ms = round(elapsed_ms, 1)
             self.stats.done.add(work)
-            self.server.core.info.update(self.stats.as_info(), entry_logs=len(self.server.storage.log_usage))
+            self._publish()
         if work:
             log.info(
                 "garbage collection: dropped %d ledgers, deleted %d entry logs, compacted %d (%d entries moved), "
@@ -196,16 +201,19 @@ class GarbageCollector:
             writing = storage.entry_log.writing_log_id()
             plan = await trio.to_thread.run_sync(
                 lambda: plan_entry_logs(
-                    {log_id: usage for log_id, usage in storage.log_usage.items() if log_id not in self._damaged_logs},
+                    storage.log_usage,
                     live,
                     writing_log_id=writing,
                     compaction_threshold=self.compaction_threshold,
                     compaction_bytes_max=self.compaction_bytes_max,
+                    uncompactable=self._damaged_logs,
                 )
             )
-            for log_id in plan.delete:
+        for log_id in plan.delete:
+            # One log per hold of the lock: a checkpoint waits for one at most.
+            async with lock:
                 work.bytes_reclaimed += await trio.to_thread.run_sync(storage.delete_entry_log, log_id)
-                work.entry_logs_deleted += 1
+            work.entry_logs_deleted += 1
         for log_id in plan.compact:
             await self._compact(log_id, work)
 

@@ -28,13 +28,14 @@ def plan_entry_logs(
     writing_log_id: int | None,
     compaction_threshold: float,
     compaction_bytes_max: int,
+    uncompactable: AbstractSet[int] = frozenset(),
 ) -> EntryLogPlan:
     """Which entry logs to delete and which to compact this round.
 
     The log being written (`writing_log_id`) is never touched: appends still
     go to it. A log none of whose ledgers is live is deleted. A log whose live
     fraction is below `compaction_threshold` (0 turns compaction off) is
-    compacted, least live first (the most space for the least copying, as
+    compacted, unless `uncompactable` (found damaged), least live first (the most space for the least copying, as
     BookKeeper sorts by usage), while the live bytes to copy stay within
     `compaction_bytes_max` (the first candidate is always taken, so that a
     log larger than the bound still gets compacted)."""
@@ -48,7 +49,7 @@ def plan_entry_logs(
         live_bytes = live_bytes_of(usage[log_id], live_ledgers)
         if live_bytes == 0:
             delete.append(log_id)
-        elif live_ratio(usage[log_id], live_ledgers) < compaction_threshold:
+        elif log_id not in uncompactable and live_ratio(usage[log_id], live_ledgers) < compaction_threshold:
             candidates.append((live_ratio(usage[log_id], live_ledgers), log_id, live_bytes))
     compact: list[int] = []
     budget = compaction_bytes_max

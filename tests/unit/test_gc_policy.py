@@ -65,6 +65,13 @@ def test_the_threshold_decides_and_zero_turns_compaction_off():
         plan(logs, live={1}, threshold=1.5)
 
 
+def test_a_damaged_log_is_not_compacted_but_still_deleted_once_its_ledgers_are():
+    logs = {1: usage(1000, l1=100, l2=900)}
+    keep = {"writing_log_id": None, "compaction_threshold": 0.5, "compaction_bytes_max": MIB, "uncompactable": {1}}
+    assert plan_entry_logs(logs, {1}, **keep).compact == []
+    assert plan_entry_logs(logs, set(), **keep).delete == [1]
+
+
 def test_compaction_copies_within_its_byte_bound_but_always_takes_one_log():
     logs = {1: usage(1000, l1=300), 2: usage(1000, l1=100), 3: usage(1000, l1=200)}
     assert plan(logs, live={1}, bytes_max=250).compact == [2]  # 100 fits, then 200 would not
