@@ -207,7 +207,6 @@ def logs_of(storage: LedgerStorage, ledger_id: int) -> set[int]:
 async def test_deleted_ledgers_are_dropped_their_logs_removed_and_live_ones_read_back(bookie, metadata, disk):
     write_four_ledgers(bookie)
     before = disk.entry_log_bytes()
-    logs_before = set(bookie.storage.log_usage)
     only_deleted = (logs_of(bookie.storage, 1) | logs_of(bookie.storage, 2)) - logs_of(bookie.storage, 3) - logs_of(bookie.storage, 4)
     assert only_deleted, "the layout should have logs that hold only ledgers 1 and 2"
     metadata.delete(ledger_path(1))
@@ -219,7 +218,6 @@ async def test_deleted_ledgers_are_dropped_their_logs_removed_and_live_ones_read
     for ledger_id in (1, 2):
         bookie.assert_ledger_gone(ledger_id)
     assert not only_deleted & set(bookie.storage.log_usage)
-    assert set(bookie.storage.log_usage) != logs_before
     assert disk.entry_log_bytes() < before * 0.6
     for ledger_id in (3, 4):
         bookie.assert_ledger_intact(ledger_id, ENTRIES)
