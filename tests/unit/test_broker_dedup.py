@@ -25,6 +25,13 @@ def send(dedup: Dedup, producer_id: str, last_sequence_id: int) -> Verdict:
     return verdict
 
 
+def write(dedup: Dedup, *batches: tuple[str, int]) -> None:
+    """Batches sent and persisted, one after the other."""
+    for producer_id, last_sequence_id in batches:
+        assert send(dedup, producer_id, last_sequence_id) is Verdict.NEW
+        dedup.persisted(producer_id, last_sequence_id)
+
+
 def test_a_resent_batch_is_a_duplicate_once_persisted():
     # The producer resends sequence id 0 (it missed the receipt): while the
     # first copy is being written it must ask again, afterwards it is told
@@ -41,8 +48,7 @@ def test_a_resent_batch_is_a_duplicate_once_persisted():
 def test_ids_between_persisted_and_pushed_are_in_flight():
     # 3 is persisted, 7 is being written: 4..7 are "unknown, retry", 8 is new.
     dedup = Dedup()
-    send(dedup, "p", 3)
-    dedup.persisted("p", 3)
+    write(dedup, ("p", 3))
     send(dedup, "p", 7)
     assert [dedup.check("p", sequence_id) for sequence_id in (3, 4, 7, 8)] == [
         Verdict.DUPLICATE, Verdict.IN_FLIGHT, Verdict.IN_FLIGHT, Verdict.NEW,
@@ -53,15 +59,13 @@ def test_a_batch_is_judged_by_its_highest_sequence_id():
     # A batch 5..9 after 0..6 was persisted is new (as in Pulsar), though it
     # repeats 5 and 6.
     dedup = Dedup()
-    send(dedup, "p", 6)
-    dedup.persisted("p", 6)
+    write(dedup, ("p", 6))
     assert dedup.check("p", 9) is Verdict.NEW
 
 
 def test_a_failed_write_lets_the_producer_send_the_batch_again():
     dedup = Dedup()
-    send(dedup, "p", 0)
-    dedup.persisted("p", 0)
+    write(dedup, ("p", 0))
     send(dedup, "p", 1)
     send(dedup, "p", 2)
     dedup.failed("p")
@@ -73,8 +77,7 @@ def test_a_failed_write_lets_the_producer_send_the_batch_again():
 
 def test_producers_are_independent():
     dedup = Dedup()
-    send(dedup, "a", 5)
-    dedup.persisted("a", 5)
+    write(dedup, ("a", 5))
     assert dedup.check("b", 5) is Verdict.NEW and dedup.last_persisted("b") == -1
 
 
@@ -92,12 +95,9 @@ def test_the_least_recently_used_idle_producer_is_forgotten():
     # if an older one is still writing; a forgotten producer's resend is
     # taken as new (as Pulsar forgets inactive producers).
     dedup = Dedup(producers_max=2)
-    for producer_id in ("a", "b"):
-        send(dedup, producer_id, 0)
-        dedup.persisted(producer_id, 0)
+    write(dedup, ("a", 0), ("b", 0))
     send(dedup, "a", 1)  # a is busy now
-    send(dedup, "c", 0)
-    dedup.persisted("c", 0)  # b is the one idle longest
+    write(dedup, ("c", 0))  # b is the one idle longest
     assert dedup.producer_count == 2
     assert dedup.last_persisted("b") == -1 and dedup.check("b", 0) is Verdict.NEW
     assert dedup.last_persisted("a") == 0 and dedup.check("a", 1) is Verdict.IN_FLIGHT
@@ -105,11 +105,9 @@ def test_the_least_recently_used_idle_producer_is_forgotten():
 
 def test_a_busy_map_grows_past_its_bound_rather_than_forget_a_writing_producer():
     dedup = Dedup(producers_max=1)
-    send(dedup, "a", 0)
-    dedup.persisted("a", 0)
+    write(dedup, ("a", 0))
     send(dedup, "a", 1)
-    send(dedup, "b", 0)
-    dedup.persisted("b", 0)  # a is writing: b, idle, goes instead
+    write(dedup, ("b", 0))  # a is writing: b, idle, goes instead
     assert dedup.last_persisted("a") == 0 and dedup.last_persisted("b") == -1
     dedup.persisted("a", 1)
     assert dedup.producer_count == 1
@@ -120,13 +118,9 @@ def test_a_new_owner_rebuilds_the_map_from_the_snapshot_and_the_entries_after_it
     # it. The new owner replays them (an older entry replayed again, a's 0,
     # changes nothing) and judges resends as the old owner would.
     live = Dedup()
-    for producer_id, sequence_id in (("a", 0), ("b", 0), ("a", 1)):
-        send(live, producer_id, sequence_id)
-        live.persisted(producer_id, sequence_id)
+    write(live, ("a", 0), ("b", 0), ("a", 1))
     snapshot = live.snapshot(3, 7)
-    for producer_id, sequence_id in (("b", 4), ("c", 0)):
-        send(live, producer_id, sequence_id)
-        live.persisted(producer_id, sequence_id)
+    write(live, ("b", 4), ("c", 0))
     record = json.loads(json.dumps(snapshot.to_record()))
     rebuilt = Dedup.from_snapshot(DedupSnapshot.from_record(record))
     for producer_id, sequence_id in (("a", 0), ("b", 4), ("c", 0)):
