@@ -187,6 +187,17 @@ class SimEntryLog:
         except CorruptEntryError:
             return None
 
+    def corrupt_served(self, ledger_id: int, entry_id: int, byte_index: int = 0) -> int:
+        """Test-only (the simulator): as `corrupt`, but each copy's checksum
+        is recomputed over the bad bytes, so that the entry log serves them
+        as intact and only a reader's digest check can tell."""
+        copies = self.corrupt(ledger_id, entry_id, byte_index)
+        for log in self._logs.values():
+            for stored in log:
+                if (stored.ledger_id, stored.entry_id) == (ledger_id, entry_id):
+                    stored.checksum = crc32c.crc32c(bytes(stored.data))
+        return copies
+
     def corrupt(self, ledger_id: int, entry_id: int, byte_index: int = 0) -> int:
         """Flip one byte of every stored copy of the entry; return how many."""
         copies = 0
