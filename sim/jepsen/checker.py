@@ -1,6 +1,8 @@
 """The checker of a Jepsen-style history: finds acknowledged entries lost,
 payloads duplicated or reordered, reads that disagree, and phantom data, each
-reported with its ledger, entry, payload and operation indexes."""
+reported with its ledger, entry, payload and operation indexes. The verdict
+is VALID only when nothing is wrong and every acknowledged add was checked
+against a final read of its ledger; INCOMPLETE when some were not."""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from sim.jepsen.history import (
 )
 
 ANOMALY_KINDS = ("lost", "duplicated", "reordered", "inconsistent", "unexpected", "unseen")
-# Unseen adds are reported but do not make a history invalid: with no final
-# read of their ledger there was nothing to check them against.
+# Unseen adds do not make a history invalid (with no final read of their
+# ledger there was nothing to check them against), but incomplete.
 INVALIDATING_KINDS = ("lost", "duplicated", "reordered", "inconsistent", "unexpected")
 SUMMARY_EXAMPLES_MAX = 5
 
@@ -63,12 +65,29 @@ class CheckResult:
     adds_fail_read: int = 0  # failed adds found in some read (see check())
     reads_ok: int = 0
     reads_final: int = 0
+    recoveries_ok: int = 0  # recover operations that closed (or found closed) a ledger
     ledgers: int = 0
+    ledgers_acked: int = 0  # ledgers with an acknowledged add
+    ledgers_acked_final_read: int = 0  # ... of them, read whole after healing
     faults_by_kind: dict[str, int] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:
+        """No anomaly found (which says little unless `complete` too)."""
         return not any(getattr(self, kind) for kind in INVALIDATING_KINDS)
+
+    @property
+    def complete(self) -> bool:
+        """Every acknowledged add was checked against a final read."""
+        return not self.unseen and self.ledgers_acked_final_read == self.ledgers_acked
+
+    @property
+    def verdict(self) -> str:
+        """VALID, INVALID (an anomaly), or INCOMPLETE (no anomaly, but some
+        acknowledged adds were never checked)."""
+        if not self.valid:
+            return "INVALID"
+        return "VALID" if self.complete else "INCOMPLETE"
 
     def anomalies(self, kind: str) -> list[Anomaly]:
         if kind not in ANOMALY_KINDS:
@@ -78,10 +97,12 @@ class CheckResult:
     def summary(self, examples_max: int = SUMMARY_EXAMPLES_MAX) -> str:
         faults = ", ".join(f"{kind} {count}" for kind, count in sorted(self.faults_by_kind.items())) or "none"
         lines = [
-            "VALID" if self.valid else "INVALID",
+            self.verdict,
             f"adds: {self.adds_invoked} invoked, {self.adds_ok} ok, {self.adds_fail} fail, "
             f"{self.adds_info} info ({self.adds_info_read} of them read, {self.adds_fail_read} failed adds read)",
-            f"reads: {self.reads_ok} ok ({self.reads_final} final); ledgers: {self.ledgers}; faults: {faults}",
+            f"reads: {self.reads_ok} ok ({self.reads_final} final); recoveries: {self.recoveries_ok} ok; "
+            f"ledgers: {self.ledgers}, {self.ledgers_acked} with acknowledged adds, "
+            f"{self.ledgers_acked_final_read} of them read whole after healing; faults: {faults}",
             "anomalies: " + ", ".join(f"{kind} {len(getattr(self, kind))}" for kind in ANOMALY_KINDS),
         ]
         for kind in ANOMALY_KINDS:
@@ -162,6 +183,7 @@ class _Checker:
                 self.gather_read(pair.completion)
             elif pair.invoke.f in ("recover", "close") and pair.outcome == "ok":
                 completion = pair.completion
+                self.result.recoveries_ok += pair.invoke.f == "recover"
                 ledger = _integer(completion, "ledger")
                 self.ledgers.add(ledger)
                 claim = _ClosedClaim(_integer(completion, "last_entry"), completion.index, pair.invoke.f)
@@ -169,6 +191,7 @@ class _Checker:
             elif pair.invoke.f == "create" and pair.outcome == "ok":
                 self.ledgers.add(_integer(pair.completion, "ledger"))
         self.result.ledgers = len(self.ledgers)
+        self.check_acknowledgement_order(pairs)
 
     def gather_add(self, pair: OperationPair) -> None:
         invoke = pair.invoke
@@ -206,16 +229,18 @@ class _Checker:
         closed = completion.value.get("closed") is True
         entries = _entries(completion)
         self.ledgers.add(ledger)
+        # A read asks for every entry up to the close (or the LAC, when
+        # open): it returns them all, in order, or fails.
+        if [entry for entry, _ in entries] != list(range(last_entry + 1)):
+            self.report(
+                "inconsistent",
+                f"read of the {'closed' if closed else 'open'} ledger returned entries {_describe_ids(entries)}, "
+                f"not 0..{last_entry} in order",
+                ledger=ledger,
+                operation_indexes=(completion.index,),
+            )
         if closed:
             self.closed_claims.setdefault(ledger, []).append(_ClosedClaim(last_entry, completion.index, "read"))
-            if [entry for entry, _ in entries] != list(range(last_entry + 1)):
-                self.report(
-                    "inconsistent",
-                    f"read of the closed ledger returned entries {_describe_ids(entries)}, "
-                    f"not 0..{last_entry} in order",
-                    ledger=ledger,
-                    operation_indexes=(completion.index,),
-                )
         elif entries:
             highest = max(entry for entry, _ in entries)
             if highest > self.open_read_highest.get(ledger, (-1, -1))[0]:
@@ -298,11 +323,41 @@ class _Checker:
                     operation_indexes=(add.invoke_index, self.adds[before[1]].invoke_index, operation_index),
                 )
 
+    def check_acknowledgement_order(self, pairs: list[OperationPair]) -> None:
+        """A writer's acknowledgements of one ledger come in entry order
+        (completions are delivered in order): walking them as they were
+        recorded, each entry must be above the one before."""
+        acknowledged: list[tuple[int, str, _Add]] = []
+        for pair in pairs:
+            if pair.invoke.f == "add" and pair.outcome == "ok":
+                payload = pair.invoke.value["payload"]
+                acknowledged.append((pair.completion.index, payload, self.adds[payload]))
+        acknowledged.sort(key=itemgetter(0))
+        previous: dict[tuple[str, int], tuple[int, str, int]] = {}  # (writer, ledger) -> (entry, payload, index)
+        for completion_index, payload, add in acknowledged:
+            assert add.ledger is not None and add.entry is not None
+            before = previous.get((add.process, add.ledger))
+            previous[(add.process, add.ledger)] = (add.entry, payload, completion_index)
+            if before is None or add.entry > before[0]:
+                continue
+            kind, problem = ("inconsistent", "at the same entry") if add.entry == before[0] else ("reordered", "at a higher entry")
+            self.report(
+                kind,
+                f"acknowledged after {before[1]!r}, which was acknowledged {problem} ({before[0]})",
+                ledger=add.ledger,
+                entry=add.entry,
+                payload=payload,
+                operation_indexes=(before[2], completion_index),
+            )
+
     # --- judging --------------------------------------------------------------------
 
     def judge(self) -> None:
         closed_last_entry = self.judge_closed_claims()
         self.judge_open_reads(closed_last_entry)
+        ledgers_acked = {add.ledger for add in self.adds.values() if add.outcome == "ok"}
+        self.result.ledgers_acked = len(ledgers_acked)
+        self.result.ledgers_acked_final_read = len(ledgers_acked.intersection(self.final_reads))
         for payload, add in self.adds.items():
             if add.read and add.outcome == "info":
                 self.result.adds_info_read += 1
@@ -352,36 +407,47 @@ class _Checker:
                 operation_indexes=(add.completion_index, first[1]),
                 **where,
             )
-        finals = self.final_reads.get(ledger)
-        if finals:
-            for final in finals:
-                if entry > final.last_entry:
-                    problem = f"the final read ends at entry {final.last_entry}"
-                elif final.payloads.get(entry) != payload:
-                    problem = f"the final read has {final.payloads.get(entry)!r} there"
-                else:
-                    continue
+        # Every recovery, close or read of the closed ledger says where it
+        # ends: an entry acknowledged beyond that is lost. Acknowledged after
+        # a recovery that closed the ledger below it, it shows a fenced
+        # writer acknowledged past the close.
+        last_entry = closed_last_entry.get(ledger)
+        claim = None
+        if last_entry is not None and entry > last_entry:
+            claim = min(self.closed_claims[ledger], key=lambda claim: (claim.last_entry, claim.operation_index))
+            if add.completion_index > claim.operation_index:
                 self.report(
                     "lost",
-                    f"acknowledged, but {problem}",
-                    operation_indexes=(add.completion_index, final.operation_index),
+                    f"acknowledged after a {claim.source} closed the ledger at entry {last_entry}: "
+                    "a fenced writer was acknowledged past the close",
+                    operation_indexes=(claim.operation_index, add.completion_index),
                     **where,
                 )
                 return
+        finals = self.final_reads.get(ledger, [])
+        for final in finals:
+            if entry > final.last_entry:
+                problem = f"the final read ends at entry {final.last_entry}"
+            elif final.payloads.get(entry) != payload:
+                problem = f"the final read has {final.payloads.get(entry)!r} there"
+            else:
+                continue
+            self.report(
+                "lost",
+                f"acknowledged, but {problem}",
+                operation_indexes=(add.completion_index, final.operation_index),
+                **where,
+            )
             return
-        # With no final read, a recovery or close that ended the ledger before
-        # the entry still shows it was lost.
-        last_entry = closed_last_entry.get(ledger)
-        if last_entry is not None and entry > last_entry:
-            claim = min(self.closed_claims[ledger], key=lambda claim: claim.last_entry)
+        if claim is not None:
             self.report(
                 "lost",
                 f"acknowledged, but a {claim.source} closed the ledger at entry {last_entry}",
                 operation_indexes=(add.completion_index, claim.operation_index),
                 **where,
             )
-            return
-        self.report("unseen", "acknowledged, but no final read of its ledger", operation_indexes=(add.completion_index,), **where)
+        elif not finals:
+            self.report("unseen", "acknowledged, but no final read of its ledger", operation_indexes=(add.completion_index,), **where)
 
 
 def _integer(operation: Operation, key: str) -> int:

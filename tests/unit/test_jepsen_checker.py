@@ -103,9 +103,10 @@ def test_a_run_where_everything_went_right_is_valid():
     result = check(story.operations)
 
     assert kinds_found(result) == set(), result.summary()
-    assert result.valid
+    assert result.valid and result.complete and result.verdict == "VALID"
     assert (result.adds_invoked, result.adds_ok, result.adds_fail, result.adds_info) == (9, 7, 1, 1)
     assert (result.reads_ok, result.reads_final, result.ledgers) == (3, 2, 2)
+    assert (result.ledgers_acked, result.ledgers_acked_final_read, result.recoveries_ok) == (2, 2, 1)
     assert result.adds_info_read == 1
     assert result.faults_by_kind == {"kill": 1, "pause": 1}
     assert result.summary().startswith("VALID\n")
@@ -130,9 +131,9 @@ def test_indeterminate_adds_may_or_may_not_be_in_the_ledger():
     assert (result.adds_info, result.adds_info_read) == (3, 1)
 
 
-def test_an_acknowledged_add_with_no_final_read_of_its_ledger_is_unseen_but_valid():
+def test_an_acknowledged_add_with_no_final_read_of_its_ledger_is_unseen_and_incomplete():
     # The run was cut before the final reads: nothing shows the add lost, and
-    # nothing shows it kept.
+    # nothing shows it kept, so the run proves nothing about it.
     story = Story()
     story.create("writer-0", 1)
     story.add("writer-0", 0, 1, entry=0)
@@ -140,9 +141,44 @@ def test_an_acknowledged_add_with_no_final_read_of_its_ledger_is_unseen_but_vali
     result = check(story.operations)
 
     assert kinds_found(result) == {"unseen"}
-    assert result.valid
+    assert result.valid and not result.complete and result.verdict == "INCOMPLETE"
+    assert result.summary().startswith("INCOMPLETE\n")
     [unseen] = result.unseen
     assert (unseen.ledger, unseen.entry, unseen.payload) == (1, 0, "writer-0:0")
+
+
+def test_final_reads_that_all_failed_make_a_run_incomplete_not_valid():
+    # After healing, the final reader recovered both ledgers but every read
+    # failed: nothing acknowledged was checked.
+    story = Story()
+    for ledger in (1, 2):
+        story.create("writer-0", ledger)
+        story.add("writer-0", ledger, ledger, entry=0)
+        story.recover(ledger, 0)
+        story.record("final", "invoke", "read", {"ledger": ledger})
+        story.record("final", "fail", "read", {"ledger": ledger, "error": "TooSlowError"})
+
+    result = check(story.operations)
+
+    assert result.verdict == "INCOMPLETE" and not result.complete, result.summary()
+    assert (result.ledgers_acked, result.ledgers_acked_final_read, result.reads_final) == (2, 0, 0)
+    assert "2 with acknowledged adds, 0 of them read whole after healing" in result.summary()
+
+
+def test_a_ledger_with_acknowledged_adds_but_no_final_read_makes_a_run_incomplete():
+    # Ledger 1 is read back whole; ledger 2 is not.
+    story = Story()
+    story.create("writer-0", 1)
+    story.add("writer-0", 0, 1, entry=0)
+    story.close("writer-0", 1, 0)
+    story.create("writer-0", 2)
+    story.add("writer-0", 1, 2, entry=0)
+    story.read("final", 1, {0: "writer-0:0"}, final=True)
+
+    result = check(story.operations)
+
+    assert result.verdict == "INCOMPLETE", result.summary()
+    assert (result.ledgers_acked, result.ledgers_acked_final_read) == (2, 1)
 
 
 def test_only_reads_marked_final_check_acknowledged_adds():
@@ -362,6 +398,93 @@ def test_an_acknowledgement_and_a_read_that_disagree_are_inconsistent():
     story = inconsistent_with_an_acknowledgement()
     details = [anomaly.detail for anomaly in check(story.operations).inconsistent]
     assert "acknowledged, but a read returned 'writer-0:1' there" in details
+
+
+def test_a_read_of_an_open_ledger_with_a_gap_is_inconsistent():
+    # A tailing reader's read up to the LAC (2) skipped entry 1.
+    story = Story()
+    story.create("writer-0", 1)
+    for sequence in range(3):
+        story.add("writer-0", sequence, 1, entry=sequence)
+    story.read("reader-0", 1, {0: "writer-0:0", 2: "writer-0:2"}, closed=False, last_entry=2)
+    story.close("writer-0", 1, 2)
+    story.read("final", 1, sequential_ledger("writer-0", 1, 3), final=True)
+
+    result = check(story.operations)
+
+    assert kinds_found(result) == {"inconsistent"}, result.summary()
+    [inconsistent] = result.inconsistent
+    assert "read of the open ledger returned entries [0, 2], not 0..2 in order" in inconsistent.detail
+
+
+def test_acknowledgements_out_of_entry_order_are_reordered():
+    # The client told writer-0 that entry 1 was safe before entry 0: a
+    # ledger handle completes adds in entry order. Reads agree with both.
+    story = Story()
+    story.create("writer-0", 1)
+    story.invoke_add("writer-0", 0, 1)
+    story.invoke_add("writer-0", 1, 1)
+    story.complete_add("writer-0", 1, 1, entry=1)
+    story.complete_add("writer-0", 0, 1, entry=0)
+    story.close("writer-0", 1, 1)
+    story.read("final", 1, sequential_ledger("writer-0", 1, 2), final=True)
+
+    result = check(story.operations)
+
+    assert kinds_found(result) == {"reordered"}, result.summary()
+    [reordered] = result.reordered
+    assert (reordered.entry, reordered.payload) == (0, "writer-0:0")
+    assert "acknowledged after 'writer-0:1'" in reordered.detail
+
+
+def test_two_acknowledgements_at_one_entry_are_inconsistent():
+    story = Story()
+    story.create("writer-0", 1)
+    story.add("writer-0", 0, 1, entry=0)
+    story.add("writer-0", 1, 1, entry=0)
+
+    result = check(story.operations)
+
+    assert "at the same entry" in " ".join(anomaly.detail for anomaly in result.inconsistent), result.summary()
+
+
+def test_a_fenced_writer_acknowledged_past_a_recovered_close_is_lost():
+    # A reader recovered the ledger at entry 1 while writer-0 was writing;
+    # the writer was then told entry 2 was safe. The final read agrees
+    # with the recovery, so only the acknowledgement is wrong.
+    story = Story()
+    story.create("writer-0", 1)
+    story.add("writer-0", 0, 1, entry=0)
+    story.add("writer-0", 1, 1, entry=1)
+    story.invoke_add("writer-0", 2, 1)
+    story.recover(1, 1)
+    story.complete_add("writer-0", 2, 1, entry=2)
+    story.read("final", 1, sequential_ledger("writer-0", 1, 2), final=True)
+
+    result = check(story.operations)
+
+    assert kinds_found(result) == {"lost"} and result.verdict == "INVALID", result.summary()
+    [lost] = result.lost
+    assert (lost.entry, lost.payload) == (2, "writer-0:2")
+    assert "a fenced writer was acknowledged past the close" in lost.detail
+
+
+def test_a_fenced_writer_whose_adds_failed_after_a_recovery_is_valid():
+    # The same race done right: the writer's add beyond the close fails
+    # (info), and the writer's close fails too.
+    story = Story()
+    story.create("writer-0", 1)
+    story.add("writer-0", 0, 1, entry=0)
+    story.invoke_add("writer-0", 1, 1)
+    story.recover(1, 0)
+    story.complete_add("writer-0", 1, 1, outcome="info")
+    story.record("writer-0", "invoke", "close", {"ledger": 1})
+    story.record("writer-0", "info", "close", {"ledger": 1, "error": "LedgerFencedError"})
+    story.read("final", 1, {0: "writer-0:0"}, final=True)
+
+    result = check(story.operations)
+
+    assert result.verdict == "VALID", result.summary()
 
 
 def test_a_payload_nobody_added_is_unexpected():
