@@ -1,6 +1,7 @@
 """`quire sim`: run the deterministic simulator. `--seed N` reproduces one run
 exactly; `--seeds K` runs K seeds with a progress bar and prints the seeds
-that failed. Exit status 1 when any run broke an invariant."""
+that failed. Every run prints its seed and parameters. Exit status 1 when
+any run broke an invariant, crashed or livelocked."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def add_sim(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mistake", metavar="NAME", default=None,
         help="plant a known mistake to show the checkers find it (for tests): "
-        "unfenced-recovery-reads, io-error-is-negative, ack-before-ensemble-written",
+        "unfenced-recovery-reads, io-error-is-negative, ack-before-ensemble-written; "
+        "assert-in-write-core shows a crash is reported",
     )
     parser.add_argument("--trace", type=Path, metavar="FILE", help="with --seed: write the run's event log to FILE")
     parser.add_argument(
@@ -41,6 +43,7 @@ def _run(job: tuple[int, str | None]):
 def sim(arguments: argparse.Namespace) -> int:
     from quire.cli import UsageError
     from sim.mistakes import MISTAKES
+    from sim.parameters import choose_parameters
     from sim.runner import run_seed
 
     if arguments.mistake is not None and arguments.mistake not in MISTAKES:
@@ -50,6 +53,8 @@ def sim(arguments: argparse.Namespace) -> int:
     if arguments.trace is not None and not arguments.trace.parent.is_dir():
         raise UsageError(f"--trace {arguments.trace}: no directory {arguments.trace.parent}")
     if arguments.seed is not None:
+        # Said before the run, so that a run that never ends still names them.
+        print(f"seed {arguments.seed}: parameters {choose_parameters(arguments.seed).describe()}", flush=True)
         result = run_seed(arguments.seed, mistake=arguments.mistake, trace=arguments.trace is not None)
         print(result.summary())
         if arguments.trace is not None:
@@ -71,6 +76,7 @@ def _batch(arguments: argparse.Namespace) -> int:
     seeds = range(arguments.first_seed, arguments.first_seed + arguments.seeds)
     jobs = [(seed, arguments.mistake) for seed in seeds]
     failing: list[int] = []
+    crashed: list[int] = []  # failing by an exception or a livelock, not an invariant
     started = time.monotonic()
     with Progress("sim", total=len(jobs), unit="seeds") as bar:
         if arguments.jobs > 1:
@@ -82,9 +88,11 @@ def _batch(arguments: argparse.Namespace) -> int:
         try:
             for done, result in enumerate(results, start=1):
                 if result.ok:
-                    print(f"seed {result.seed}: ok {result.parameters.short()} digest {result.digest[:16]}", flush=True)
+                    print(f"seed {result.seed}: ok digest {result.digest[:16]} parameters {result.parameters.describe()}", flush=True)
                 else:
                     failing.append(result.seed)
+                    if any(violation.invariant in ("crash", "livelock") for violation in result.violations):
+                        crashed.append(result.seed)
                     print(result.summary(), flush=True)
                 bar.update(done)
         finally:
@@ -95,6 +103,7 @@ def _batch(arguments: argparse.Namespace) -> int:
         f"{len(jobs)} seeds in {elapsed_s:.1f}s ({len(jobs) / elapsed_s:.2f} seeds/s): "
         f"{len(jobs) - len(failing)} without violation, {len(failing)} failing"
         + (f": {' '.join(map(str, failing))}" if failing else "")
+        + (f" (crashed or livelocked: {' '.join(map(str, crashed))})" if crashed else "")
     )
     if failing:
         print(f"reproduce one with: quire sim --seed {failing[0]}" + (f" --mistake {arguments.mistake}" if arguments.mistake else ""))

@@ -265,10 +265,16 @@ class SimBookie(SimNode):
                 found[(record.ledger_id, record.entry_id)] = record.data
         return found
 
-    def corrupt(self, ledger_id: int, entry_id: int) -> int:
-        """Flip a byte of the entry's copies in the entry logs (a bad disk)."""
+    def corrupt(self, ledger_id: int, entry_id: int, *, served: bool = False) -> int:
+        """Flip a byte of the entry's copies in the entry logs (a bad disk).
+        With `served`, the entry log's checksum is rewritten over the bad
+        bytes: the bookie serves them as intact, only the client's digest
+        can tell; else the entry log's checksum catches them (IO_ERROR)."""
         self.read_cache_discard(ledger_id, entry_id)
-        return self.entry_log.corrupt(ledger_id, entry_id, byte_index=self.world.rng.randrange(1 << 16))
+        byte_index = self.world.rng.randrange(1 << 16)
+        if served:
+            return self.entry_log.corrupt_served(ledger_id, entry_id, byte_index=byte_index)
+        return self.entry_log.corrupt(ledger_id, entry_id, byte_index=byte_index)
 
     def read_cache_discard(self, ledger_id: int, entry_id: int) -> None:
         if self.storage is not None:

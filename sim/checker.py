@@ -1,6 +1,8 @@
 """The simulator's checkers, after the invariants of DESIGN.md section 6 (and
 BookKeeper's TLA+ specification). Fed as the run goes, they report a
 violation the moment one shows:
+- an entry is acknowledged only once AQ bookies of its write set have
+  acknowledged the writer's add of it;
 - every acknowledged entry keeps an intact durable copy in its write set;
 - a closed ledger's last entry id is >= every acknowledged entry;
 - no two reads of an entry disagree, and each matches what was written;
@@ -11,7 +13,7 @@ violation the moment one shows:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, Sequence
 
 from ledger_client.metadata import LedgerMetadata
 
@@ -50,13 +52,17 @@ class SimChecker:
         self.fenced_writers: dict[int, float] = {}  # ledger -> when recovery finished fencing
         # (ledger, entry) -> bookies that acknowledged the writer's add of it
         self.accepted: dict[tuple[int, int], set[str]] = {}
-        self.acks_after_fence = 0
+        # Acknowledgements a writer got after a recoverer had fenced its
+        # ledger: allowed (an add that reached its ack quorum before the
+        # fence is answered late), and the close must then hold the entry,
+        # which `_closed` checks. A count for the stats, not a violation.
+        self.acks_racing_recovery = 0
         self.reads = 0
         self.durability_checks = 0
 
     # --- reporting ------------------------------------------------------------------
 
-    def _violate(self, invariant: str, detail: str) -> None:
+    def violate(self, invariant: str, detail: str) -> None:
         if len(self.violations) < VIOLATIONS_KEPT_MAX:
             self.violations.append(Violation(self._clock(), invariant, detail))
 
@@ -80,18 +86,18 @@ class SimChecker:
     def _closed(self, ledger_id: int, last_entry_id: int) -> None:
         previous = self.closed.get(ledger_id)
         if previous is not None and previous != last_entry_id:
-            self._violate("close is final", f"ledger {ledger_id} closed at {previous}, then at {last_entry_id}")
+            self.violate("close is final", f"ledger {ledger_id} closed at {previous}, then at {last_entry_id}")
         self.closed[ledger_id] = last_entry_id
         above = sorted(entry_id for entry_id in self.acked.get(ledger_id, {}) if entry_id > last_entry_id)
         if above:
-            self._violate(
+            self.violate(
                 "closed ledger holds every acknowledged entry",
                 f"ledger {ledger_id} closed at {last_entry_id}, but entries {above[:10]} were acknowledged",
             )
         self._check_fenced_writer(ledger_id)
         highest_read = self.read_beyond.get(ledger_id, -1)
         if highest_read > last_entry_id:
-            self._violate(
+            self.violate(
                 "no entry beyond the close is returned",
                 f"ledger {ledger_id} closed at {last_entry_id}, entry {highest_read} was read while it was open",
             )
@@ -106,16 +112,26 @@ class SimChecker:
         """A recoverer fenced enough bookies: the writer is shut out."""
         self.fenced_writers.setdefault(ledger_id, self._clock())
 
-    def entry_acked(self, ledger_id: int, entry_id: int, writer: str) -> None:
+    def entry_acked(self, ledger_id: int, entry_id: int, writer: str, write_set: Sequence[str]) -> None:
+        """`writer` was told the entry is safe; `write_set` is the entry's
+        write set in the writer's metadata when it completed the add."""
         acked = self.acked.setdefault(ledger_id, {})
         if entry_id in acked:
-            self._violate("an entry is acknowledged once", f"ledger {ledger_id} entry {entry_id} acknowledged twice")
+            self.violate("an entry is acknowledged once", f"ledger {ledger_id} entry {entry_id} acknowledged twice")
         acked[entry_id] = writer
+        ack_quorum = self.metadata[ledger_id].ack_quorum
+        accepted = sorted(self.accepted.get((ledger_id, entry_id), set()).intersection(write_set))
+        if len(accepted) < ack_quorum:
+            self.violate(
+                "an acknowledged entry reached an ack quorum",
+                f"{writer} got entry {entry_id} of ledger {ledger_id} acknowledged, but only {accepted} of its "
+                f"write set {list(write_set)} acknowledged the add (ack quorum {ack_quorum})",
+            )
         if ledger_id in self.fenced_writers:
-            self.acks_after_fence += 1
+            self.acks_racing_recovery += 1
         last_entry_id = self.closed.get(ledger_id)
         if last_entry_id is not None and entry_id > last_entry_id:
-            self._violate(
+            self.violate(
                 "a fenced writer gets no acknowledgement",
                 f"{writer} got entry {entry_id} of ledger {ledger_id} acknowledged after it was closed at {last_entry_id}",
             )
@@ -139,7 +155,7 @@ class SimChecker:
         bookies = self.accepted.get((ledger_id, entry_id), set())
         in_write_set = sorted(bookies.intersection(metadata.write_set(entry_id)))
         if len(in_write_set) >= metadata.ack_quorum:
-            self._violate(
+            self.violate(
                 "a fenced writer gets no acknowledgement",
                 f"entry {entry_id} of ledger {ledger_id} (closed at {entry_id - 1}) was acknowledged to its writer "
                 f"by {in_write_set}, an ack quorum of its write set",
@@ -150,13 +166,13 @@ class SimChecker:
         key = (ledger_id, entry_id)
         written = self.written.get(key)
         if written is None or written[1] != payload:
-            self._violate("reads return what was written", f"{reader} read entry {entry_id} of ledger {ledger_id}: not what its writer wrote")
+            self.violate("reads return what was written", f"{reader} read entry {entry_id} of ledger {ledger_id}: not what its writer wrote")
         first = self.read.setdefault(key, payload)
         if first != payload:
-            self._violate("reads agree", f"{reader} read entry {entry_id} of ledger {ledger_id} differently from an earlier read")
+            self.violate("reads agree", f"{reader} read entry {entry_id} of ledger {ledger_id} differently from an earlier read")
         last_entry_id = self.closed.get(ledger_id)
         if last_entry_id is not None and entry_id > last_entry_id:
-            self._violate(
+            self.violate(
                 "no entry beyond the close is returned",
                 f"{reader} read entry {entry_id} of ledger {ledger_id}, closed at {last_entry_id}",
             )
@@ -176,11 +192,55 @@ class SimChecker:
                 key = (ledger_id, entry_id)
                 entry = self.written[key][0]
                 if not any(stored.get(bookie_id, {}).get(key) == entry for bookie_id in metadata.write_set(entry_id)):
-                    self._violate(
+                    self.violate(
                         "acknowledged entries stay durable",
                         f"after {why}: entry {entry_id} of ledger {ledger_id} has no intact durable copy on "
                         f"{metadata.write_set(entry_id)}",
                     )
+
+    def recovery_cannot_decide(self, stored: dict[str, dict[tuple[int, int], bytes | None]], ledger_id: int,
+                               entry_id: int) -> str | None:
+        """Why recovery can never decide this entry, or None if it can:
+        present needs AQ intact copies on its write set, absent needs
+        WQ - AQ + 1 bookies of it without the entry ("no entry"); a corrupt
+        copy gives neither (DESIGN.md section 6)."""
+        metadata = self.metadata.get(ledger_id)
+        written = self.written.get((ledger_id, entry_id))
+        if metadata is None:
+            return None
+        key = (ledger_id, entry_id)
+        write_set = metadata.write_set(entry_id)
+        intact = sum(1 for bookie_id in write_set if written is not None and stored.get(bookie_id, {}).get(key) == written[0])
+        without = sum(1 for bookie_id in write_set if key not in stored.get(bookie_id, {}))
+        negatives_needed = metadata.write_quorum - metadata.ack_quorum + 1
+        if intact >= metadata.ack_quorum or without >= negatives_needed:
+            return None
+        return (
+            f"{intact} intact copies on {list(write_set)} (present needs {metadata.ack_quorum}), "
+            f"{without} bookies without it (absent needs {negatives_needed}), the rest corrupt"
+        )
+
+    def fencing_cannot_cover(self, stored: dict[str, dict[tuple[int, int], bytes | None]], ledger_id: int,
+                             fence_errors: dict[str, int], corrupted: set[tuple[int, int]]) -> str | None:
+        """Why fencing can never reach its coverage (E - AQ + 1 bookies of the
+        last ensemble), or None if it can: a bookie answers a fence read
+        with the ledger's last entry it holds, and one whose copy of that
+        entry is corrupt answers IO_ERROR, which does not count as fenced."""
+        metadata = self.metadata.get(ledger_id)
+        if metadata is None:
+            return None
+        blocked = {}
+        for bookie_id, entry_id in fence_errors.items():
+            key = (ledger_id, entry_id)
+            held = stored.get(bookie_id, {})
+            written = self.written.get(key)
+            corrupt_copy = key in held and (written is None or held[key] != written[0])
+            if bookie_id in metadata.last_ensemble[1] and key in corrupted and corrupt_copy:
+                blocked[bookie_id] = entry_id
+        coverage = metadata.ensemble_size - metadata.ack_quorum + 1
+        if metadata.ensemble_size - len(blocked) >= coverage:
+            return None
+        return f"fencing needs {coverage} of {metadata.ensemble_size} bookies, and {blocked} hold a corrupt copy of the entry a fence read returns"
 
     def intact_copies(self, stored: dict[str, dict[tuple[int, int], bytes | None]], ledger_id: int, entry_id: int,
                       excluding: str) -> int:

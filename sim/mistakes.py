@@ -10,6 +10,10 @@ simulator finds it. Production code never imports this module.
 - `ack-before-ensemble-written`: the writer uses a new ensemble (and
   acknowledges adds through the replacement) before the metadata that names
   it is written; if the write never lands, recovery reads the old ensemble.
+
+One more is no safety mistake but a crash: `assert-in-write-core`, a write
+core whose own invariant check fails (an assert) on entry 3, to show that a
+crash in a run is reported as a failing seed and the batch goes on.
 """
 
 from __future__ import annotations
@@ -49,8 +53,19 @@ class AckBeforeEnsembleWritten(WriteCore):
             self._change_in_flight = in_flight
 
 
+class AssertInWriteCore(WriteCore):
+    def add(self, payload: bytes, now_ms: float) -> tuple[int, list]:
+        entry_id, actions = super().add(payload, now_ms)
+        assert entry_id != 3, "planted: the write core's invariant broke at entry 3"
+        return entry_id, actions
+
+
+# The mistakes that break a safety rule (each found by a checker).
+SAFETY_MISTAKES = ("unfenced-recovery-reads", "io-error-is-negative", "ack-before-ensemble-written")
+
 MISTAKES = {
     "unfenced-recovery-reads": {"recovery_core_class": UnfencedRecoveryReads},
     "io-error-is-negative": {"recovery_core_class": IoErrorIsNegative},
     "ack-before-ensemble-written": {"write_core_class": AckBeforeEnsembleWritten},
+    "assert-in-write-core": {"write_core_class": AssertInWriteCore},
 }

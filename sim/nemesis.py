@@ -21,6 +21,10 @@ PARTITION_MS_MIN = 100.0
 PARTITION_MS_MAX = 4_000.0
 DOWN_MS_MAX = 3_000.0
 CORRUPT_TAIL_ENTRIES = 8  # corruption aims at the last entries of open ledgers, where recovery decides
+CORRUPT_CANDIDATES_MAX = 20  # stored entries one corruption tries before it gives up
+# The first fault comes within this time, so that a short safety phase with
+# a long mean interval between faults does not end before any fault.
+FIRST_FAULT_MS_MAX = 1_000.0
 
 
 class SimNemesis:
@@ -36,6 +40,9 @@ class SimNemesis:
         self.active = False
         self.kinds = [kind for kind in params.faults if kind not in ("drop", "duplicate")]
         self.injected: Counter[str] = Counter()
+        # Faults chosen that found nothing to act on (every bookie down, a
+        # session already gone, no copy that may be corrupted).
+        self.skipped: Counter[str] = Counter()
         self.corrupted: set[tuple[int, int]] = set()
         self._blocked: Counter[tuple[str, str]] = Counter()
 
@@ -44,7 +51,8 @@ class SimNemesis:
         self.network.drop_probability = self.params.drop_probability
         self.network.duplicate_probability = self.params.duplicate_probability
         if self.kinds:
-            self.world.after(self.world.exponential(self.params.fault_interval_ms_mean), self._inject)
+            first_ms = min(self.world.exponential(self.params.fault_interval_ms_mean), FIRST_FAULT_MS_MAX)
+            self.world.after(first_ms, self._inject)
 
     def _inject(self) -> None:
         if not self.active:
@@ -56,6 +64,10 @@ class SimNemesis:
     def _record(self, kind: str, detail: str) -> None:
         self.injected[kind] += 1
         self.world.log(f"nemesis {kind} {detail}")
+
+    def _skip(self, kind: str, why: str) -> None:
+        self.skipped[kind] += 1
+        self.world.log(f"nemesis {kind} skipped: {why}")
 
     # --- partitions -------------------------------------------------------------------
 
@@ -115,7 +127,7 @@ class SimNemesis:
     def _crash(self) -> None:
         candidates = [bookie for bookie in self.bookies if bookie.up]
         if not candidates:
-            return
+            return self._skip("crash", "every bookie is down")
         bookie = self.world.rng.choice(candidates)
         bookie.crash()
         self._record("crash", bookie.name)
@@ -129,7 +141,7 @@ class SimNemesis:
     def _pause(self) -> None:
         candidates = [node for node in self.bookies + self.clients if node.up and not node.paused]
         if not candidates:
-            return
+            return self._skip("pause", "every node is down or paused")
         node = self.world.rng.choice(candidates)
         node.pause()
         # Sometimes past the session timeout, so that ZooKeeper drops it.
@@ -140,7 +152,7 @@ class SimNemesis:
     def _client_crash(self) -> None:
         candidates = [node for node in self.clients if node.up]
         if not candidates:
-            return
+            return self._skip("client_crash", "every client is down")
         node = self.world.rng.choice(candidates)
         node.crash()
         self._record("client_crash", node.name)
@@ -149,18 +161,22 @@ class SimNemesis:
     def _expire(self) -> None:
         candidates = [node for node in self.bookies + self.clients if node.up and node.metadata.store is not None]
         if not candidates:
-            return
+            return self._skip("expire", "no node has a session")
         node = self.world.rng.choice(candidates)
         session_id = node.metadata.store.session_id
-        if session_id in self.zk.server.session_ids():
-            self.zk.server.expire_session(session_id)
-            self._record("expire", node.name)
+        if session_id not in self.zk.server.session_ids():
+            return self._skip("expire", f"the session of {node.name} has expired already")
+        self.zk.server.expire_session(session_id)
+        self._record("expire", node.name)
 
     # --- disks --------------------------------------------------------------------------------
 
     def _corrupt(self) -> None:
-        """Flip a byte of one stored entry on one bookie, never the last
-        intact copy of an entry: aimed at the tail of open ledgers."""
+        """Damage one stored entry on one bookie, never the last intact copy
+        of an entry: aimed at the tail of open ledgers. Half the time the
+        entry log's own checksum catches it (the bookie answers IO_ERROR);
+        else the damage is served as if intact (a checksum written over
+        the bad bytes) and only the client's digest can tell."""
         rng = self.world.rng
         stored = {bookie.name: bookie.durable_entries() for bookie in self.bookies}
         open_ledgers = {ledger_id for ledger_id in self.checker.metadata if ledger_id not in self.checker.closed}
@@ -173,13 +189,16 @@ class SimNemesis:
                 chosen = entry_ids[-CORRUPT_TAIL_ENTRIES:] if ledger_id in open_ledgers else entry_ids
                 candidates += [(bookie, ledger_id, entry_id) for entry_id in chosen]
         rng.shuffle(candidates)
-        for bookie, ledger_id, entry_id in candidates[:20]:
+        for bookie, ledger_id, entry_id in candidates[:CORRUPT_CANDIDATES_MAX]:
             if self.checker.intact_copies(stored, ledger_id, entry_id, excluding=bookie.name) >= 1:
-                bookie.corrupt(ledger_id, entry_id)
+                served = rng.random() < 0.5
+                bookie.corrupt(ledger_id, entry_id, served=served)
                 self.corrupted.add((ledger_id, entry_id))
-                self._record("corrupt", f"{bookie.name} ledger {ledger_id} entry {entry_id}")
+                how = "served as intact" if served else "caught by the entry log"
+                self._record("corrupt", f"{bookie.name} ledger {ledger_id} entry {entry_id} ({how})")
                 self.checker.check_durability(self.bookies, f"corrupting entry {entry_id} of ledger {ledger_id} on {bookie.name}")
                 return
+        self._skip("corrupt", f"none of {min(len(candidates), CORRUPT_CANDIDATES_MAX)} stored entries tried has another intact copy")
 
     # --- the end of the safety phase ------------------------------------------------------------
 

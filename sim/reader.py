@@ -2,12 +2,13 @@
 last entry, an open one up to the LAC its last ensemble reports (the
 largest of E - AQ + 1 answers), each entry from any bookie of its write set
 with the next one tried on an error, a timeout or a digest mismatch. In the
-liveness phase it reads every entry of every ledger until it has them."""
+liveness phase it reads every entry of every closed ledger, and every
+acknowledged entry of a ledger left open, until it has them."""
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError
 from bookie.protocol.wire import ReadFlag, ReadLacRequest, ReadRequest, Status
@@ -28,6 +29,7 @@ class SimReader(SimClient):
         self.active = True
         self.busy = False
         self.unreadable = 0  # entries no replica returned (during faults: expected)
+        self.digest_mismatches = 0  # copies served as OK that failed the digest (corrupt, served as intact)
         # Liveness: ledger -> entries still to read; filled by `read_all`.
         self.final_missing: dict[int, set[int]] | None = None
         self.start()
@@ -110,7 +112,7 @@ class SimReader(SimClient):
                 try:
                     entry = digest.decode(response.entry, expected_entry_id=entry_id)
                 except (DigestMismatchError, EntryFormatError):
-                    pass
+                    self.digest_mismatches += 1
                 else:
                     self.checker.entry_read(metadata.ledger_id, entry_id, bytes(entry.data), self.name, ledger_closed=closed)
                     on_done(True)
@@ -125,12 +127,11 @@ class SimReader(SimClient):
 
     # --- the liveness phase: read everything ---------------------------------------------------
 
-    def read_all(self, ledgers: dict[int, LedgerMetadata]) -> None:
-        """Read every entry of these closed ledgers, retrying what fails."""
-        self.final_missing = {
-            ledger_id: set(range(metadata.last_entry_id + 1)) for ledger_id, metadata in sorted(ledgers.items())
-        }
-        self._final_ledgers = dict(ledgers)
+    def read_all(self, ledgers: dict[int, tuple[LedgerMetadata, Iterable[int]]]) -> None:
+        """Read these entries of these ledgers (ledger -> its metadata and
+        the entry ids), retrying what fails."""
+        self.final_missing = {ledger_id: set(entry_ids) for ledger_id, (_, entry_ids) in sorted(ledgers.items())}
+        self._final_ledgers = {ledger_id: metadata for ledger_id, (metadata, _) in ledgers.items()}
         self._final_round()
 
     @property
@@ -154,6 +155,6 @@ class SimReader(SimClient):
         for ledger_id, entry_id in pending:
             metadata = self._final_ledgers[ledger_id]
             self._read_entry(
-                metadata, entry_id, list(metadata.write_set(entry_id)), True,
+                metadata, entry_id, list(metadata.write_set(entry_id)), metadata.is_closed,
                 functools.partial(one_done, ledger_id, entry_id),
             )

@@ -1,16 +1,18 @@
 """A simulated recoverer: picks a ledger that is not closed (as a broker
 taking over a topic would) and recovers it through the real `RecoveryCore`,
 carrying out its fencing reads, recovery reads, recovery adds and metadata
-writes the way `ledger_client.recovery` does with trio."""
+writes the way `ledger_client.recovery` does with trio. It can say where a
+recovery that does not end waits, for the liveness phase's verdict."""
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
-from bookie.protocol.entry_format import DigestManager
-from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, AddRequest, ReadFlag, ReadRequest
+from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError
+from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, AddRequest, ReadFlag, ReadRequest, Status
 from ledger_client.metadata import LedgerMetadata
 from ledger_client.recovery_core import (
     FenceRead,
@@ -33,6 +35,24 @@ RETRY_MS = 100.0
 RECOVERY_MS_MAX = 10_000.0
 
 
+@dataclass(frozen=True)
+class StuckRecovery:
+    """Where a recovery that does not end waits: its phase, the entry it
+    cannot decide (while deciding entries), and while fencing the bookies
+    whose fence read failed (IO_ERROR) with the entry each could not read."""
+
+    phase: Phase
+    entry_id: int | None
+    fence_errors: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        if self.entry_id is not None:
+            return f"{self.phase.value}, undecided entry {self.entry_id}"
+        if self.fence_errors:
+            return f"{self.phase.value}, fence reads failing on {self.fence_errors}"
+        return self.phase.value
+
+
 class SimRecoverer(SimClient):
     def __init__(self, *args: Any, params: SimParameters, recovery_core_class: type[RecoveryCore] = RecoveryCore,
                  idle_ms_mean: float = IDLE_MS_MEAN, **kwargs: Any) -> None:
@@ -45,6 +65,10 @@ class SimRecoverer(SimClient):
         self.core: RecoveryCore | None = None
         self._choosing = False
         self.given_up = 0
+        self.digest_mismatches = 0  # recovery reads answered OK with bytes that fail the digest
+        # ledger -> where the last recovery of it that was given up waited
+        self.stuck_when_given_up: dict[int, StuckRecovery] = {}
+        self._fence_errors: dict[str, int] = {}  # bookie -> entry its fence read could not read (IO_ERROR)
         self.recovered = 0
         self.failed = 0
         self.start()
@@ -100,6 +124,7 @@ class SimRecoverer(SimClient):
             metadata, version, digest, bookies=self.writable_bookies(), rng=self.world.rng,
             add_timeout_ms=self.params.add_timeout_ms,
         )
+        self._fence_errors = {}
         self.world.log(f"{self.name} recovers ledger {metadata.ledger_id}")
         self.after(RECOVERY_MS_MAX, self._give_up, self.core)
         self._execute(self.core, self.core.start(self.world.now_ms))
@@ -107,8 +132,23 @@ class SimRecoverer(SimClient):
     def _give_up(self, core: RecoveryCore) -> None:
         if self.core is core:
             self.given_up += 1
-            self.world.log(f"{self.name} gives up recovering ledger {core.metadata.ledger_id}")
+            stuck = self.stuck_when_given_up[core.metadata.ledger_id] = self._stuck(core)
+            self.world.log(f"{self.name} gives up recovering ledger {core.metadata.ledger_id} ({stuck})")
             self._finished()
+
+    def _stuck(self, core: RecoveryCore) -> StuckRecovery:
+        fence_errors = dict(sorted(self._fence_errors.items())) if core.phase is Phase.FENCING else {}
+        return StuckRecovery(core.phase, undecided_entry(core), fence_errors)
+
+    def stuck_on(self, ledger_id: int) -> StuckRecovery | None:
+        """Where recovery of `ledger_id` waits: the recovery running now,
+        if it has got as far as an entry it cannot decide or a fence read
+        that failed, or else the last one given up."""
+        if self.core is not None and self.core.metadata.ledger_id == ledger_id:
+            stuck = self._stuck(self.core)
+            if stuck.entry_id is not None or stuck.fence_errors:
+                return stuck
+        return self.stuck_when_given_up.get(ledger_id)
 
     def _finished(self) -> None:
         self.core = None
@@ -167,6 +207,10 @@ class SimRecoverer(SimClient):
         if response is None:
             actions = core.fence_response(bookie_id, None, -1, None, self.world.now_ms)
         else:
+            if response.status is Status.IO_ERROR:
+                self._fence_errors[bookie_id] = response.entry_id
+            else:
+                self._fence_errors.pop(bookie_id, None)
             actions = core.fence_response(bookie_id, response.status, response.last_add_confirmed, response.entry, self.world.now_ms)
         self._execute(core, actions)
 
@@ -174,6 +218,8 @@ class SimRecoverer(SimClient):
         if self.core is not core:
             return
         status, entry = (None, None) if response is None else (response.status, response.entry)
+        if status is Status.OK and entry is not None and not intact(core.digest, entry, entry_id):
+            self.digest_mismatches += 1  # a corrupt copy served as OK: the core counts it neither present nor absent
         self._execute(core, core.read_response(bookie_id, entry_id, status, entry, self.world.now_ms))
 
     def _on_add(self, core: RecoveryCore, bookie_id: str, entry_id: int, response: Any) -> None:
@@ -193,3 +239,24 @@ class SimRecoverer(SimClient):
             return
         core.bookies_changed(self.writable_bookies())
         self._execute(core, core.tick(self.world.now_ms))
+
+
+def intact(digest: DigestManager, entry: bytes, entry_id: int) -> bool:
+    try:
+        digest.decode(entry, expected_entry_id=entry_id)
+    except (DigestMismatchError, EntryFormatError):
+        return False
+    return True
+
+
+def undecided_entry(core: RecoveryCore) -> int | None:
+    """The entry a recovery is waiting to decide (present or absent), from
+    the core's public state: the start entry while reading its length, then
+    the rewriter's next entry (entries are decided, and handed to the
+    rewriter, in order) until the first absent one ends the ledger. None
+    while marking or fencing, and once the end is known."""
+    if core.phase is Phase.LENGTH:
+        return core.start_entry_id
+    if core.phase is Phase.READING and core.last_entry_id is None and core.writer is not None:
+        return core.writer.next_entry_id
+    return None

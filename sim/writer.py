@@ -175,7 +175,7 @@ class SimWriter(SimClient):
                 self.write_metadata(action, functools.partial(self._on_metadata, core))
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
-                    self.checker.entry_acked(ledger_id, entry_id, self.name)
+                    self.checker.entry_acked(ledger_id, entry_id, self.name, core.metadata.write_set(entry_id))
                 self.entries_acked += len(action.entry_ids)
             elif kind is AddsFailed:
                 self.world.log(f"{self.name} adds failed on ledger {ledger_id}: {type(action.error).__name__}")

@@ -39,6 +39,13 @@ def new_checker() -> SimChecker:
     return SimChecker(lambda: 0.0)
 
 
+def acknowledge(checker: SimChecker, ledger_id: int, entry_id: int, bookies=BOOKIES[:2], write_set=BOOKIES) -> None:
+    """`bookies` took the writer's add, then the writer completed it."""
+    for bookie in bookies:
+        checker.add_accepted(bookie, ledger_id, entry_id)
+    checker.entry_acked(ledger_id, entry_id, "writer-0", write_set)
+
+
 def test_a_correct_story_reports_nothing():
     # Three entries written and acknowledged, stored on every bookie, read
     # back, and the ledger closed at its last entry.
@@ -46,9 +53,7 @@ def test_a_correct_story_reports_nothing():
     checker.metadata_written(metadata())
     written(checker, 1, 3)
     for entry_id in range(3):
-        for bookie in BOOKIES[:2]:
-            checker.add_accepted(bookie, 1, entry_id)
-        checker.entry_acked(1, entry_id, "writer-0")
+        acknowledge(checker, 1, entry_id)
         checker.entry_read(1, entry_id, f"payload-{entry_id}".encode(), "reader-0", ledger_closed=False)
     stored = {(1, entry_id): f"entry-{entry_id}".encode() for entry_id in range(3)}
     checker.check_durability([Bookie(name, stored) for name in BOOKIES], "a check")
@@ -61,10 +66,13 @@ def test_a_close_below_an_acknowledged_entry_is_reported():
     checker = new_checker()
     checker.metadata_written(metadata())
     written(checker, 1, 2)
-    checker.entry_acked(1, 0, "writer-0")
-    checker.entry_acked(1, 1, "writer-0")
+    acknowledge(checker, 1, 0)
+    acknowledge(checker, 1, 1)
     checker.metadata_written(metadata(closed_at=0))
-    assert [violation.invariant for violation in checker.violations] == ["closed ledger holds every acknowledged entry"]
+    # An ack quorum took entry 1, so the fenced-writer rule is broken too.
+    assert [violation.invariant for violation in checker.violations] == [
+        "closed ledger holds every acknowledged entry", "a fenced writer gets no acknowledgement",
+    ]
 
 
 def test_an_acknowledgement_after_the_close_is_reported():
@@ -73,7 +81,7 @@ def test_an_acknowledgement_after_the_close_is_reported():
     checker.metadata_written(metadata())
     written(checker, 1, 2)
     checker.metadata_written(metadata(closed_at=0))
-    checker.entry_acked(1, 1, "writer-0")
+    acknowledge(checker, 1, 1)
     assert "a fenced writer gets no acknowledgement" in [violation.invariant for violation in checker.violations]
 
 
@@ -83,7 +91,7 @@ def test_bookies_acknowledging_the_entry_after_the_close_is_reported():
     checker = new_checker()
     checker.metadata_written(metadata())
     written(checker, 1, 2)
-    checker.entry_acked(1, 0, "writer-0")
+    acknowledge(checker, 1, 0)
     checker.metadata_written(metadata(closed_at=0))
     checker.add_accepted("a", 1, 1)
     assert checker.ok  # one bookie is below the ack quorum
@@ -97,7 +105,7 @@ def test_bookies_beyond_a_gap_cannot_acknowledge_the_writer():
     checker = new_checker()
     checker.metadata_written(metadata())
     written(checker, 1, 3)
-    checker.entry_acked(1, 0, "writer-0")
+    acknowledge(checker, 1, 0)
     checker.metadata_written(metadata(closed_at=0))
     checker.add_accepted("a", 1, 1)
     checker.add_accepted("a", 1, 2)
@@ -113,7 +121,7 @@ def test_the_writers_ensemble_counts_not_the_one_a_close_dropped():
     changed = metadata(ensembles=((0, ("a", "b", "c")), (1, ("a", "b", "d"))))
     checker.metadata_written(changed)
     written(checker, 1, 2)
-    checker.entry_acked(1, 0, "writer-0")
+    acknowledge(checker, 1, 0)
     checker.metadata_written(changed.with_recovery_started().with_closed(0, 0))
     checker.add_accepted("c", 1, 1)
     checker.add_accepted("a", 1, 1)
@@ -153,7 +161,7 @@ def test_an_acknowledged_entry_without_an_intact_durable_copy_is_reported():
     checker = new_checker()
     checker.metadata_written(metadata())
     written(checker, 1, 1)
-    checker.entry_acked(1, 0, "writer-0")
+    acknowledge(checker, 1, 0)
     bookies = [Bookie("a", {(1, 0): None}), Bookie("b", {}), Bookie("c", {(1, 0): b"another entry"})]
     checker.check_durability(bookies, "a crash")
     assert [violation.invariant for violation in checker.violations] == ["acknowledged entries stay durable"]
@@ -161,7 +169,7 @@ def test_an_acknowledged_entry_without_an_intact_durable_copy_is_reported():
     checker = new_checker()
     checker.metadata_written(metadata())
     written(checker, 1, 1)
-    checker.entry_acked(1, 0, "writer-0")
+    acknowledge(checker, 1, 0)
     checker.check_durability([Bookie("a", {(1, 0): None}), Bookie("c", {(1, 0): b"entry-0"})], "a crash")
     assert checker.ok
 
@@ -172,3 +180,48 @@ def test_a_close_that_changes_is_reported():
     checker.metadata_written(metadata(closed_at=3))
     checker.metadata_written(metadata(closed_at=2))
     assert "close is final" in [violation.invariant for violation in checker.violations]
+
+
+def test_an_acknowledgement_without_an_ack_quorum_of_the_write_set_is_reported():
+    # The writer completed entry 0 with one bookie's acknowledgement (AQ 2).
+    checker = new_checker()
+    checker.metadata_written(metadata())
+    written(checker, 1, 2)
+    acknowledge(checker, 1, 0, bookies=("a",))
+    assert [violation.invariant for violation in checker.violations] == ["an acknowledged entry reached an ack quorum"]
+    assert "only ['a']" in checker.violations[0].detail
+
+
+def test_acknowledgements_from_a_replaced_bookie_do_not_count():
+    # c took entry 0, then the writer replaced c by d: the write set when it
+    # completed is a, b, d, and c's acknowledgement is not one of them.
+    checker = new_checker()
+    checker.metadata_written(metadata())
+    written(checker, 1, 1)
+    acknowledge(checker, 1, 0, bookies=("a", "c"), write_set=("a", "b", "d"))
+    assert [violation.invariant for violation in checker.violations] == ["an acknowledged entry reached an ack quorum"]
+    # With b's acknowledgement too, it did reach AQ 2 of a, b, d.
+    checker = new_checker()
+    checker.metadata_written(metadata())
+    written(checker, 1, 1)
+    acknowledge(checker, 1, 0, bookies=("a", "b", "c"), write_set=("a", "b", "d"))
+    assert checker.ok, checker.violations
+
+
+def test_recovery_cannot_decide_an_entry_only_when_the_copies_left_say_neither():
+    # E/WQ/AQ 3/3/2: present needs 2 intact copies, absent needs 2 bookies
+    # without the entry; a corrupt copy (None, or other bytes) is neither.
+    checker = new_checker()
+    checker.metadata_written(metadata())
+    written(checker, 1, 1)
+    intact, key = b"entry-0", (1, 0)
+
+    def why(a, b, c):
+        stored = {name: ({} if copy == "none" else {key: copy}) for name, copy in zip(BOOKIES, (a, b, c))}
+        return checker.recovery_cannot_decide(stored, 1, 0)
+
+    assert why(intact, intact, None) is None  # present
+    assert why("none", "none", None) is None  # absent
+    assert why(intact, "none", None) is not None  # one of each, one corrupt
+    assert why(intact, None, b"bad bytes") is not None
+    assert "1 intact copies" in why(intact, "none", b"bad bytes")

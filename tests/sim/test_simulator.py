@@ -12,11 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from sim.mistakes import MISTAKES
+import sim.runner
+from ledger_client.recovery_core import RecoveryCore
+from sim.bookie_node import SimBookie
+from sim.mistakes import SAFETY_MISTAKES
+from sim.nemesis import FIRST_FAULT_MS_MAX, SimNemesis
 from sim.network import Network
 from sim.node import SimNode
+from sim.parameters import FAULT_KINDS, choose_parameters
 from sim.runner import run_seed
-from sim.world import World
+from sim.world import EVENTS_AT_ONE_INSTANT_MAX, LivelockError, World
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 QUIRE = [sys.executable, "-m", "quire"]
@@ -33,16 +38,27 @@ def test_a_seed_reproduces_its_run_exactly():
     assert run_seed(12).digest != first.digest
 
 
+# A seed whose parameters turn every fault kind on, and whose run injects
+# each of the nemesis's kinds: the fault paths must not depend on the hash
+# seed either.
+EVERY_FAULT_SEED = 2277
+
+
 def test_a_seed_reproduces_across_processes_and_hash_seeds():
     # Set iteration order depends on PYTHONHASHSEED: a run must not.
     digests = set()
     for hash_seed in ("1", "2"):
         completed = subprocess.run(
-            [*QUIRE, "sim", "--seed", "7"], cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
-            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+            [*QUIRE, "sim", "--seed", str(EVERY_FAULT_SEED)], cwd=REPOSITORY, capture_output=True, text=True,
+            timeout=300, env={**os.environ, "PYTHONHASHSEED": hash_seed},
         )
         assert completed.returncode == 0, completed.stdout + completed.stderr
-        assert "seed 7: ok" in completed.stdout and "bookies=" in completed.stdout
+        assert f"seed {EVERY_FAULT_SEED}: ok" in completed.stdout
+        assert f"faults={','.join(FAULT_KINDS)} " in completed.stdout
+        injected = re.search(r" faults=(\{[^}]*\})", completed.stdout).group(1)
+        for kind in FAULT_KINDS:
+            if kind not in ("drop", "duplicate"):  # not injected one by one: rates on the network
+                assert f"'{kind}': " in injected, injected
         digests.add(re.search(r"event log digest: ([0-9a-f]{64})", completed.stdout).group(1))
     assert len(digests) == 1
 
@@ -79,7 +95,9 @@ def test_a_batch_of_seeds_keeps_every_invariant():
     )
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]
     assert re.search(r"40 seeds in [0-9.]+s \([0-9.]+ seeds/s\): 40 without violation, 0 failing", completed.stdout)
-    assert len(re.findall(r"^seed \d+: ok bookies=\d", completed.stdout, re.MULTILINE)) == 40
+    # Every run prints its seed and all its parameters.
+    assert len(re.findall(r"^seed (\d+): ok digest [0-9a-f]{16} parameters seed=\1 bookies=\d.* liveness_ms=\d+$",
+                          completed.stdout, re.MULTILINE)) == 40
 
 
 @pytest.mark.slow
@@ -100,7 +118,7 @@ SAFETY_INVARIANTS = {
 }
 
 
-@pytest.mark.parametrize("mistake", sorted(MISTAKES))
+@pytest.mark.parametrize("mistake", sorted(SAFETY_MISTAKES))
 def test_the_simulator_finds_each_planted_mistake(mistake):
     seed = first_failing_seed(mistake)
     violation = run_seed(seed, mistake=mistake).violations[0]
@@ -126,6 +144,146 @@ def test_a_failing_seed_is_printed_with_how_to_reproduce_it():
     assert completed.returncode == 1, completed.stdout + completed.stderr
     assert re.search(rf"\d+ failing: {seed}\b", completed.stdout), completed.stdout
     assert f"reproduce one with: quire sim --seed {seed} --mistake ack-before-ensemble-written" in completed.stdout
+
+
+def test_a_crash_in_a_core_is_a_failing_seed_and_the_batch_goes_on():
+    # A write core whose assert fails at entry 3: each seed is reported
+    # failing with the crash and its traceback, and the batch (in two
+    # processes) runs every seed and lists them all.
+    completed = subprocess.run(
+        [*QUIRE, "sim", "--seeds", "3", "--first-seed", "0", "--jobs", "2", "--mistake", "assert-in-write-core"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    assert "Traceback" not in completed.stderr, completed.stderr
+    for seed in range(3):
+        assert f"crash: seed {seed}: AssertionError: planted: the write core's invariant broke at entry 3" in completed.stdout
+    assert completed.stdout.count('in add\n        assert entry_id != 3') == 3, completed.stdout
+    assert re.search(r"3 seeds in .*: 0 without violation, 3 failing: 0 1 2 \(crashed or livelocked: 0 1 2\)", completed.stdout)
+
+
+def test_a_single_seed_prints_its_parameters_before_it_runs():
+    completed = subprocess.run(
+        [*QUIRE, "sim", "--seed", "2", "--mistake", "assert-in-write-core"],
+        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode == 1, completed.stdout + completed.stderr
+    first_line = completed.stdout.splitlines()[0]
+    assert first_line.startswith("seed 2: parameters seed=2 bookies="), first_line
+    assert "crash: seed 2: AssertionError" in completed.stdout
+
+
+def test_time_that_stops_is_a_livelock():
+    world = World(1)
+    spins = []
+
+    def spin():
+        spins.append(world.now_ms)
+        world.after(0, spin)
+
+    world.after(5, spin)
+    with pytest.raises(LivelockError, match="at 5.000 ms"):
+        world.run_until(10)
+    assert len(spins) == EVENTS_AT_ONE_INSTANT_MAX and set(spins) == {5.0}
+
+
+def test_a_livelock_in_a_run_is_a_failing_seed(monkeypatch):
+    # A bookie's checkpoint timer planted to reschedule itself with no delay.
+    def spinning_checkpoint_timer(bookie):
+        bookie.after(0, bookie._checkpoint_timer)
+
+    monkeypatch.setattr(SimBookie, "_checkpoint_timer", spinning_checkpoint_timer)
+    result = run_seed(5)
+    [violation] = result.violations
+    assert violation.invariant == "livelock" and violation.detail.startswith("seed 5: "), violation
+    assert "time does not move on" in violation.detail and "_timer" in violation.detail
+    assert "livelock" in result.summary()
+
+
+# --- the liveness phase excuses only what cannot be recovered ------------------------------
+
+
+class NegativesUnknown(RecoveryCore):
+    """A planted liveness bug: "no such entry" never counts, so recovery
+    never finds the end of a ledger and never closes it."""
+
+    @staticmethod
+    def _is_negative(status):
+        return False
+
+
+def test_a_ledger_stuck_for_another_reason_is_not_excused_by_a_corrupt_entry(monkeypatch):
+    # Seed 151 corrupts entries of ledgers 0 and 20, which stay open. With
+    # recovery unable to close anything, each is reported: stuck on the
+    # entry after its end, which is not the corrupt one.
+    monkeypatch.setattr(sim.runner, "RecoveryCore", NegativesUnknown)
+    result = run_seed(151, trace=True)
+    corrupted = {int(ledger) for line in result.trace for ledger in re.findall(r"nemesis corrupt \S+ ledger (\d+) ", line)}
+    stuck = {int(ledger) for violation in result.violations for ledger in re.findall(r"ledger (\d+) is not closed", violation.detail)}
+    assert {0, 20} <= corrupted & stuck, (corrupted, stuck)
+    assert not result.notes
+
+
+def test_an_undecidable_corrupt_entry_is_excused_and_its_ledger_read_back():
+    # Seed 2277: entry 0 of ledger 30 has one intact copy, one corrupt and
+    # one bookie without it (E/WQ/AQ 4/3/2): recovery can decide neither.
+    result = run_seed(2277)
+    assert result.ok, result.summary()
+    assert any(note.startswith("ledger 30 cannot be recovered: corrupt entry 0 is undecidable: 1 intact copies")
+               for note in result.notes), result.notes
+
+
+def test_a_ledger_whose_fencing_a_corrupt_copy_blocks_is_excused_and_its_acknowledged_entries_read():
+    # Seed 94 (E/WQ/AQ 3/3/1): fencing needs all three bookies, and one
+    # answers every fence read IO_ERROR (its copy of the last entry is
+    # corrupt). The acknowledged entries of the ledger left open are read
+    # back all the same.
+    result = run_seed(94)
+    assert result.ok, result.summary()
+    assert any("fencing needs 3 of 3 bookies" in note for note in result.notes), result.notes
+    assert result.stats["unclosed_entries_read"] > 0
+
+
+# --- faults -----------------------------------------------------------------------------------
+
+
+def test_corruption_served_as_intact_reaches_the_clients_digest_checks():
+    # The entry log serves the bad bytes as OK: a reader's or a recoverer's
+    # digest check catches them, and the run keeps every invariant.
+    result = run_seed(92, trace=True)
+    assert result.ok, result.summary()
+    assert any("(served as intact)" in line for line in result.trace)
+    assert result.stats["digest_mismatches"] > 0
+
+
+def test_no_seed_declares_corruption_with_one_copy_of_each_entry():
+    # With WQ = 1 the nemesis could never corrupt a copy (never the last
+    # intact one): the kind is not declared at all.
+    chosen = [choose_parameters(seed) for seed in range(300)]
+    single = [params for params in chosen if params.write_quorum == 1]
+    assert single and not any("corrupt" in params.faults for params in single)
+    assert any("corrupt" in params.faults for params in chosen)
+
+
+def test_the_first_fault_comes_within_the_first_second(monkeypatch):
+    # Even with a mean of a day between faults, a run gets its first one.
+    world = World(1)
+    injected_ms = []
+    monkeypatch.setattr(SimNemesis, "_inject", lambda nemesis: injected_ms.append(world.now_ms))
+    params = choose_parameters(0, faults=("crash",), fault_interval_ms_mean=86_400_000.0)
+    nemesis = SimNemesis(world, Network(world, latency_ms_min=1, latency_ms_max=2), None, None, params, bookies=[], clients=[])
+    nemesis.start()
+    world.run_until(FIRST_FAULT_MS_MAX)
+    assert len(injected_ms) == 1
+
+
+def test_a_fault_with_nothing_to_act_on_is_counted_as_skipped():
+    world = World(1)
+    params = choose_parameters(0, faults=("crash", "client_crash"))
+    nemesis = SimNemesis(world, Network(world, latency_ms_min=1, latency_ms_max=2), None, None, params, bookies=[], clients=[])
+    nemesis._crash()
+    nemesis._client_crash()
+    assert nemesis.skipped == {"crash": 1, "client_crash": 1} and not nemesis.injected
 
 
 # --- the parts ---------------------------------------------------------------------------
