@@ -6,10 +6,7 @@ Tests import the `bookies` fixture from here."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,24 +14,15 @@ import pytest
 import trio
 
 from ledger_client.bookie_client import BookieClient, BookieConnectionError
-from coordination.zk_launcher import die_with_parent_hook
+from tests.integration.processes import QuireProcess, print_logs
 from tests.support import free_port
 
 START_DEADLINE_S = 30.0
 
 
 @dataclass
-class BookieProcess:
-    zk_hosts: str
-    root: str
-    directory: Path
-    port: int
-    options: list[str] = field(default_factory=list)
-    process: subprocess.Popen | None = None
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+class BookieProcess(QuireProcess):
+    role = "bookie"
 
     @property
     def journal_dir(self) -> Path:
@@ -44,33 +32,13 @@ class BookieProcess:
     def ledger_dir(self) -> Path:
         return self.directory / "ledgers"
 
-    @property
-    def log_path(self) -> Path:
-        return self.directory / "bookie.log"
-
-    def command(self) -> list[str]:
+    def arguments(self) -> list[str]:
         return [
-            sys.executable, "-m", "quire", "bookie", "run",
+            "bookie", "run",
             "--zk", self.zk_hosts, "--root", self.root, "--port", str(self.port),
             "--journal-dir", str(self.journal_dir), "--ledger-dir", str(self.ledger_dir),
             "--session-timeout-ms", "4000",
-            *self.options,
         ]
-
-    def start(self) -> None:
-        assert not self.running, "bookie already running"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"\n=== start {time.strftime('%H:%M:%S')} {' '.join(self.command())}\n".encode())
-            log.flush()
-            self.process = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent_hook(),
-            )
-
-    @property
-    def running(self) -> bool:
-        return self.process is not None and self.process.poll() is None
 
     async def wait_serving(self, deadline_s: float = START_DEADLINE_S) -> dict:
         """Wait until the bookie answers GET_INFO; return its info."""
@@ -92,24 +60,6 @@ class BookieProcess:
         self.start()
         await self.wait_serving()
         return self
-
-    def kill(self) -> None:
-        """kill -9: no shutdown, no flush, nothing."""
-        if self.running:
-            self.process.send_signal(signal.SIGKILL)
-        if self.process is not None:
-            self.process.wait(timeout=10)
-
-    def terminate(self, deadline_s: float = 30) -> int:
-        if self.running:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=deadline_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-                raise AssertionError(f"bookie did not stop within {deadline_s}s of SIGTERM:\n{self.log_tail()}")
-        return self.process.returncode
 
     async def restarted(self) -> "BookieProcess":
         self.kill()
@@ -147,12 +97,6 @@ class BookieProcess:
             log_file.seek(-1, 1)
             log_file.write(bytes([byte[0] ^ 0x10]))
 
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
 
 @dataclass
 class BookieFactory:
@@ -183,6 +127,4 @@ def bookies(zk_hosts, zk_root, tmp_path):
         yield factory
     finally:
         factory.stop_all()
-        # Pytest shows captured output only when the test failed.
-        for bookie in factory.created:
-            print(f"--- log of bookie {bookie.address} ---\n{bookie.log_tail(60)}", file=sys.stderr)
+        print_logs(factory.created)

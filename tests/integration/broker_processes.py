@@ -1,0 +1,83 @@
+"""Real broker processes for integration tests, on ports chosen at run time;
+killed -9, paused or stopped on demand, always stopped by the fixture.
+
+Tests import the `brokers` fixture (and `bookies`) from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import trio
+
+from broker.client.connection import BrokerConnection
+from broker.errors import ConnectionClosedError
+from tests.integration.bookie_processes import bookies  # noqa: F401 (a fixture)
+from tests.integration.processes import QuireProcess, print_logs
+from tests.support import free_port
+
+START_DEADLINE_S = 30.0
+SESSION_TIMEOUT_MS = 4_000  # how long a killed broker keeps its partitions
+
+
+@dataclass
+class BrokerProcess(QuireProcess):
+    role = "broker"
+
+    def arguments(self) -> list[str]:
+        return [
+            "broker", "run", "--zk", self.zk_hosts, "--root", self.root, "--port", str(self.port),
+            "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--retention-check-interval", "500ms",
+        ]
+
+    async def wait_serving(self, deadline_s: float = START_DEADLINE_S) -> None:
+        end = trio.current_time() + deadline_s
+        while True:
+            if not self.running:
+                raise AssertionError(f"broker exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                connection = await BrokerConnection.connect(self.address, "test", frame_bytes_max=1 << 20)
+                await connection.aclose()
+                return
+            except ConnectionClosedError:
+                pass
+            if trio.current_time() > end:
+                raise AssertionError(f"broker {self.address} not serving after {deadline_s}s:\n{self.log_tail()}")
+            await trio.sleep(0.05)
+
+    async def started(self) -> "BrokerProcess":
+        self.start()
+        await self.wait_serving()
+        return self
+
+
+@dataclass
+class BrokerFactory:
+    zk_hosts: str
+    root: str
+    base: Path
+    created: list[BrokerProcess] = field(default_factory=list)
+
+    def new(self, *options: str) -> BrokerProcess:
+        broker = BrokerProcess(self.zk_hosts, self.root, self.base / f"broker-{len(self.created) + 1}", free_port(), list(options))
+        self.created.append(broker)
+        return broker
+
+    async def started(self, *options: str) -> BrokerProcess:
+        return await self.new(*options).started()
+
+    def stop_all(self) -> None:
+        for broker in self.created:
+            if broker.running:
+                broker.kill()
+
+
+@pytest.fixture
+def brokers(zk_hosts, zk_root, tmp_path):
+    factory = BrokerFactory(zk_hosts, zk_root, tmp_path)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+        print_logs(factory.created)
