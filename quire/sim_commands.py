@@ -6,7 +6,10 @@ any run broke an invariant, crashed or livelocked."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import multiprocessing
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -31,6 +34,20 @@ def add_sim(parser: argparse.ArgumentParser) -> None:
         "--check-determinism", action="store_true",
         help="with --seed: run the seed twice and compare the digests of the event logs",
     )
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Pool worker initializer: the kernel kills the worker when the batch's
+    process dies (killed on a timeout, say), so that no worker goes on
+    running seeds for nobody."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:
+        os._exit(1)  # the parent died before the prctl
 
 
 def _run(job: tuple[int, str | None]):
@@ -80,7 +97,7 @@ def _batch(arguments: argparse.Namespace) -> int:
     started = time.monotonic()
     with Progress("sim", total=len(jobs), unit="seeds") as bar:
         if arguments.jobs > 1:
-            pool = multiprocessing.get_context("spawn").Pool(arguments.jobs)
+            pool = multiprocessing.get_context("spawn").Pool(arguments.jobs, initializer=_die_with_parent, initargs=(os.getpid(),))
             results = pool.imap(_run, jobs)
         else:
             pool = None
