@@ -151,7 +151,7 @@ class Dispatcher:
         consumer = self._consumers.pop(consumer_id, None)
         if consumer is None:
             return
-        self._to_replay(consumer, list(consumer.unacked))
+        for offset in consumer.unacked: del self._owner[offset]
         self._membership_changed()
 
     def _membership_changed(self) -> None:
@@ -219,7 +219,12 @@ class Dispatcher:
         consumer = self._consumers.get(consumer_id)
         if consumer is None:
             return
-        self._to_replay(consumer, list(consumer.unacked) if offsets is None else [o for o in offsets if o in consumer.unacked])
+        if offsets is None:
+            chosen = list(consumer.unacked)
+        else:
+            # A client may name an offset twice, or one it does not hold.
+            chosen = [offset for offset in dict.fromkeys(offsets) if offset in consumer.unacked]
+        self._to_replay(consumer, chosen)
 
     def _to_replay(self, consumer: _Consumer, offsets: list[int]) -> None:
         for offset in offsets:

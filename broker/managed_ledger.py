@@ -109,6 +109,8 @@ class ManagedLedger:
         self._appended = trio.Event()  # set (and renewed) whenever an entry is persisted
         self._read_handles: collections.OrderedDict[int, ReadHandle] = collections.OrderedDict()
         self._last_publish_ms = 0
+        # Set once the open ledger is full (entries or bytes): the owner rolls it over.
+        self.rollover_due = trio.Event()
 
     # --- opening -----------------------------------------------------------------------
 
@@ -163,6 +165,7 @@ class ManagedLedger:
         self.handle = handle
         self._open = OpenLedgerState(0, 0, 0, time.monotonic() * 1000, None)
         self._entry_first_offsets = []
+        self.rollover_due = trio.Event()
 
     # --- appending -----------------------------------------------------------------------
 
@@ -218,6 +221,8 @@ class ManagedLedger:
         self.cache.put(StoredEntry(Position(handle.ledger_id, entry_id), header, data))
         self._appended.set()
         self._appended = trio.Event()
+        if self._open.entries >= self.policies.rollover_entries or self._open.bytes >= self.policies.rollover_bytes:
+            self.rollover_due.set()
 
     def _check_writable(self) -> None:
         if self.fenced is not None:

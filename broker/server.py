@@ -326,6 +326,16 @@ class BrokerServer:
             self._unloading.discard(partition)
         log.info("partition %s deleted", partition)
 
+    def _close_consumers(self, service: PartitionService, subscription_name: str) -> None:
+        for connection in list(self._connections):
+            for handle, (owner, name, consumer_id) in list(connection.consumers.items()):
+                if owner is service and name == subscription_name:
+                    del connection.consumers[handle]
+                    # Kept even if not durable and now without consumers: its
+                    # consumer comes back to the position it sought.
+                    service.remove_consumer(name, consumer_id, keep=True)
+                    connection.send(Closed("consumer", handle, f"subscription {name} was moved: subscribe again"))
+
     def _close_clients(self, service: PartitionService) -> None:
         """Tell every producer and consumer of the partition to look it up again."""
         for connection in list(self._connections):
@@ -524,6 +534,10 @@ class BrokerServer:
             else:
                 raise BadRequestError("a seek names an offset, a message id or a publish time")
             await subscription.seek(offset)
+            # As Pulsar does: every consumer of the subscription subscribes
+            # again, so that nothing delivered before the seek is mistaken
+            # for what follows it.
+            self._close_consumers(service, subscription_name)
             return {"offset": offset}
         if kind is Unsubscribe:
             await service.unsubscribe(subscription_name, consumer_id)

@@ -70,6 +70,7 @@ class Subscription:
         self.closed = False
         self.messages_out = 0
         self.read_position: Position | None = None
+        self.idle_since = time.monotonic()  # when its last consumer left
         self._wakeup = trio.Event()
         # Persistence (durable subscriptions): generations of changes.
         self._cursor_version = cursor_version
@@ -109,6 +110,8 @@ class Subscription:
         if self.consumers.pop(consumer_id, None) is not None:
             self.dispatcher.remove_consumer(consumer_id)
             self.wake()
+        if not self.consumers:
+            self.idle_since = time.monotonic()
 
     def flow(self, consumer_id: int, permits: int) -> None:
         self.dispatcher.flow(consumer_id, permits)

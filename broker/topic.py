@@ -46,6 +46,7 @@ DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplica
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 RATE_WINDOW_S = 10.0
+NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
 
 
 @dataclass
@@ -171,6 +172,7 @@ class PartitionService:
             for subscription in self.subscriptions.values():
                 self._start_subscription(subscription)
             nursery.start_soon(self._housekeeping_loop)
+            nursery.start_soon(self._rollover_loop)
             nursery.start_soon(self._dedup_snapshot_loop)
             task_status.started()
 
@@ -370,14 +372,21 @@ class PartitionService:
             subscription.add_consumer(link, subscription_type, priority)
             return subscription
 
-    def remove_consumer(self, subscription_name: str, consumer_id: int) -> None:
+    def remove_consumer(self, subscription_name: str, consumer_id: int, *, keep: bool = False) -> None:
+        """A consumer went away; a non-durable subscription goes with its
+        last consumer (unless `keep`: housekeeping removes it if nobody
+        comes back within NON_DURABLE_IDLE_S)."""
         subscription = self.subscriptions.get(subscription_name)
         if subscription is None:
             return
         subscription.remove_consumer(consumer_id)
-        if not subscription.durable and not subscription.consumers:
-            subscription.close()
-            del self.subscriptions[subscription_name]
+        if not subscription.durable and not subscription.consumers and not keep:
+            self._drop_subscription(subscription)
+
+    def _drop_subscription(self, subscription: Subscription) -> None:
+        subscription.close()
+        if self.subscriptions.get(subscription.name) is subscription:
+            del self.subscriptions[subscription.name]
 
     async def unsubscribe(self, subscription_name: str, consumer_id: int | None) -> None:
         """Delete a subscription (its only consumer may be the one asking)."""
@@ -400,6 +409,9 @@ class PartitionService:
             await trio.sleep(HOUSEKEEPING_INTERVAL_S)
             now = time.monotonic()
             self.stats.sample(now)
+            for subscription in list(self.subscriptions.values()):
+                if not subscription.durable and not subscription.consumers and now - subscription.idle_since >= NON_DURABLE_IDLE_S:
+                    self._drop_subscription(subscription)
             try:
                 if self.ml.rollover_reason() is not None:
                     await self.ml.rollover()
@@ -412,6 +424,17 @@ class PartitionService:
                 return
             except (BKError, MetadataError) as error:
                 log.warning("partition %s: housekeeping failed, retried later: %s", self.name, error)
+
+    async def _rollover_loop(self) -> None:
+        """Roll the open ledger over as soon as it is full (housekeeping
+        handles age and idleness)."""
+        while True:
+            await self.ml.rollover_due.wait()
+            try:
+                await self.ml.rollover()
+            except BrokerError as error:
+                self.fence(error)
+                return
 
     async def _refresh_policies(self) -> None:
         found = await self.topic_store.read_topic(self.topic)

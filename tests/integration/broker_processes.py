@@ -81,3 +81,41 @@ def brokers(zk_hosts, zk_root, tmp_path):
     finally:
         factory.stop_all()
         print_logs(factory.created)
+
+
+@dataclass
+class SharedCluster:
+    """Three bookies and a broker that the tests of one module share (each
+    test uses topics of its own)."""
+
+    zk_hosts: str
+    root: str
+    bookies: list
+    brokers: list
+
+
+@pytest.fixture(scope="module")
+def shared_cluster(zookeeper, tmp_path_factory):
+    """ZooKeeper (the session's), 3 bookies that collect garbage every
+    second, and one broker, under a chroot of this module's own."""
+    import uuid
+
+    from tests.integration.bookie_processes import BookieFactory
+
+    root = f"/m-{uuid.uuid4().hex}"
+    base = tmp_path_factory.mktemp("cluster")
+    bookie_factory = BookieFactory(zookeeper.address, root, base)
+    broker_factory = BrokerFactory(zookeeper.address, root, base)
+
+    async def start() -> None:
+        for _ in range(3):
+            await bookie_factory.started("--gc-interval-s", "1")
+        await broker_factory.started()
+
+    try:
+        trio.run(start)
+        yield SharedCluster(zookeeper.address, root, bookie_factory.created, broker_factory.created)
+    finally:
+        broker_factory.stop_all()
+        bookie_factory.stop_all()
+        print_logs(broker_factory.created + bookie_factory.created)
