@@ -151,7 +151,7 @@ class Dispatcher:
         consumer = self._consumers.pop(consumer_id, None)
         if consumer is None:
             return
-        for offset in consumer.unacked: del self._owner[offset]
+        self._to_replay(consumer, list(consumer.unacked))
         self._membership_changed()
 
     def _membership_changed(self) -> None:

@@ -127,6 +127,8 @@ class BrokerServer:
         self._consumer_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._listeners: list[trio.SocketListener] = []
+        self._serving_scope = trio.CancelScope()
+        self.stopping = False
         self.started_ms = int(time.time() * 1000)
 
     # --- lifetime --------------------------------------------------------------------------
@@ -149,20 +151,25 @@ class BrokerServer:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._session_loop)
-            await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+            await nursery.start(self._serve)
             log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
             task_status.started()
 
+    async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with self._serving_scope:
+            await trio.serve_listeners(self._handle_connection, self._listeners, task_status=task_status)
+
     async def shutdown(self) -> None:
-        """Graceful stop: stop taking connections' work, unload every
-        partition (other brokers take them on the next lookup), unregister."""
-        for listener in self._listeners:
-            await listener.aclose()
+        """Graceful stop: unregister (lookups choose other brokers), unload
+        every partition while clients are still connected (they are told to
+        look their partitions up again), then close every connection."""
+        self.stopping = True
         await self.ownership.unregister()
         with trio.move_on_after(UNLOAD_TIMEOUT_S):
             async with trio.open_nursery() as nursery:
                 for service in list(self.partitions.values()):
                     nursery.start_soon(self._unload, service)
+        self._serving_scope.cancel()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -230,6 +237,11 @@ class BrokerServer:
                 raise ServiceUnavailableError(f"{partition} is still held by this broker's previous session; retry")
             return owner.info, False
         live = await self.ownership.live_brokers()
+        if self.stopping:
+            others = sorted(broker_id for broker_id in live if broker_id != self.info.broker_id)
+            if not others:
+                raise ServiceUnavailableError(f"broker {self.info.broker_id} is stopping and no other broker is live")
+            return live[rendezvous_choice(partition, others)], True
         if not authoritative and live:
             chosen = rendezvous_choice(partition, sorted(live))
             if chosen != self.info.broker_id:
@@ -255,7 +267,7 @@ class BrokerServer:
                     raise ServiceUnavailableError(f"loading {partition} failed; retry")
                 continue
             owner = await self.ownership.owner_of(partition)
-            if owner is None or not self.ownership.is_mine(owner):
+            if owner is None or not self.ownership.is_mine(owner) or self.stopping:
                 raise NotOwnerError(f"broker {self.info.broker_id} does not own {partition}")
             await self._load(partition)
 

@@ -12,6 +12,7 @@ trio event loop that the client keeps in a thread of its own.
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any, Callable, Iterator
 
@@ -25,9 +26,9 @@ from ledger_client.metadata import LedgerMetadata
 READ_CHUNK_ENTRIES = 1000  # entries fetched per trip to the event loop
 
 
-class _Loop:
+class LoopThread:
     """A trio loop in a daemon thread, running one async context manager
-    until closed."""
+    until closed (the broker client's sync facade uses it too)."""
 
     def __init__(self, open_context: Callable[[], Any]) -> None:
         self._open_context = open_context
@@ -65,8 +66,11 @@ class _Loop:
                 return
             raise
 
-    def call(self, async_fn: Callable[..., Any], *args: Any) -> Any:
-        return trio.from_thread.run(async_fn, *args, trio_token=self._token)
+    def call(self, async_fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return trio.from_thread.run(functools.partial(async_fn, *args, **kwargs), trio_token=self._token)
+
+    def call_sync(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return trio.from_thread.run_sync(functools.partial(fn, *args, **kwargs), trio_token=self._token)
 
     def close(self) -> None:
         if self._thread.is_alive() and self._stop is not None:
@@ -75,7 +79,7 @@ class _Loop:
 
 
 class ReadHandle:
-    def __init__(self, loop: _Loop, handle: async_handles.ReadHandle) -> None:
+    def __init__(self, loop: LoopThread, handle: async_handles.ReadHandle) -> None:
         self._loop = loop
         self._handle = handle
 
@@ -127,13 +131,13 @@ class LedgerHandle(ReadHandle):
 
 
 class BookKeeper:
-    def __init__(self, loop: _Loop) -> None:
+    def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
         self._bk: async_bookkeeper.BookKeeper = loop.value
 
     @classmethod
     def connect(cls, zk_hosts: str = "127.0.0.1:2181", root: str = "/quire", **options: Any) -> "BookKeeper":
-        return cls(_Loop(lambda: async_bookkeeper.BookKeeper.connect(zk_hosts, root, **options)))
+        return cls(LoopThread(lambda: async_bookkeeper.BookKeeper.connect(zk_hosts, root, **options)))
 
     def create_ledger(self, ensemble_size: int = 3, write_quorum: int | None = None, ack_quorum: int | None = None, **options: Any) -> LedgerHandle:
         async def create() -> async_handles.LedgerHandle:
@@ -166,4 +170,4 @@ class BookKeeper:
         self.close()
 
 
-__all__ = ["BookKeeper", "LedgerHandle", "ReadHandle"]
+__all__ = ["BookKeeper", "LedgerHandle", "LoopThread", "ReadHandle"]

@@ -57,3 +57,20 @@ def ledger_metadata_for(ledger_id: int) -> LedgerMetadata:
         password_hash=password_hash(b"pw"),
         creation_time_ms=1_000,
     )
+
+
+def raw_exchange(address: str, data: bytes, *, prefix: bytes = b"") -> None:
+    """Send `prefix` (a handshake, say) then raw bytes on a fresh
+    connection, then read until the server closes it or a short while passes."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.settimeout(0.3)
+        try:
+            if prefix:
+                sock.sendall(prefix)
+            sock.sendall(data)
+            while sock.recv(65536):
+                pass
+        except (socket.timeout, ConnectionError):
+            pass
+

@@ -5,7 +5,6 @@ registration, long polls and handshake."""
 from __future__ import annotations
 
 import shutil
-import socket
 import struct
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from coordination.cluster_layout import ClusterLayout, list_bookies
 from coordination.zk_store import KazooMetadataStore
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
 from tests.integration.test_bookie_durability import KEY, PipelinedWriter, check_nothing_lost, read_all
+from tests.support import raw_exchange
 
 
 def registrations(zk_hosts: str, root: str) -> dict[str, str]:
@@ -47,22 +47,6 @@ async def wait_for_registration(zk_hosts: str, root: str, address: str, state: s
             if current == state:
                 return
             await trio.sleep(0.1)
-
-
-def raw_exchange(address: str, data: bytes, *, handshake: bool) -> None:
-    """Send raw bytes on a fresh connection, then read until the bookie
-    closes it or a short while passes."""
-    host, port = address.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.settimeout(0.3)
-        try:
-            if handshake:
-                sock.sendall(encode_hello(Hello(PROTOCOL_VERSION, "fuzz")))
-            sock.sendall(data)
-            while sock.recv(65536):
-                pass
-        except (socket.timeout, ConnectionError):
-            pass
 
 
 frames = st.one_of(
@@ -86,7 +70,7 @@ async def test_malformed_frames_close_only_their_connection(bookies):
         @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
         @given(data=frames, handshake=st.booleans())
         def fuzz(data: bytes, handshake: bool) -> None:
-            raw_exchange(bookie.address, data, handshake=handshake)
+            raw_exchange(bookie.address, data, prefix=encode_hello(Hello(PROTOCOL_VERSION, "fuzz")) if handshake else b"")
 
         await trio.to_thread.run_sync(fuzz)
         # The healthy connection opened before the fuzzing still works.
