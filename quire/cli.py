@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     topic = group("topic", "topics: create, list, stats, set policies, unload, delete")
     topic_commands.add_create(command(topic, "create", "create a topic (partitioned with --partitions N)", topic_commands.create))
     topic_commands.add_ls(command(topic, "ls", "list topics", topic_commands.list_))
-    topic_commands.add_topic(command(topic, "stats", "a topic's partitions: rates, backlog per subscription, ledgers", topic_commands.stats))
+    topic_commands.add_stats(command(topic, "stats", "a topic's partitions: rates, backlog per subscription, ledgers", topic_commands.stats))
     topic_commands.add_set_policies(
         command(topic, "set-policies", "change a topic's retention, quota, rollover or deduplication", topic_commands.set_policies)
     )
@@ -211,6 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # Output piped into `head` that stopped reading: not an error.
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quire.cli import UsageError, port_number, positive_int
+from quire.cli import UsageError, nonnegative_int, port_number, positive_int
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
@@ -15,11 +15,10 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
 def add_up(parser: argparse.ArgumentParser) -> None:
     add_data_dir(parser)
     parser.add_argument("--bookies", type=positive_int, default=3)
-    parser.add_argument(
-        "--brokers", type=int, default=0, help="brokers to start; quire has no broker yet, so only 0 is accepted"
-    )
+    parser.add_argument("--brokers", type=nonnegative_int, default=1)
     parser.add_argument("--zk-port", type=port_number, default=2181)
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
+    parser.add_argument("--broker-base-port", type=port_number, default=6650, help="broker i listens on BASE+i")
 
 
 def up(arguments: argparse.Namespace) -> int:
@@ -28,14 +27,14 @@ def up(arguments: argparse.Namespace) -> int:
 
     if not arguments.root.startswith("/"):
         raise UsageError(f"--root must be an absolute path, got {arguments.root!r}")
-    if arguments.brokers != 0:
-        raise UsageError(f"--brokers {arguments.brokers}: quire has no broker yet, so a cluster has none (--brokers 0)")
     try:
         state = cluster_up(
             arguments.data_dir,
             bookies=arguments.bookies,
             zk_port=arguments.zk_port,
             bookie_base_port=arguments.bookie_base_port,
+            brokers=arguments.brokers,
+            broker_base_port=arguments.broker_base_port,
             root=arguments.root,
         )
     except ClusterError as error:

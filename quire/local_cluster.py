@@ -1,11 +1,12 @@
 """A local cluster of background processes under one data directory:
-ZooKeeper and N bookies (brokers join when they exist). `cluster.json` in the
+ZooKeeper, N bookies and M brokers. `cluster.json` in the
 directory records every process (pid, address, command, log) as it starts,
 so that `status` and `down` work even after a failed `up`."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -26,7 +27,7 @@ class ClusterError(Exception):
 
 @dataclass
 class ProcessRecord:
-    role: str  # zookeeper | bookie
+    role: str  # zookeeper | bookie | broker
     name: str
     pid: int
     address: str
@@ -130,6 +131,9 @@ def up(
     bookie_base_port: int = 3181,
     root: str = "/quire",
     bookie_options: list[str] | None = None,
+    brokers: int = 1,
+    broker_base_port: int = 6650,
+    broker_options: list[str] | None = None,
     progress=print,
 ) -> ClusterState:
     data_dir = Path(data_dir).resolve()
@@ -140,7 +144,9 @@ def up(
     previous = ClusterState.load(data_dir)
     if previous is not None and any(process_alive(record) for record in previous.processes):
         raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `quire cluster down --data-dir {data_dir}`")
-    ports = [zk_port] + [bookie_base_port + index for index in range(bookies)]
+    ports = [zk_port] + [bookie_base_port + index for index in range(bookies)] + [broker_base_port + index for index in range(brokers)]
+    if len(set(ports)) != len(ports):
+        raise ClusterError(f"the ports of ZooKeeper, bookies and brokers overlap: {sorted(ports)}")
     busy = [port for port in ports if port_in_use(port)]
     if busy:
         raise ClusterError(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")
@@ -174,6 +180,19 @@ def up(
         for record in state.processes:
             if record.role == "bookie":
                 progress(f"{record.name} serving on {record.address}")
+        for index in range(brokers):
+            port = broker_base_port + index
+            name = f"broker-{index + 1}"
+            _spawn(
+                state,
+                dict(role="broker", name=name, address=f"127.0.0.1:{port}"),
+                quire_command("broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *(broker_options or [])),
+                data_dir / "logs" / f"{name}.log",
+            )
+        _wait_for_registrations(state, "broker")
+        for record in state.processes:
+            if record.role == "broker":
+                progress(f"{record.name} serving on {record.address}")
     except BaseException:
         down(data_dir, progress=lambda message: None)
         raise
@@ -197,26 +216,50 @@ def _wait_for_zookeeper(record: ProcessRecord, port: int) -> None:
 
 
 def _wait_for_bookies(state: ClusterState) -> None:
+    _wait_for_registrations(state, "bookie")
+
+
+def registered_addresses(store) -> dict[str, str]:
+    """Registered bookies and brokers: address -> writable / read-only / serving."""
+    from broker.topic_store import BROKERS
     from coordination.cluster_layout import ClusterLayout, list_bookies
+    from coordination.store import NoNodeError
+
+    registered = {}
+    for read_only in (False, True):
+        for info in list_bookies(store, ClusterLayout(), read_only=read_only).values():
+            registered[info.address] = "read-only" if read_only else "writable"
+    try:
+        for name in store.children(BROKERS):
+            try:
+                registered[json.loads(store.get(f"{BROKERS}/{name}")[0])["address"]] = "serving"
+            except NoNodeError:
+                continue
+    except NoNodeError:
+        pass
+    return registered
+
+
+def _wait_for_registrations(state: ClusterState, role: str) -> None:
     from coordination.zk_store import KazooMetadataStore
 
-    expected = {record.address: record for record in state.processes if record.role == "bookie"}
+    # A ZooKeeper that has just started drops kazoo's first connections;
+    # kazoo retries, and its warnings would only confuse.
+    logging.getLogger("kazoo").setLevel(logging.ERROR)
+
+    expected = {record.address: record for record in state.processes if record.role == role}
     deadline = time.monotonic() + START_DEADLINE_S
     with KazooMetadataStore.connect(state.zk_hosts, state.root) as store:
         while True:
             for record in expected.values():
                 if not process_alive(record):
                     raise ClusterError(f"{record.name} exited during start:\n{log_tail(record.log)}")
-            registered = {
-                info.address
-                for read_only in (False, True)
-                for info in list_bookies(store, ClusterLayout(), read_only=read_only).values()
-            }
-            if set(expected) <= registered:
+            registered = registered_addresses(store)
+            if set(expected) <= set(registered):
                 return
             if time.monotonic() > deadline:
-                missing = sorted(set(expected) - registered)
-                raise ClusterError(f"bookies {', '.join(missing)} did not register within {START_DEADLINE_S:.0f}s")
+                missing = sorted(set(expected) - set(registered))
+                raise ClusterError(f"{role}s {', '.join(missing)} did not register within {START_DEADLINE_S:.0f}s")
             time.sleep(0.1)
 
 
@@ -280,13 +323,10 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
     zk_record = next((record for record in state.processes if record.role == "zookeeper"), None)
     if zk_record is not None and process_alive(zk_record):
         try:
-            from coordination.cluster_layout import ClusterLayout, list_bookies
             from coordination.zk_store import KazooMetadataStore
 
             with KazooMetadataStore.connect(state.zk_hosts, state.root, connect_timeout_ms=3000) as store:
-                for read_only in (False, True):
-                    for info in list_bookies(store, ClusterLayout(), read_only=read_only).values():
-                        registrations[info.address] = "read-only" if read_only else "writable"
+                registrations = registered_addresses(store)
         except Exception as error:  # status reports, it does not fail
             registrations = {"error": str(error)}
     rows = []
@@ -294,7 +334,7 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
         alive = process_alive(record)
         if not alive:
             process_state = "down"
-        elif record.role == "bookie":
+        elif record.role in ("bookie", "broker"):
             process_state = registrations.get(record.address, "starting/unregistered")
         else:
             process_state = "serving"

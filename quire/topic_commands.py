@@ -128,9 +128,31 @@ def list_(arguments: argparse.Namespace) -> int:
     return _run(arguments, body)
 
 
+def add_stats(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--format", choices=["json", "text"], default="json", help="text: a summary for people")
+
+
 def stats(arguments: argparse.Namespace) -> int:
     async def body(client) -> None:
-        _print(await client.topic_stats(arguments.topic))
+        stats = await client.topic_stats(arguments.topic)
+        if arguments.format == "json":
+            _print(stats)
+            return
+        for name, partition in stats["partitions"].items():
+            print(f"{name}: offsets {partition['first_offset']}..{partition['next_offset'] - 1}, "
+                  f"{partition['stored_bytes']} bytes stored, {partition['messages_in_per_s']} msg/s in, "
+                  f"{partition['messages_out_per_s']} msg/s out")
+            for producer in partition["producers"]:
+                print(f"  producer {producer['producer_id']}: last sequence id {producer['last_sequence_id']}")
+            for subscription_name, subscription in partition["subscriptions"].items():
+                important = ", important" if subscription["important"] else ""
+                print(f"  subscription {subscription_name} ({subscription['type']}{important}): backlog "
+                      f"{subscription['backlog_messages']}, mark-delete offset {subscription['mark_delete_offset']}, "
+                      f"{len(subscription['consumers'])} consumers")
+            for ledger in partition["ledgers"]:
+                print(f"  ledger {ledger['ledger_id']}: {ledger['state']}, {ledger['entries']} entries, "
+                      f"{ledger['messages']} messages from offset {ledger['first_offset']}, {ledger['bytes']} bytes")
 
     return _run(arguments, body)
 
@@ -203,6 +225,9 @@ def produce(arguments: argparse.Namespace) -> int:
     return _run(arguments, body)
 
 
+ACKS_IN_FLIGHT_MAX = 1_000  # acknowledgements waiting for their cursor write
+
+
 def consume(arguments: argparse.Namespace) -> int:
     async def body(client) -> None:
         consumer = await client.subscribe(
@@ -210,21 +235,29 @@ def consume(arguments: argparse.Namespace) -> int:
             initial_position=arguments.initial_position, important=arguments.important,
         )
         received = 0
-        while arguments.count is None or received < arguments.count:
-            if arguments.idle_timeout is not None:
-                with trio.move_on_after(arguments.idle_timeout / 1000):
-                    message = await consumer.receive()
-                    _show(message, arguments.format)
-                    received += 1
-                    if not arguments.no_ack:
-                        await consumer.acknowledge(message)
-                    continue
-                break
-            message = await consumer.receive()
-            _show(message, arguments.format)
-            received += 1
-            if not arguments.no_ack:
+        idle_s = None if arguments.idle_timeout is None else arguments.idle_timeout / 1000
+        # Acknowledgements run concurrently: each returns once durable, and
+        # many share one cursor write.
+        acks_in_flight = trio.Semaphore(ACKS_IN_FLIGHT_MAX)
+
+        async def acknowledge(message) -> None:
+            try:
                 await consumer.acknowledge(message)
+            finally:
+                acks_in_flight.release()
+
+        async with trio.open_nursery() as acks:
+            while arguments.count is None or received < arguments.count:
+                message = None
+                with trio.move_on_after(idle_s if idle_s is not None else float("inf")):
+                    message = await consumer.receive()
+                if message is None:
+                    break
+                _show(message, arguments.format)
+                received += 1
+                if not arguments.no_ack:
+                    await acks_in_flight.acquire()
+                    acks.start_soon(acknowledge, message)
         await consumer.close()
         print(f"received {received} messages", file=sys.stderr)
 

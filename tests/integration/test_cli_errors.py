@@ -226,8 +226,12 @@ def test_cluster_data_directory_that_cannot_be_created(tmp_path, busy_port):
     )
 
 
-def test_cluster_up_with_more_brokers_than_supported(tmp_path, busy_port):
-    # The busy ZooKeeper port stops `up` before it spawns anything, so that
-    # this test starts no cluster while the bug is present.
-    result = quire("cluster", "up", "--data-dir", tmp_path, "--brokers", "5", "--zk-port", busy_port, "--bookie-base-port", free_port())
+def test_cluster_up_with_a_negative_broker_count(tmp_path, busy_port):
+    result = quire("cluster", "up", "--data-dir", tmp_path, "--brokers", "-1", "--zk-port", busy_port, "--bookie-base-port", free_port())
     error_line(result, "quire cluster up: error: ", "--brokers")
+
+
+def test_cluster_up_with_a_busy_broker_port(tmp_path, busy_port):
+    result = quire("cluster", "up", "--data-dir", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port(),
+                   "--broker-base-port", busy_port)
+    error_line(result, "quire cluster up: error: ", str(busy_port))

@@ -25,15 +25,21 @@ def quire(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
     data_dir = tmp_path / "cluster"
-    zk_port, bookie_port = free_port(), free_port()
-    up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_port)
+    zk_port, bookie_port, broker_port = free_port(), free_port(), free_port()
+    ports = ("--zk-port", zk_port, "--bookie-base-port", bookie_port, "--broker-base-port", broker_port)
+    up = quire("cluster", "up", "--data-dir", data_dir, *ports)
     state = ClusterState.load(data_dir)
     try:
         assert up.returncode == 0, up.stderr
-        assert [record.role for record in state.processes] == ["zookeeper", "bookie", "bookie", "bookie"]
+        assert [record.role for record in state.processes] == ["zookeeper", "bookie", "bookie", "bookie", "broker"]
         status = quire("cluster", "status", "--data-dir", data_dir)
         assert status.returncode == 0, status.stdout + status.stderr
-        assert status.stdout.count("writable") == 3 and "serving" in status.stdout
+        assert status.stdout.count("writable") == 3 and status.stdout.count("serving") == 2
+        # Write through the broker, read it back.
+        produced = quire("produce", "smoke", "--zk", f"127.0.0.1:{zk_port}", "--count", "100", "--batching")
+        assert produced.returncode == 0 and json.loads(produced.stdout)["sent"] == 100, produced.stderr
+        consumed = quire("consume", "smoke", "-s", "check", "--count", "100", "--zk", f"127.0.0.1:{zk_port}")
+        assert consumed.returncode == 0 and len(consumed.stdout.splitlines()) == 100, consumed.stderr
         listing = quire("bookie", "ls", "--zk", f"127.0.0.1:{zk_port}")
         assert sorted(line.split("\t")[0] for line in listing.stdout.splitlines()) == sorted(
             f"127.0.0.1:{bookie_port + index}" for index in range(3)
@@ -42,7 +48,7 @@ def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
         assert test.returncode == 0, test.stdout + test.stderr
         assert [line.strip() for line in test.stdout.splitlines()].count("OK") == 3
         # A second `up` on a running cluster refuses clearly.
-        again = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_port)
+        again = quire("cluster", "up", "--data-dir", data_dir, *ports)
         assert again.returncode == 2 and "already running" in again.stderr
     finally:
         down = quire("cluster", "down", "--data-dir", data_dir)
@@ -51,7 +57,7 @@ def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
     stopped = quire("cluster", "status", "--data-dir", data_dir)
     assert stopped.returncode == 1 and "stopped" in stopped.stdout
     # The data stays: the same cluster comes back with its bookies' identities.
-    up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_port)
+    up = quire("cluster", "up", "--data-dir", data_dir, *ports)
     try:
         assert up.returncode == 0, up.stderr
     finally:
@@ -71,17 +77,24 @@ def options(command: list[str]) -> dict[str, str]:
 def test_docker_compose_describes_the_topology_of_cluster_up(tmp_path):
     services = compose_services()
     roles = {name: service["command"][:2] for name, service in services.items()}
-    assert sorted(map(tuple, roles.values())) == [("bookie", "run")] * 3 + [("zk", "run")]
+    assert sorted(map(tuple, roles.values())) == [("bookie", "run")] * 3 + [("broker", "run")] * 2 + [("zk", "run")]
     # `quire cluster up` with its default ports starts the same processes.
     from quire.local_cluster import quire_command
 
     expected_bookie_options = set(options(quire_command(
         "bookie", "run", "--zk", "z", "--root", "/quire", "--port", "1", "--journal-dir", "j", "--ledger-dir", "l",
     )))
-    bookie_ports = []
+    expected_broker_options = set(options(quire_command("broker", "run", "--zk", "z", "--root", "/quire", "--port", "1")))
+    bookie_ports, broker_ports = [], []
     for name, service in services.items():
         command = service["command"]
-        if command[:2] == ["bookie", "run"]:
+        if command[:2] == ["broker", "run"]:
+            given = options(command)
+            assert expected_broker_options <= set(given), f"{name} lacks {expected_broker_options - set(given)}"
+            assert given["--zk"] == "zookeeper:2181" and given["--root"] == "/quire"
+            assert given["--advertised-address"] == f"{name}:{given['--port']}"
+            broker_ports.append(int(given["--port"]))
+        elif command[:2] == ["bookie", "run"]:
             given = options(command)
             assert expected_bookie_options <= set(given), f"{name} lacks {expected_bookie_options - set(given)}"
             assert given["--zk"] == "zookeeper:2181" and given["--root"] == "/quire"
@@ -90,8 +103,9 @@ def test_docker_compose_describes_the_topology_of_cluster_up(tmp_path):
         else:
             assert options(command)["--port"] == "2181"
     assert sorted(bookie_ports) == [3181, 3182, 3183]  # cluster up's defaults: base 3181, one port each
-    # Every bookie keeps its data in a volume of its own.
-    volumes = [service["volumes"][0].split(":")[0] for service in services.values()]
+    assert sorted(broker_ports) == [6650, 6651]  # `cluster up --brokers 2`: base 6650
+    # Every bookie keeps its data in a volume of its own (brokers keep none).
+    volumes = [service["volumes"][0].split(":")[0] for service in services.values() if "volumes" in service]
     assert len(set(volumes)) == len(volumes)
 
 
