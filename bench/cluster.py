@@ -44,15 +44,20 @@ def latency_summary(latencies_ms: list[float]) -> dict:
     }
 
 
-def start_bookie(zk: ZooKeeperServer, root: str, directory: Path, port: int, extra: list[str]) -> subprocess.Popen:
+def start_process(role: str, directory: Path, arguments: list[str]) -> subprocess.Popen:
+    """`quire ROLE run ...` in the background, logging to DIRECTORY/ROLE.log."""
     directory.mkdir(parents=True, exist_ok=True)
-    log = open(directory / "bookie.log", "ab")
-    command = [
-        sys.executable, "-m", "quire", "bookie", "run", "--zk", zk.address, "--root", root,
-        "--port", str(port), "--journal-dir", str(directory / "journal"), "--ledger-dir", str(directory / "ledgers"),
-        "--log-level", os.environ.get("BENCH_BOOKIE_LOG", "warning"), *extra,
-    ]
+    log = open(directory / f"{role}.log", "ab")
+    command = [sys.executable, "-m", "quire", role, "run", *arguments,
+               "--log-level", os.environ.get(f"BENCH_{role.upper()}_LOG", "warning")]
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent_hook())
+
+
+def start_bookie(zk: ZooKeeperServer, root: str, directory: Path, port: int, extra: list[str]) -> subprocess.Popen:
+    return start_process("bookie", directory, [
+        "--zk", zk.address, "--root", root, "--port", str(port),
+        "--journal-dir", str(directory / "journal"), "--ledger-dir", str(directory / "ledgers"), *extra,
+    ])
 
 
 async def wait_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
@@ -70,12 +75,31 @@ async def wait_serving(address: str, process: subprocess.Popen, deadline_s: floa
             await trio.sleep(0.1)
 
 
+async def wait_broker_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
+    from broker.client.connection import BrokerConnection
+    from broker.errors import ConnectionClosedError
+
+    end = time.monotonic() + deadline_s
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"broker exited with {process.returncode}")
+        try:
+            connection = await BrokerConnection.connect(address, "bench", frame_bytes_max=1 << 20)
+            await connection.aclose()
+            return
+        except ConnectionClosedError:
+            if time.monotonic() > end:
+                raise
+            await trio.sleep(0.1)
+
+
 @dataclass
 class BenchCluster:
     directory: Path
     zk: ZooKeeperServer
     root: str
     bookies: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    brokers: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
 
     @property
     def zk_hosts(self) -> str:
@@ -87,9 +111,11 @@ class BenchCluster:
 
 
 @contextlib.contextmanager
-def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/bench", bookie_options: list[str] = ()) -> Iterator[BenchCluster]:
-    """ZooKeeper and `bookie_count` bookies, serving, in a new directory
-    under `base` (default ./.bench); everything stopped and removed after."""
+def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/bench", bookie_options: list[str] = (),
+                  broker_count: int = 0, broker_options: list[str] = ()) -> Iterator[BenchCluster]:
+    """ZooKeeper, `bookie_count` bookies and `broker_count` brokers, serving,
+    in a new directory under `base` (default ./.bench); everything stopped
+    and removed after."""
     base = base or Path(".bench")
     base.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="cluster-", dir=base))
@@ -108,12 +134,19 @@ def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/
                     nursery.start_soon(wait_serving, address, process)
 
         trio.run(all_serving)
+        for index in range(broker_count):
+            port = free_port()
+            process = start_process("broker", directory / f"broker-{index + 1}",
+                                    ["--zk", zk.address, "--root", root, "--port", str(port), *broker_options])
+            cluster.brokers.append((f"127.0.0.1:{port}", process))
+        for address, process in cluster.brokers:
+            trio.run(wait_broker_serving, address, process)
         yield cluster
     finally:
-        for _, process in cluster.bookies:
+        for _, process in cluster.brokers + cluster.bookies:
             if process.poll() is None:
                 process.terminate()
-        for _, process in cluster.bookies:
+        for _, process in cluster.brokers + cluster.bookies:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -68,22 +68,44 @@ class SendFuture:
     """A message handed to a producer; `await future.wait()` gives its
     `SendResult` once the broker has persisted it."""
 
-    __slots__ = ("sequence_id", "_event", "_result", "_error")
+    __slots__ = ("sequence_id", "_event", "_result", "_error", "_callbacks")
 
     def __init__(self, sequence_id: int) -> None:
         self.sequence_id = sequence_id
         self._event = trio.Event()
         self._result: SendResult | None = None
         self._error: BaseException | None = None
+        self._callbacks: list | None = None
 
     @property
     def done(self) -> bool:
         return self._event.is_set()
 
+    def add_done_callback(self, callback) -> None:
+        """`callback(future)` once the message is persisted or failed (at
+        once if it is already): many sends in flight without a task each.
+        It runs in the client's event loop and must not block."""
+        if self._event.is_set():
+            callback(self)
+        elif self._callbacks is None:
+            self._callbacks = [callback]
+        else:
+            self._callbacks.append(callback)
+
+    def result(self) -> SendResult:
+        """The result of a settled future (raises its error)."""
+        assert self._event.is_set(), "the send is still pending"
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
     def _resolve(self, result: SendResult | None, error: BaseException | None = None) -> None:
         if not self._event.is_set():
             self._result, self._error = result, error
             self._event.set()
+            for callback in self._callbacks or ():
+                callback(self)
 
     async def wait(self) -> SendResult:
         await self._event.wait()
