@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from bookie.protocol.frame_input import receive_first_frames
+from bookie.protocol.frame_input import enable_keepalive, receive_first_frames
 from bookie.protocol.frame_output import FrameOutput
 from broker.admin import AdminHandler
 from broker.dispatcher import SubscriptionType
@@ -369,6 +369,7 @@ class BrokerServer:
             peer = "?"
         connection = _Connection(peer, stream, FrameOutput(stream))
         decoder = FrameDecoder(self.config.frame_bytes_max)
+        enable_keepalive(stream)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
                 hello, early = await self._first_frame(connection, decoder)

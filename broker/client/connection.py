@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import trio
 
-from bookie.protocol.frame_input import receive_first_frames
+from bookie.protocol.frame_input import enable_keepalive, receive_first_frames
 from bookie.protocol.frame_output import FrameOutput
 from broker.errors import BrokerStatus, ConnectionClosedError, ProtocolVersionError, error_for_status
 from broker.protocol import (
@@ -69,6 +69,7 @@ class BrokerConnection:
         try:
             with trio.fail_after(CONNECT_TIMEOUT_S):
                 stream = await trio.open_tcp_stream(host, int(port))
+                enable_keepalive(stream)
                 try:
                     await stream.send_all(encode(Connect(PROTOCOL_VERSION, client_name)))
                     frames = await receive_first_frames(stream, FrameDecoder(frame_bytes_max))

@@ -319,3 +319,23 @@ async def test_a_producer_id_learns_its_last_sequence_id_and_duplicates_are_drop
         messages = await receive(reader, 11, ack=False)
         assert [m.data for m in messages] == [f"{n}".encode() for n in range(11)]
         await nothing_more(reader, 0.5)
+
+
+async def test_an_idle_ledger_is_closed_so_that_its_messages_become_exportable(shared_cluster):
+    # Rollover by idleness: a ledger nobody wrote to for rollover_idle_ms is
+    # closed and a new one started; a partition never rolls an empty ledger.
+    async with client_of(shared_cluster) as client:
+        await client.create_topic("idle", rollover_idle_ms=500)
+        producer = await client.create_producer("idle")
+        for number in range(3):
+            await producer.send(f"{number}".encode())
+        with trio.fail_after(15):
+            while True:
+                ledgers = (await client.topic_stats("idle"))["partitions"]["idle"]["ledgers"]
+                if ledgers[0]["state"] == "closed":
+                    break
+                await trio.sleep(0.2)
+        assert ledgers[0]["entries"] == 3 and ledgers[0]["messages"] == 3
+        assert len(ledgers) == 2 and ledgers[1]["state"] == "open" and ledgers[1]["first_offset"] == 3
+        await trio.sleep(1.5)
+        assert len((await client.topic_stats("idle"))["partitions"]["idle"]["ledgers"]) == 2, "no empty rollovers"
