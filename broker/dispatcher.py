@@ -276,13 +276,37 @@ class Dispatcher:
     def entry_read(self, entry: EntryRef) -> list[Delivery]:
         """A new entry, read in order from the partition: deliver what of it
         the cursor has not acknowledged."""
+        fresh = entry.first_offset >= self.read_offset
         self.read_offset = max(self.read_offset, entry.last_offset + 1)
+        if fresh and self.subscription_type is not SubscriptionType.KEY_SHARED and not self._replay_offsets:
+            whole = self._deliver_whole(entry)
+            if whole is not None:
+                return whole
         candidates = [
             (offset, entry)
             for offset in range(entry.first_offset, entry.last_offset + 1)
             if not self.cursor.is_acked(offset) and offset not in self._owner and offset not in self._replay
         ]
         return self._dispatch(candidates, from_replay=False)
+
+    def _deliver_whole(self, entry: EntryRef) -> list[Delivery] | None:
+        """The common case, without a step per message: an entry nobody saw
+        yet, nothing held for redelivery, none of it acknowledged, going
+        whole to one consumer (what `_dispatch` would decide, message by
+        message). None: take the general path."""
+        first, last = entry.first_offset, entry.last_offset
+        cursor = self.cursor
+        if cursor.mark_delete >= first or (cursor.acked and cursor.acked.count_between(first, last)):
+            return None
+        consumer_id = self._choose(first, entry, set(), None)
+        if consumer_id is None:
+            return None
+        consumer = self._consumers[consumer_id]
+        offsets = range(first, last + 1)
+        consumer.unacked.update(dict.fromkeys(offsets, entry))
+        self._owner.update(dict.fromkeys(offsets, consumer_id))
+        consumer.permits -= entry.message_count
+        return [Delivery(consumer_id, entry, list(range(entry.message_count)), 0)]
 
     def _dispatch(self, candidates: list[tuple[int, EntryRef]], *, from_replay: bool) -> list[Delivery]:
         deliveries: list[Delivery] = []

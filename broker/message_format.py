@@ -173,6 +173,13 @@ def decode_entry(data: bytes) -> tuple[BatchHeader, bytes]:
 
 
 def decode_body(header: BatchHeader, body: bytes) -> list[MessageRecord]:
+    return [MessageRecord(*item) for item in body_items(header, body)]
+
+
+def body_items(header: BatchHeader, body: bytes) -> list[tuple[int, int, dict[str, str], bytes]]:
+    """The messages of a body as (sequence id, publish time, properties,
+    payload) tuples, checked: the consumer's hot path (a few µs per message
+    matter at 100,000 messages/s)."""
     raw = decompress(header.codec, body)
     try:
         items = msgpack.unpackb(raw)
@@ -181,15 +188,20 @@ def decode_body(header: BatchHeader, body: bytes) -> list[MessageRecord]:
     if type(items) is not list or len(items) != header.message_count:
         raise MalformedEntryError(f"entry body holds {len(items) if type(items) is list else '?'} messages, "
                                   f"the header says {header.message_count}")
-    records = []
+    decoded = []
+    append = decoded.append
     for item in items:
         if type(item) is not list or len(item) != 4:
             raise MalformedEntryError("a message of the body has the wrong shape")
         sequence_id, publish_ms, properties, payload = item
-        if not (_ints(sequence_id, publish_ms) and type(payload) is bytes and (properties is None or _str_map(properties))):
+        if type(sequence_id) is not int or type(publish_ms) is not int or type(payload) is not bytes:
             raise MalformedEntryError("a message of the body has fields of the wrong type")
-        records.append(MessageRecord(sequence_id, publish_ms, properties or {}, payload))
-    return records
+        if properties is None:
+            properties = {}
+        elif not _str_map(properties):
+            raise MalformedEntryError("a message's properties are not a map of strings")
+        append((sequence_id, publish_ms, properties, payload))
+    return decoded
 
 
 def _ints(*values: Any) -> bool:
@@ -206,6 +218,7 @@ __all__ = [
     "Codec",
     "MalformedEntryError",
     "MessageRecord",
+    "body_items",
     "compress",
     "decode_body",
     "decode_entry",

@@ -24,7 +24,7 @@ from broker.client.connection import BrokerConnection
 from broker.client.messages import Message, MessageId
 from broker.client.producer import RECONNECT_ERRORS
 from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
-from broker.message_format import MalformedEntryError, decode_body, decode_entry
+from broker.message_format import MalformedEntryError, body_items, decode_entry
 from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
 
 if TYPE_CHECKING:
@@ -161,25 +161,26 @@ class PartitionConsumer:
     def _on_message(self, delivery: MessageDelivery) -> None:
         try:
             header, body = decode_entry(delivery.entry)
-            records = decode_body(header, body)
+            items = body_items(header, body)
         except MalformedEntryError as error:
             # Not a message this broker's producers wrote (a bug or a damaged
             # entry): it is skipped here, and said loudly.
             log.error("consumer of %s on %s: entry %d:%d is malformed, skipped: %s",
                       self.subscription, self.partition, delivery.ledger_id, delivery.entry_id, error)
             return
+        topic, partition, partition_index = self.topic, self.partition, self.partition_index
+        ledger_id, entry_id, redelivery_count = delivery.ledger_id, delivery.entry_id, delivery.redelivery_count
+        first_offset, keys, producer_id, codec = header.first_offset, header.keys, header.producer_id, header.codec.value
+        count = len(items)
         messages = []
+        append = messages.append
         for index in delivery.batch_indexes:
-            if not 0 <= index < len(records):
+            if not 0 <= index < count:
                 continue
-            record = records[index]
-            messages.append(Message(
-                topic=self.topic, partition=self.partition,
-                message_id=MessageId(delivery.ledger_id, delivery.entry_id, index, self.partition_index),
-                offset=header.first_offset + index, data=record.payload, key=header.key_of(index),
-                properties=record.properties, publish_time_ms=record.publish_time_ms, producer_id=header.producer_id,
-                sequence_id=record.sequence_id, codec=header.codec.value, redelivery_count=delivery.redelivery_count,
-            ))
+            sequence_id, publish_ms, properties, payload = items[index]
+            append(Message(topic, partition, MessageId(ledger_id, entry_id, index, partition_index), first_offset + index,
+                           payload, None if keys is None else keys[index], properties, publish_ms, producer_id,
+                           sequence_id, codec, redelivery_count))
         self.consumer._enqueue(self, self._generation, messages)
 
     def _given(self, message: Message) -> None:
