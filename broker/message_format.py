@@ -154,7 +154,8 @@ def decode_entry(data: bytes) -> tuple[BatchHeader, bytes]:
         fields = msgpack.unpackb(data)
     except Exception as error:  # msgpack raises several unrelated types
         raise MalformedEntryError(f"entry is not msgpack: {error}") from None
-    if type(fields) is not list or len(fields) != 10 or fields[0] != ENTRY_FORMAT_VERSION:
+    # `type(...) is int`: true and 1.0 equal 1 but are not a version number.
+    if type(fields) is not list or len(fields) != 10 or type(fields[0]) is not int or fields[0] != ENTRY_FORMAT_VERSION:
         raise MalformedEntryError("entry is not a version-1 message batch")
     _, producer_id, first_sequence_id, last_sequence_id, first_offset, count, publish_ms, codec, keys, body = fields
     try:
