@@ -290,6 +290,7 @@ _SCHEMAS: dict[type, tuple[Command, tuple]] = {
     Admin: (Command.ADMIN, (_id, _str, _map)),
 }
 _BY_COMMAND = {command: (cls, checks) for cls, (command, checks) in _SCHEMAS.items()}
+_COMMAND_NUMBERS = frozenset(int(command) for command in _BY_COMMAND)
 _FIELD_NAMES = {cls: tuple(field.name for field in dataclass_fields(cls)) for cls in _SCHEMAS}
 for _cls, (_command, _checks) in _SCHEMAS.items():
     assert len(_checks) == len(_FIELD_NAMES[_cls]), _cls
@@ -305,10 +306,12 @@ def encode(message: Message) -> bytes:
 
 def decode(fields: list[Any]) -> Message:
     """A frame's array as a message; `ProtocolError` if it is not one."""
-    try:
-        cls, checks = _BY_COMMAND[Command(fields[0])]
-    except (ValueError, TypeError, KeyError):
-        raise ProtocolError(f"unknown command {fields[0]!r:.40}") from None
+    if type(fields) is not list or not fields:
+        raise ProtocolError(f"a message is a non-empty array, got {fields!r:.40}")
+    # `type(...) is int`: true and 1.0 equal 1 but are not a command number.
+    if type(fields[0]) is not int or fields[0] not in _COMMAND_NUMBERS:
+        raise ProtocolError(f"unknown command {fields[0]!r:.40}")
+    cls, checks = _BY_COMMAND[Command(fields[0])]
     if len(fields) != len(checks) + 1:
         raise ProtocolError(f"{cls.__name__} has {len(checks)} fields, got {len(fields) - 1}")
     names = _FIELD_NAMES[cls]
