@@ -21,8 +21,9 @@ from typing import Any
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import NodeExistsError, NoNodeError
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:=-]{0,199}$")
-PARTITION_SUFFIX = re.compile(r"^(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})$")
+# Matched with fullmatch: `$` would also match before a final newline.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=-]{0,199}")
+PARTITION_SUFFIX = re.compile(r"(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})")
 PARTITIONS_MAX = 10_000
 
 BROKERS = "/brokers"
@@ -32,7 +33,7 @@ MANAGED_LEDGERS = "/managed-ledgers"
 
 
 def check_name(name: str, what: str = "topic") -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
         raise ValueError(
             f"bad {what} name {name!r}: 1-200 characters of letters, digits and _ . : = -, starting with a letter or digit"
         )
@@ -47,7 +48,7 @@ def partition_name(topic: str, index: int) -> str:
 def split_partition(name: str) -> tuple[str, int]:
     """(topic, partition index) of a partition's name; index -1 when the
     name does not look like a partition of a partitioned topic."""
-    match = PARTITION_SUFFIX.match(name)
+    match = PARTITION_SUFFIX.fullmatch(name)
     if match is None:
         return name, -1
     return match.group("topic"), int(match.group("index"))
@@ -111,6 +112,10 @@ class TopicPolicies:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if type(self.deduplication) is not bool:
             raise ValueError("deduplication must be true or false")
+        for name in ("ensemble_size", "write_quorum", "ack_quorum"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
             raise ValueError(
                 f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
@@ -125,7 +130,7 @@ class TopicPolicies:
         """Policies from a map, unknown names refused; names not given keep
         `base`'s values."""
         known = {item.name for item in fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown = sorted(set(values) - known, key=repr)
         if unknown:
             raise ValueError(f"unknown topic policies {unknown}; known: {sorted(known)}")
         return replace(base or cls(), **values)
