@@ -24,7 +24,9 @@ Subscription types:
   or after the read position of its joining until every message before it is
   acknowledged, so that a key moving to it never overtakes an earlier message
   of that key still out at another consumer (Pulsar's "recently joined
-  consumers").
+  consumers"). Messages before that position that were held back (no
+  permits) or given back move with their key too, so a consumer also waits
+  for any earlier message of a key that is still out at another consumer.
 """
 
 from __future__ import annotations
@@ -125,6 +127,8 @@ class Dispatcher:
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
         self._active: int | None = None  # exclusive / failover
+        # Key-shared: key -> consumer id -> offsets of that key out at it (sorted).
+        self._out_by_key: dict[str, dict[int, list[int]]] = {}
 
     # --- consumers ------------------------------------------------------------------
 
@@ -208,7 +212,9 @@ class Dispatcher:
     def _forget(self, offset: int) -> None:
         owner = self._owner.pop(offset, None)
         if owner is not None:
-            self._consumers[owner].unacked.pop(offset, None)
+            entry = self._consumers[owner].unacked.pop(offset, None)
+            if entry is not None:
+                self._taken_back(owner, offset, entry)
         if self._replay.pop(offset, None) is not None:
             del self._replay_offsets[bisect.bisect_left(self._replay_offsets, offset)]
         self._redeliveries.pop(offset, None)
@@ -230,6 +236,7 @@ class Dispatcher:
         for offset in offsets:
             entry = consumer.unacked.pop(offset)
             del self._owner[offset]
+            self._taken_back(consumer.consumer_id, offset, entry)
             if self.cursor.is_acked(offset):
                 continue
             self._redeliveries[offset] = self._redeliveries.get(offset, 0) + 1
@@ -248,6 +255,7 @@ class Dispatcher:
             if consumer.join_offset is not None:
                 consumer.join_offset = next_offset
         self._owner.clear()
+        self._out_by_key.clear()
         self._replay.clear()
         self._replay_offsets.clear()
         self._redeliveries.clear()
@@ -330,6 +338,8 @@ class Dispatcher:
                 del self._replay[offset]
             consumer.unacked[offset] = entry
             self._owner[offset] = consumer_id
+            if self.subscription_type is SubscriptionType.KEY_SHARED:
+                bisect.insort(self._out_by_key.setdefault(entry.key_of(offset) or "", {}).setdefault(consumer_id, []), offset)
             batch_index = offset - entry.first_offset
             redeliveries = self._redeliveries.get(offset, 0)
             if current is not None and current.consumer_id == consumer_id and current.entry is entry:
@@ -358,6 +368,11 @@ class Dispatcher:
                 elif offset >= consumer.join_offset:
                     blocked.add(consumer_id)
                     return None
+            if self._earlier_out_elsewhere(entry.key_of(offset) or "", consumer_id, offset):
+                # Its key moved here (a consumer joined) while an earlier
+                # message of it is still out at the consumer it came from.
+                blocked.add(consumer_id)
+                return None
             if not self._can_take(consumer):
                 blocked.add(consumer_id)
                 return None
@@ -385,6 +400,23 @@ class Dispatcher:
             blocked.add(active)
             return None
         return active
+
+    def _earlier_out_elsewhere(self, key: str, consumer_id: int, offset: int) -> bool:
+        out = self._out_by_key.get(key)
+        return out is not None and any(offsets[0] < offset for other, offsets in out.items() if other != consumer_id)
+
+    def _taken_back(self, consumer_id: int, offset: int, entry: EntryRef) -> None:
+        """A message out at a consumer is no longer (acknowledged or given back)."""
+        if self.subscription_type is not SubscriptionType.KEY_SHARED:
+            return
+        key = entry.key_of(offset) or ""
+        out = self._out_by_key[key]
+        offsets = out[consumer_id]
+        del offsets[bisect.bisect_left(offsets, offset)]
+        if not offsets:
+            del out[consumer_id]
+            if not out:
+                del self._out_by_key[key]
 
     def _can_take(self, consumer: _Consumer) -> bool:
         return consumer.permits > 0 and len(consumer.unacked) < self.unacked_per_consumer_max

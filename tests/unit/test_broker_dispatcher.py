@@ -351,7 +351,6 @@ def test_key_shared_recently_joined_consumer_waits_for_earlier_messages():
     assert offsets_of(dispatcher.dispatch_replay()) == [(2, 2)]
 
 
-@pytest.mark.xfail(strict=True, reason="reported: a held message below the join offset overtakes an earlier one of its key")
 def test_key_shared_a_held_message_does_not_overtake_its_key_at_another_consumer():
     # Message 0 of key k is out at consumer 1; message 1 of k waits (no
     # permits). Consumer 2 joins and k moves to it: message 1 must wait until
