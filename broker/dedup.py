@@ -20,7 +20,8 @@ import enum
 from collections import OrderedDict
 from dataclasses import dataclass
 
-PRODUCERS_MAX_DEFAULT = 100_000
+PRODUCERS_MAX_DEFAULT = 10_000
+SNAPSHOT_BYTES_MAX = 512 * 1024  # a snapshot is one ZooKeeper node (1 MB at most)
 
 
 class Verdict(enum.Enum):
@@ -66,6 +67,12 @@ class Dedup:
     def last_persisted(self, producer_id: str) -> int:
         """-1 when the producer has nothing persisted (or was forgotten)."""
         return self._persisted.get(producer_id, -1)
+
+    def last_taken(self, producer_id: str) -> int:
+        """The highest sequence id persisted or being written: what a
+        producer that (re)connects must continue after, lest its new
+        messages be judged copies of ones still in flight."""
+        return max(self._persisted.get(producer_id, -1), self._pushed.get(producer_id, -1))
 
     def check(self, producer_id: str, last_sequence_id: int) -> Verdict:
         """Whether a batch whose highest sequence id is `last_sequence_id` is
@@ -126,9 +133,20 @@ class Dedup:
 
     # --- snapshots ------------------------------------------------------------------
 
-    def snapshot(self, ledger_id: int, entry_id: int) -> DedupSnapshot:
-        """The map as of the last persisted entry, `ledger_id`:`entry_id`."""
-        return DedupSnapshot(ledger_id, entry_id, dict(self._persisted))
+    def snapshot(self, ledger_id: int, entry_id: int, *, bytes_max: int = SNAPSHOT_BYTES_MAX) -> DedupSnapshot:
+        """The map as of the last persisted entry, `ledger_id`:`entry_id`.
+        Past `bytes_max` (counted roughly, as JSON), the producers idle
+        longest are left out: after a takeover they are forgotten, as if
+        evicted."""
+        kept: list[str] = []
+        size = 0
+        for producer_id in reversed(self._persisted):  # most recently used first
+            size += len(producer_id) + 24
+            if size > bytes_max:
+                break
+            kept.append(producer_id)
+        # Least recently used first, as the map keeps them.
+        return DedupSnapshot(ledger_id, entry_id, {producer_id: self._persisted[producer_id] for producer_id in reversed(kept)})
 
     @classmethod
     def from_snapshot(cls, snapshot: DedupSnapshot | None, *, producers_max: int = PRODUCERS_MAX_DEFAULT) -> "Dedup":

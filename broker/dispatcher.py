@@ -41,6 +41,7 @@ from broker.cursor import Cursor
 
 REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery
 UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past it a consumer gets nothing more
+PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
 
 
@@ -184,7 +185,25 @@ class Dispatcher:
     def flow(self, consumer_id: int, permits: int) -> None:
         consumer = self._consumers.get(consumer_id)
         if consumer is not None:
-            consumer.permits += permits
+            # Capped: permits come from the client, and they are what bounds
+            # the messages sent to it and not yet acknowledged.
+            consumer.permits = min(consumer.permits + permits, PERMITS_MAX)
+
+    def give_back(self, delivery: Delivery) -> None:
+        """A delivery the driver could not send: its messages go back to the
+        replay set (as if never delivered) and its permits to its consumer."""
+        consumer = self._consumers.get(delivery.consumer_id)
+        entry = delivery.entry
+        for batch_index in delivery.batch_indexes:
+            offset = entry.first_offset + batch_index
+            if self._owner.get(offset) == delivery.consumer_id:
+                del self._owner[offset]
+                if consumer is not None:
+                    consumer.unacked.pop(offset, None)
+            if not self.cursor.is_acked(offset):
+                self._hold(offset, entry)
+        if consumer is not None:
+            consumer.permits += len(delivery.batch_indexes)
 
     def permits(self, consumer_id: int) -> int:
         return self._consumers[consumer_id].permits
@@ -438,6 +457,7 @@ __all__ = [
     "Delivery",
     "Dispatcher",
     "EntryRef",
+    "PERMITS_MAX",
     "REPLAY_MAX_DEFAULT",
     "SubscriptionType",
     "UNACKED_PER_CONSUMER_MAX_DEFAULT",

@@ -24,12 +24,14 @@ class OpenLedgerState:
 
 def rollover_reason(state: OpenLedgerState, policies: TopicPolicies, now_ms: float) -> str | None:
     """Why the open ledger should be closed and a new one started now, or None.
-    An empty ledger never rolls over (that would only make empty ledgers)."""
+    An empty ledger never rolls over (that would only make empty ledgers);
+    one younger than `rollover_min_time_ms` not for its size."""
     if state.entries == 0:
         return None
-    if state.entries >= policies.rollover_entries:
+    old_enough = now_ms - state.created_ms >= policies.rollover_min_time_ms
+    if state.entries >= policies.rollover_entries and old_enough:
         return f"{state.entries} entries"
-    if state.bytes >= policies.rollover_bytes:
+    if state.bytes >= policies.rollover_bytes and old_enough:
         return f"{state.bytes} bytes"
     if now_ms - state.created_ms >= policies.rollover_time_ms:
         return "age"
@@ -78,7 +80,9 @@ def trimmable_count(
             and info.closed_ms is not None
             and now_ms - info.closed_ms >= policies.retention_time_ms
         )
-        expired_by_size = policies.retention_bytes is not None and newer_bytes[index] + (info.bytes or 0) > policies.retention_bytes
+        # By size, as Pulsar: a ledger goes only if what stays after it still
+        # holds the retained bytes.
+        expired_by_size = policies.retention_bytes is not None and newer_bytes[index] >= policies.retention_bytes
         if not (expired_by_time or expired_by_size):
             break
         if held_from_offset is not None and info.messages and info.last_offset >= held_from_offset:

@@ -13,6 +13,7 @@ appends and the broker unloads the partition, which is then opened afresh
 
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import time
@@ -21,17 +22,22 @@ from typing import Callable
 
 import trio
 
-from broker.errors import BrokerError, TopicFencedError
+from broker.errors import BadRequestError, BrokerError, TopicFencedError
 from broker.ledger_list import OpenLedgerState, ledger_index_of, rollover_reason, stored_bytes, trimmable_count
 from broker.message_format import BatchHeader, decode_entry
 from broker.topic_store import LedgerInfo, ManagedLedgerRecord, TopicPolicies, TopicStore
-from coordination.store import MetadataError
+from coordination.store import BadVersionError, MetadataError
 from ledger_client import BKError, BookKeeper, LedgerHandle, NoSuchLedgerError, PendingAdd, ReadHandle
+from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 
 log = logging.getLogger(__name__)
 
 ENTRY_CACHE_BYTES_DEFAULT = 64 * 1024 * 1024
 READ_HANDLES_MAX = 16  # closed ledgers kept open for reading
+
+
+class EntryGoneError(Exception):
+    """The entry is no longer stored (retention deleted its ledger)."""
 
 
 def wall_ms() -> int:
@@ -60,6 +66,7 @@ class EntryCache:
         self._entries: collections.OrderedDict[tuple[int, int], StoredEntry] = collections.OrderedDict()
 
     def get(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
+        # Ledger ids are unique in the cluster, so one cache serves every partition.
         return self._entries.get((ledger_id, entry_id))
 
     def put(self, entry: StoredEntry) -> None:
@@ -86,7 +93,7 @@ class ManagedLedger:
         policies: TopicPolicies,
         *,
         password: bytes,
-        entry_cache_bytes: int = ENTRY_CACHE_BYTES_DEFAULT,
+        cache: "EntryCache | None" = None,
         on_fenced: Callable[[BrokerError], None] = lambda error: None,
     ) -> None:
         self.bk = bk
@@ -95,7 +102,7 @@ class ManagedLedger:
         self.policies = policies
         self.password = password
         self.on_fenced = on_fenced
-        self.cache = EntryCache(entry_cache_bytes)
+        self.cache = cache if cache is not None else EntryCache(ENTRY_CACHE_BYTES_DEFAULT)  # the broker's, shared
         self.record = ManagedLedgerRecord()
         self.version = -1
         self.handle: LedgerHandle | None = None
@@ -138,6 +145,8 @@ class ManagedLedger:
             last = await handle.read_entry(last_entry_id)
             header, _ = decode_entry(last.data)
             messages = header.last_offset + 1 - info.first_offset
+            # Append times keep growing across owners (seeking by time bisects).
+            self._last_publish_ms = max(self._last_publish_ms, header.publish_time_ms)
         log.info("partition %s: recovered ledger %d of the previous owner: %d entries", self.partition, info.ledger_id, last_entry_id + 1)
         return info.closed(last_entry_id + 1, messages, handle.length, wall_ms())
 
@@ -152,8 +161,10 @@ class ManagedLedger:
         record = ManagedLedgerRecord(tuple(ledgers) + (info,))
         try:
             self.version = await self.topic_store.write_managed_ledger(self.partition, record, self.version)
-        except BaseException:
-            # The ledger is nobody's: drop it (best effort), then fail.
+        except BadVersionError:
+            # Certainly not recorded (another broker changed the record): the
+            # ledger is nobody's, drop it (best effort). After any other
+            # failure the write may have landed, and the ledger is kept.
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(5):
                     try:
@@ -178,22 +189,31 @@ class ManagedLedger:
         make_entry: Callable[[int, int], bytes],
         message_count: int,
         on_done: Callable[[Position | None, int, BrokerError | None], None],
+        on_pushed: Callable[[], None] = lambda: None,
     ) -> int:
         """Append one entry of `message_count` messages; returns its first
         offset. `make_entry(first_offset, publish_time_ms)` builds its bytes;
-        `on_done(position, first_offset, error)` runs once it is persisted (in
-        append order) or failed. Waits while the ledger rolls over or the
-        open ledger has too many adds pending."""
+        `on_pushed()` runs right before they go to the ledger;
+        `on_done(position, first_offset, error)` runs once the entry is
+        persisted (in append order) or failed. Waits while the ledger rolls
+        over or the open ledger has too many adds pending. An entry larger
+        than a ledger takes is refused (BadRequestError) and changes nothing."""
         async with self._append_lock:
             self._check_writable()
             handle = self.handle
             assert handle is not None
+            # Room under the ledger's pending bound first, so that nothing
+            # below (offsets, the ledger's state) waits once it has changed.
+            await handle.wait_for_room()
+            self._check_writable()
             first_offset = self.next_offset
             # The broker's append time: never goes back, so that seeking by
             # publish time can bisect.
-            publish_ms = self._last_publish_ms = max(self._last_publish_ms, wall_ms())
+            publish_ms = max(self._last_publish_ms, wall_ms())
             data = make_entry(first_offset, publish_ms)
-            self.next_offset += message_count
+            if len(data) > ENTRY_BYTES_MAX:
+                raise BadRequestError(f"a batch of {len(data)} bytes is more than an entry holds ({ENTRY_BYTES_MAX})")
+            self._last_publish_ms = publish_ms
 
             def done(pending: PendingAdd) -> None:
                 error = pending.error
@@ -204,8 +224,10 @@ class ManagedLedger:
                 self._persisted(handle, pending.entry_id, first_offset, message_count, data)
                 on_done(Position(handle.ledger_id, pending.entry_id), first_offset, None)
 
+            self.next_offset += message_count
+            on_pushed()
             try:
-                await handle.submit_add(data, on_done=done)
+                handle.submit_add_nowait(data, on_done=done)
             except BKError as error:
                 raise self._fence(TopicFencedError(f"partition {self.partition}: ledger {handle.ledger_id} failed: {error}")) from None
             return first_offset
@@ -221,7 +243,7 @@ class ManagedLedger:
         self.cache.put(StoredEntry(Position(handle.ledger_id, entry_id), header, data))
         self._appended.set()
         self._appended = trio.Event()
-        if self._open.entries >= self.policies.rollover_entries or self._open.bytes >= self.policies.rollover_bytes:
+        if rollover_reason(self._open, self.policies, time.monotonic() * 1000) is not None:
             self.rollover_due.set()
 
     def _check_writable(self) -> None:
@@ -408,7 +430,7 @@ class ManagedLedger:
     async def read_entry(self, position: Position) -> StoredEntry:
         entries = await self.read(position, 1)
         if not entries:
-            raise TopicFencedError(f"partition {self.partition} no longer holds entry {position}")
+            raise EntryGoneError(f"partition {self.partition} no longer holds entry {position.ledger_id}:{position.entry_id}")
         return entries[0]
 
     def _ledger_info(self, ledger_id: int) -> LedgerInfo | None:
@@ -443,7 +465,7 @@ class ManagedLedger:
             return self.first_position()
         info = ledgers[index]
         if not info.is_closed:
-            entry_id = _bisect_right(self._entry_first_offsets, offset) - 1
+            entry_id = bisect.bisect_right(self._entry_first_offsets, offset) - 1
             return Position(info.ledger_id, entry_id)
 
         async def first_offset_of(entry_id: int) -> int:
@@ -487,10 +509,4 @@ async def _bisect_entries(key_of: Callable, entry_count: int, target: int) -> in
     return low
 
 
-def _bisect_right(values: list[int], target: int) -> int:
-    import bisect
-
-    return bisect.bisect_right(values, target)
-
-
-__all__ = ["ENTRY_CACHE_BYTES_DEFAULT", "EntryCache", "ManagedLedger", "Position", "StoredEntry"]
+__all__ = ["ENTRY_CACHE_BYTES_DEFAULT", "EntryCache", "EntryGoneError", "ManagedLedger", "Position", "StoredEntry"]

@@ -33,7 +33,7 @@ from broker.errors import (
     TopicFencedError,
     TopicNotFoundError,
 )
-from broker.managed_ledger import Position
+from broker.managed_ledger import EntryCache, Position
 from broker.ownership import BrokerInfo, Ownership, rendezvous_choice
 from broker.protocol import (
     PROTOCOL_VERSION,
@@ -98,12 +98,20 @@ class _Connection:
     producers: dict[int, tuple[PartitionService, ProducerLink]] = field(default_factory=dict)
     consumers: dict[int, tuple[PartitionService, str, int]] = field(default_factory=dict)  # handle -> (partition, subscription, consumer id)
     closed: bool = False
+    output_bytes_max: int = 64 * 1024 * 1024
 
     def send(self, message: Any) -> None:
         if self.closed:
             return
         self.output.queue(encode(message))
         self.output.flush()
+
+    async def wait_for_room(self) -> None:
+        """Until what is queued for the client is under `output_bytes_max`
+        (or the connection closed)."""
+        while self.output.bytes > self.output_bytes_max and not self.closed:
+            with trio.move_on_after(1.0):
+                await self.output.wait_drained()
 
 
 class BrokerServer:
@@ -116,12 +124,13 @@ class BrokerServer:
         self.info = BrokerInfo(config.broker_id, address)
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
-            bk, self.topic_store, config.ledger_password, config.entry_cache_bytes, self._request_unload,
+            bk, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes), self._request_unload,
             retention_check_interval_s=config.retention_check_interval_s,
         )
         self.admin = AdminHandler(self)
         self.partitions: dict[str, PartitionService] = {}
         self._loading: dict[str, trio.Event] = {}
+        self._load_errors: dict[str, str] = {}  # why a partition's last load failed
         self._unloading: set[str] = set()
         self._connections: set[_Connection] = set()
         self._consumer_ids = itertools.count(1)
@@ -151,6 +160,7 @@ class BrokerServer:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._session_loop)
+            nursery.start_soon(self._session_lost_loop)
             await nursery.start(self._serve)
             log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
             task_status.started()
@@ -172,6 +182,19 @@ class BrokerServer:
         self._serving_scope.cancel()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    async def _session_lost_loop(self) -> None:
+        """The ZooKeeper session expired: the ownership nodes are gone now,
+        and another broker may take the partitions at once; stop serving
+        them before anything else (no waiting for a new session)."""
+        losses = self.store.session_losses
+        while True:
+            losses = await self.store.wait_session_lost(losses)
+            if self.stopping:
+                return
+            log.warning("ZooKeeper session expired: unloading %d partitions", len(self.partitions))
+            for service in list(self.partitions.values()):
+                service.fence(TopicFencedError(f"broker {self.info.broker_id} lost its ZooKeeper session"))
 
     async def _session_loop(self) -> None:
         """A new ZooKeeper session means the old one expired: every ownership
@@ -253,40 +276,52 @@ class BrokerServer:
         return self.info, False
 
     async def serving(self, partition: str) -> PartitionService:
-        """The loaded partition, loading it if this broker owns it."""
+        """The loaded partition, loading it if this broker owns it. The load
+        runs in a task of the broker, not of the request: a client that
+        gives up or goes away never cuts a load (or its metadata writes)
+        short."""
         while True:
             service = self.partitions.get(partition)
             if service is not None:
                 if service.fenced is not None or service.closing:
                     raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
                 return service
+            if partition in self._unloading:
+                raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
             loading = self._loading.get(partition)
-            if loading is not None:
-                await loading.wait()
-                if partition not in self.partitions:
-                    raise ServiceUnavailableError(f"loading {partition} failed; retry")
-                continue
-            owner = await self.ownership.owner_of(partition)
-            if owner is None or not self.ownership.is_mine(owner) or self.stopping:
-                raise NotOwnerError(f"broker {self.info.broker_id} does not own {partition}")
-            await self._load(partition)
+            if loading is None:
+                owner = await self.ownership.owner_of(partition)
+                if owner is None or not self.ownership.is_mine(owner) or self.stopping:
+                    raise NotOwnerError(f"broker {self.info.broker_id} does not own {partition}")
+                loading = self._loading.get(partition)
+                if loading is None and partition not in self.partitions and partition not in self._unloading:
+                    loading = self._loading[partition] = trio.Event()
+                    assert self._nursery is not None
+                    self._nursery.start_soon(self._load, partition, loading)
+                if loading is None:
+                    continue
+            await loading.wait()
+            if partition not in self.partitions:
+                raise ServiceUnavailableError(f"loading {partition} failed: {self._load_errors.get(partition, '?')}; retry")
 
-    async def _load(self, partition: str) -> None:
-        done = self._loading[partition] = trio.Event()
+    async def _load(self, partition: str, done: trio.Event) -> None:
         try:
             topic, index, policies = await self.partition_policies(partition)
             service = PartitionService(self.context, partition, topic, index, policies)
-            try:
-                with trio.fail_after(LOAD_TIMEOUT_S):
-                    await service.load()
-            except (BKError, MetadataError, BrokerError, trio.TooSlowError) as error:
-                log.warning("loading %s failed: %s", partition, error)
-                await self.ownership.release(partition)
-                raise ServiceUnavailableError(f"loading {partition} failed: {error}") from None
+            with trio.fail_after(LOAD_TIMEOUT_S):
+                await service.load()
             assert self._nursery is not None
             await self._nursery.start(service.run)
             self.partitions[partition] = service
+            self._load_errors.pop(partition, None)
             log.info("broker %s now serves %s", self.info.broker_id, partition)
+        except (BKError, MetadataError, BrokerError, trio.TooSlowError) as error:
+            log.warning("loading %s failed: %s", partition, error)
+            self._load_errors[partition] = str(error)
+            try:
+                await self.ownership.release(partition)
+            except MetadataError as release_error:
+                log.warning("releasing %s: %s (its node goes with the session)", partition, release_error)
         finally:
             del self._loading[partition]
             done.set()
@@ -295,20 +330,33 @@ class BrokerServer:
         if self._nursery is not None and service.name not in self._unloading:
             self._nursery.start_soon(self._unload, service)
 
-    async def _unload(self, service: PartitionService) -> None:
+    async def _unload(self, service: PartitionService, *, delete: bool = False) -> None:
+        """Unload (or, with `delete`, delete) a partition. Ownership is
+        given up only once the partition has stopped writing, and clients
+        are told to look it up again only after that, so that the lookup
+        they make finds it free (or already taken by another broker)."""
         if service.name in self._unloading:
             return
         self._unloading.add(service.name)
         try:
-            await service.unload()
-            self._close_clients(service)
+            try:
+                await service.unload()
+            except (BrokerError, BKError, MetadataError) as error:
+                log.warning("unloading %s: %s", service.name, error)
+            if delete:
+                # Records first: a partition whose records are gone is gone,
+                # and ledgers left behind are only space; the other way
+                # round, a failure would leave records naming deleted ledgers.
+                await self.topic_store.delete_partition_records(service.name)
+                await service.ml.delete()
             if self.partitions.get(service.name) is service:
                 del self.partitions[service.name]
             try:
                 await self.ownership.release(service.name)
             except MetadataError as error:
                 log.warning("releasing %s: %s (its node goes with the session)", service.name, error)
-            log.info("broker %s unloaded %s", self.info.broker_id, service.name)
+            self._close_clients(service)
+            log.info("broker %s %s %s", self.info.broker_id, "deleted" if delete else "unloaded", service.name)
         finally:
             self._unloading.discard(service.name)
 
@@ -316,7 +364,7 @@ class BrokerServer:
         service = self.partitions.get(partition)
         if service is None:
             return False
-        await self._unload(service)
+        await self._in_broker_task(self._unload, service)
         return True
 
     async def delete_partition(self, partition: str, *, force: bool) -> None:
@@ -326,17 +374,27 @@ class BrokerServer:
         busy = len(service.producers) + sum(len(subscription.consumers) for subscription in service.subscriptions.values())
         if busy and not force:
             raise ConsumerBusyError(f"{partition} has {busy} producers and consumers connected (force to delete anyway)")
-        self._unloading.add(partition)
-        try:
-            await service.unload()
-            self._close_clients(service)
-            self.partitions.pop(partition, None)
-            await service.ml.delete()
-            await self.topic_store.delete_partition_records(partition)
-            await self.ownership.release(partition)
-        finally:
-            self._unloading.discard(partition)
-        log.info("partition %s deleted", partition)
+        await self._in_broker_task(self._unload, service, delete=True)
+
+    async def _in_broker_task(self, function, *args, **kwargs) -> None:
+        """Run `function` as a task of the broker and wait for it: a request
+        that is cancelled stops waiting, the work goes on."""
+        done = trio.Event()
+        failure: list[BaseException] = []
+
+        async def run() -> None:
+            try:
+                await function(*args, **kwargs)
+            except Exception as error:
+                failure.append(error)
+            finally:
+                done.set()
+
+        assert self._nursery is not None
+        self._nursery.start_soon(run)
+        await done.wait()
+        if failure:
+            raise failure[0]
 
     def _close_consumers(self, service: PartitionService, subscription_name: str) -> None:
         for connection in list(self._connections):
@@ -367,7 +425,7 @@ class BrokerServer:
             peer = "%s:%s" % stream.socket.getpeername()[:2]
         except OSError:
             peer = "?"
-        connection = _Connection(peer, stream, FrameOutput(stream))
+        connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max)
         decoder = FrameDecoder(self.config.frame_bytes_max)
         enable_keepalive(stream)
         try:
@@ -424,6 +482,12 @@ class BrokerServer:
             log.info("closing connection from %s: protocol error: %s", connection.peer, error)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except AssertionError:
+            raise  # our own invariant broke: a bug, crash
+        except Exception:
+            # A failure handling one client's frame (a bug, or input we did
+            # not foresee) closes that client's connection, not the broker.
+            log.exception("closing connection from %s: unexpected error handling its frames", connection.peer)
 
     async def _read_loop(self, connection: _Connection, decoder: FrameDecoder, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
         while True:
@@ -490,6 +554,11 @@ class BrokerServer:
             response = Response(message.request_id, int(BrokerStatus.BAD_REQUEST), str(error), {})
         except (BKError, MetadataError, trio.TooSlowError) as error:
             response = Response(message.request_id, int(BrokerStatus.ERROR), f"{type(error).__name__}: {error}", {})
+        except AssertionError:
+            raise  # our own invariant broke: a bug, crash
+        except Exception as error:
+            log.exception("request %s from %s failed unexpectedly", type(message).__name__, connection.peer)
+            response = Response(message.request_id, int(BrokerStatus.ERROR), f"{type(error).__name__}: {error}", {})
         finally:
             slots.release()
         connection.send(response)
@@ -513,7 +582,8 @@ class BrokerServer:
                 raise BadRequestError(f"consumer handle {message.consumer_handle} is in use on this connection")
             service = await self.serving(message.topic)
             consumer_id = next(self._consumer_ids)
-            link = ConsumerLink(consumer_id, message.consumer_handle, message.consumer_name or f"consumer-{consumer_id}", connection.send)
+            link = ConsumerLink(consumer_id, message.consumer_handle, message.consumer_name or f"consumer-{consumer_id}",
+                                connection.send, connection.wait_for_room)
             subscription = await service.subscribe(
                 link, message.subscription, SubscriptionType.parse(message.subscription_type),
                 priority=message.priority, initial_position=message.initial_position, durable=message.durable,
@@ -568,7 +638,7 @@ class BrokerServer:
 
     def _subscription(self, service: PartitionService, name: str):
         subscription = service.subscriptions.get(name)
-        if subscription is None or service.fenced is not None:
+        if subscription is None or service.fenced is not None or service.closing or subscription.closed:
             raise TopicFencedError(f"subscription {name} is no longer served here: subscribe again")
         return subscription
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 import trio
 
 from broker.cursor import Cursor
 from broker.dispatcher import ConsumerRefusedError, Delivery, Dispatcher, EntryRef, SubscriptionType
 from broker.errors import BadRequestError, BrokerError, ConsumerBusyError, TopicFencedError
-from broker.managed_ledger import ManagedLedger, Position, StoredEntry
+from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
+from broker.message_format import MalformedEntryError
+from ledger_client import BKError
 from broker.protocol import MessageDelivery
-from coordination.store import MetadataError
+from coordination.store import MetadataError, NodeExistsError
 
 if TYPE_CHECKING:
     from broker.topic import PartitionService
@@ -42,6 +44,7 @@ class ConsumerLink:
     handle: int  # the client's handle for it on its connection
     name: str
     send: Callable[[MessageDelivery], None]
+    wait_for_room: Callable[[], Awaitable[None]]  # until the connection's queued output is under its bound
     messages_out: int = 0
 
 
@@ -79,6 +82,7 @@ class Subscription:
         self._persist_wakeup = trio.Event()
         self._persisted_event = trio.Event()
         self._persist_error: BrokerError | None = None
+        self._write_lock = trio.Lock()
 
     @property
     def ml(self) -> ManagedLedger:
@@ -128,12 +132,18 @@ class Subscription:
 
     async def acknowledge(self, offsets: list[int], *, cumulative: bool) -> None:
         """Take acknowledgements; returns once they are durable."""
+        if self.closed:
+            raise TopicFencedError(f"subscription {self.name} of {self.partition.name} is being unloaded: acknowledge again once reconnected")
         confirmed = self.ml.confirmed_offset
         if any(offset > confirmed for offset in offsets):
             raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed})")
         if cumulative:
             if len(offsets) != 1:
                 raise BadRequestError("a cumulative acknowledgement names one offset")
+            if self.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+                # As Pulsar: with several consumers, "everything up to here"
+                # would acknowledge what other consumers hold.
+                raise BadRequestError(f"cumulative acknowledgement is not allowed on a {self.subscription_type.value} subscription")
             self.cursor.acknowledge_cumulative(offsets[0])
             self.dispatcher.acknowledged_through(offsets[0])
         else:
@@ -161,35 +171,70 @@ class Subscription:
         """Write the cursor whenever it changed; one write at a time."""
         if not self.durable:
             return
-        while True:
-            while self._persisted == self._changes:
+        while not self.closed:
+            while self._persisted == self._changes and not self.closed:
                 self._persist_wakeup = trio.Event()
                 await self._persist_wakeup.wait()
-            target = self._changes
-            try:
-                await self.write_cursor()
-            except BrokerError as error:
-                self._persist_error = error
-                self._persisted_event.set()
-                self.partition.fence(error)
+            if self.closed:
                 return
-            self._persisted = target
-            self._persisted_event.set()
-            self._persisted_event = trio.Event()
+            try:
+                await self._persist()
+            except BrokerError as error:
+                self._fail_waiters(error)
+                if not self.closed:  # a subscription deleted meanwhile fences nothing
+                    self.partition.fence(error)
+                return
+
+    async def _persist(self) -> None:
+        """Write what changed so far, then answer the acknowledgements it covers."""
+        target = self._changes
+        await self.write_cursor()
+        self._persisted = max(self._persisted, target)
+        self._persisted_event.set()
+        self._persisted_event = trio.Event()
+
+    def _fail_waiters(self, error: BrokerError) -> None:
+        if self._persist_error is None:
+            self._persist_error = error
+        self._persisted_event.set()
+
+    async def finish(self, *, write: bool) -> None:
+        """The partition unloads: stop dispatching and taking
+        acknowledgements; with `write`, make every acknowledgement taken
+        durable first. Every acknowledgement still waiting is answered
+        (with an error if its write did not happen: the client sends it
+        again to the next owner)."""
+        self.close()
+        if write and self.durable and self._persisted < self._changes:
+            try:
+                await self._persist()
+            except BrokerError as error:
+                log.warning("%s", error)
+        if self._persisted < self._changes:
+            self._fail_waiters(TopicFencedError(
+                f"subscription {self.name} of {self.partition.name} was unloaded before this acknowledgement was durable"))
 
     async def write_cursor(self) -> None:
-        record = {
-            **self.cursor.to_record(),
-            "type": self.subscription_type.value,
-            "important": self.important,
-            "created_ms": self.created_ms,
-        }
-        try:
-            self._cursor_version = await self.partition.topic_store.write_cursor(
-                self.partition.name, self.name, record, self._cursor_version
-            )
-        except MetadataError as error:
-            raise TopicFencedError(f"subscription {self.name} of {self.partition.name}: cursor write failed: {error}") from None
+        """Compare-and-set the cursor (creating it the first time: a
+        NodeExistsError then means it was there already). Writes are one at
+        a time; any other failure is a TopicFencedError."""
+        async with self._write_lock:
+            record = {
+                **self.cursor.to_record(),
+                "type": self.subscription_type.value,
+                "important": self.important,
+                "created_ms": self.created_ms,
+            }
+            try:
+                self._cursor_version = await self.partition.topic_store.write_cursor(
+                    self.partition.name, self.name, record, self._cursor_version
+                )
+            except NodeExistsError:
+                if self._cursor_version is None:
+                    raise
+                raise TopicFencedError(f"subscription {self.name} of {self.partition.name}: cursor created by another broker") from None
+            except MetadataError as error:
+                raise TopicFencedError(f"subscription {self.name} of {self.partition.name}: cursor write failed: {error}") from None
 
     # --- seeking and retention -------------------------------------------------------------
 
@@ -228,7 +273,7 @@ class Subscription:
             except BrokerError as error:
                 self.partition.fence(error)
                 return
-            except Exception as error:  # a bookie read failed (ledger client errors): retry later
+            except (BKError, MalformedEntryError) as error:  # a bookie read failed: retry later
                 log.warning("subscription %s of %s: reading failed: %s", self.name, self.partition.name, error)
                 await trio.sleep(READ_FAILURE_BACKOFF_S)
                 continue
@@ -269,11 +314,21 @@ class Subscription:
         return True
 
     async def _send(self, deliveries: list[Delivery], stored: dict[tuple[int, int], StoredEntry]) -> None:
-        for delivery in deliveries:
+        """Send what the dispatcher decided. A delivery that cannot be sent
+        (its entry unreadable now) and every one after it go back to the
+        dispatcher, permits included, to be delivered again."""
+        for index, delivery in enumerate(deliveries):
             ref = delivery.entry
             entry = stored.get((ref.ledger_id, ref.entry_id))
             if entry is None:
-                entry = await self.ml.read_entry(Position(ref.ledger_id, ref.entry_id))
+                try:
+                    entry = await self.ml.read_entry(Position(ref.ledger_id, ref.entry_id))
+                except EntryGoneError:
+                    continue  # retention deleted it meanwhile: the cursor skips past it
+                except BaseException:
+                    for unsent in deliveries[index:]:
+                        self.dispatcher.give_back(unsent)
+                    raise
                 stored[(ref.ledger_id, ref.entry_id)] = entry
             link = self.consumers.get(delivery.consumer_id)
             if link is None:
@@ -284,10 +339,14 @@ class Subscription:
             link.messages_out += count
             self.messages_out += count
             self.partition.stats.messages_out += count
+            # A consumer's socket that does not keep up: wait before queueing
+            # more for it (permits bound messages, this bounds bytes).
+            await link.wait_for_room()
 
     def close(self) -> None:
         self.closed = True
         self.wake()
+        self._persist_wakeup.set()
 
     def stats(self) -> dict:
         return {
@@ -307,10 +366,6 @@ class Subscription:
                 for link in self.consumers.values()
             ],
         }
-
-
-def wall_ms() -> int:
-    return int(time.time() * 1000)
 
 
 __all__ = ["ConsumerLink", "Subscription"]

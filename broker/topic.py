@@ -32,17 +32,19 @@ from broker.errors import (
     SubscriptionNotFoundError,
     TopicFencedError,
 )
-from broker.managed_ledger import ManagedLedger, Position
+from broker.managed_ledger import EntryCache, ManagedLedger, Position
 from broker.message_format import BatchHeader, Codec, MalformedEntryError, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.subscription import ConsumerLink, Subscription
 from broker.topic_store import TopicPolicies, TopicStore, check_name
-from coordination.store import MetadataError
+from coordination.store import MetadataError, NodeExistsError
 from ledger_client import BKError, BookKeeper
 
 log = logging.getLogger(__name__)
 
 DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplication map
+PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
+UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 RATE_WINDOW_S = 10.0
@@ -56,7 +58,7 @@ class BrokerContext:
     bk: BookKeeper
     topic_store: TopicStore
     ledger_password: bytes
-    entry_cache_bytes: int
+    cache: EntryCache  # one for the broker: its bound holds whatever the number of partitions
     request_unload: Callable[["PartitionService", BrokerError], None]
     retention_check_interval_s: float = POLICY_REFRESH_INTERVAL_S
 
@@ -102,7 +104,7 @@ class PartitionService:
         self.topic_store = context.topic_store
         self.ml = ManagedLedger(
             context.bk, context.topic_store, name, policies,
-            password=context.ledger_password, entry_cache_bytes=context.entry_cache_bytes, on_fenced=self.fence,
+            password=context.ledger_password, cache=context.cache, on_fenced=self.fence,
         )
         self.dedup = Dedup()
         self.producers: dict[str, ProducerLink] = {}  # by producer id
@@ -117,6 +119,8 @@ class PartitionService:
         self._dedup_written: DedupSnapshot | None = None
         self._dedup_wakeup = trio.Event()
         self._entries_since_snapshot = 0
+        self._last_position: Position | None = None  # of the last entry persisted
+        self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
 
     # --- lifetime -------------------------------------------------------------------------
@@ -138,6 +142,11 @@ class PartitionService:
                 cursor_version=version, created_ms=record.get("created_ms", 0),
             )
             subscription.skip_to(self.ml.first_offset)
+            # Written once now, before anything is dispatched: the version
+            # moves on, so that a write the previous owner still had in
+            # flight can no longer land (it would answer acknowledgements
+            # this owner does not know of).
+            await subscription.write_cursor()
             self.subscriptions[subscription_name] = subscription
 
     async def _rebuild_dedup(self) -> None:
@@ -163,8 +172,28 @@ class PartitionService:
                 position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
             replayed += len(entries)
             position = ml.settle(position)
+        if position != (ml.first_position() or ml.end_position()) or replayed:
+            # The snapshot of what this owner starts from, written at once
+            # (its version moves on, fencing a previous owner's late write).
+            last = self._entry_before(position)
+            if last is not None:
+                self._dedup_pending = self.dedup.snapshot(last.ledger_id, last.entry_id)
+                await self._write_dedup_snapshot()
         log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot)",
                  self.name, self.dedup.producer_count, replayed)
+
+    def _entry_before(self, position: Position) -> Position | None:
+        """The last entry stored before `position` (the end of the chain)."""
+        if position.entry_id > 0:
+            return Position(position.ledger_id, position.entry_id - 1)
+        ledgers = self.ml.record.ledgers
+        for index, info in enumerate(ledgers):
+            if info.ledger_id == position.ledger_id:
+                for earlier in reversed(ledgers[:index]):
+                    if earlier.entries:
+                        return Position(earlier.ledger_id, earlier.entries - 1)
+                return None
+        return None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -173,6 +202,7 @@ class PartitionService:
                 self._start_subscription(subscription)
             nursery.start_soon(self._housekeeping_loop)
             nursery.start_soon(self._rollover_loop)
+            nursery.start_soon(self._append_loop, self._publish_queue_receive)
             nursery.start_soon(self._dedup_snapshot_loop)
             task_status.started()
 
@@ -190,21 +220,28 @@ class PartitionService:
         self.context.request_unload(self, error)
 
     async def unload(self) -> None:
-        """Stop serving. Gracefully unless fenced: pending appends finish,
-        cursors and the deduplication map are written, the ledger is closed."""
+        """Stop serving. Gracefully unless fenced: appends taken finish,
+        acknowledgements taken are made durable (and answered), the
+        deduplication map is written, the ledger is closed. Fenced: nothing
+        more is written, and acknowledgements still waiting are answered
+        with an error (the client sends them again to the next owner)."""
         self.closing = True
-        for subscription in self.subscriptions.values():
-            subscription.close()
-        if self.fenced is None:
-            with trio.move_on_after(10):
+        graceful = self.fenced is None
+        with trio.move_on_after(UNLOAD_WRITES_S) as deadline:
+            if graceful:
                 await self.ml.close()
-                for subscription in self.subscriptions.values():
-                    if subscription.durable:
-                        try:
-                            await subscription.write_cursor()
-                        except BrokerError as error:
-                            log.warning("partition %s: %s", self.name, error)
-                await self._write_dedup_snapshot()
+            for subscription in list(self.subscriptions.values()):
+                await subscription.finish(write=graceful)
+            if graceful and self.policies.deduplication and self._last_position is not None:
+                self._dedup_pending = self.dedup.snapshot(self._last_position.ledger_id, self._last_position.entry_id)
+                try:
+                    await self._write_dedup_snapshot()
+                except BrokerError as error:
+                    log.warning("partition %s: %s (the next owner replays more entries)", self.name, error)
+        if deadline.cancelled_caught:
+            log.warning("partition %s: unloading took more than %.0fs; stopped waiting", self.name, UNLOAD_WRITES_S)
+            for subscription in self.subscriptions.values():
+                await subscription.finish(write=False)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -216,7 +253,10 @@ class PartitionService:
         if link.producer_id in self.producers:
             raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
         self.producers[link.producer_id] = link
-        return self.dedup.last_persisted(link.producer_id)
+        # What it must continue after: persisted, or still being written from
+        # an earlier connection (a restarted producer that reused those ids
+        # would have its new messages taken for copies).
+        return self.dedup.last_taken(link.producer_id)
 
     def remove_producer(self, producer_id: str, handle: int) -> None:
         link = self.producers.get(producer_id)
@@ -230,46 +270,64 @@ class PartitionService:
             raise TopicFencedError(f"partition {self.name} is being unloaded")
 
     async def publish(self, link: ProducerLink, send: Send) -> None:
-        """Store a producer's batch; answers through `link.send_receipt`."""
-        producer_id, last_sequence_id = link.producer_id, send.last_sequence_id
-
-        def answer(status: BrokerStatus, message: str = "", position: Position | None = None, first_offset: int = -1) -> None:
-            link.send_receipt(SendReceipt(
-                link.handle, last_sequence_id, int(status),
-                -1 if position is None else position.ledger_id, -1 if position is None else position.entry_id,
-                first_offset, message,
-            ))
-
+        """A producer's batch from its connection: checked, then queued for
+        the partition's appender (waiting while the queue is full: that is
+        the connection's back-pressure). Answers go through
+        `link.send_receipt`. Cancelling the wait loses nothing: the batch was
+        not taken, and its producer resends it after reconnecting."""
         try:
             self._check_serving()
             codec = Codec.parse(send.codec)
             if send.keys is not None and len(send.keys) != send.message_count:
                 raise BadRequestError("a batch has one key (or nil) per message")
-            if send.first_sequence_id > last_sequence_id:
+            if send.first_sequence_id > send.last_sequence_id:
                 raise BadRequestError("a batch's first sequence id is above its last")
-            quota = self.policies.backlog_quota_bytes
-            if quota is not None and self.ml.stored_bytes >= quota:
-                raise PartitionOverflowError(
-                    f"partition overflow: {self.name} holds {self.ml.stored_bytes} bytes, its backlog quota is {quota} "
-                    f"(acknowledge messages of important subscriptions or raise the quota)"
-                )
         except ValueError as error:
-            answer(BrokerStatus.BAD_REQUEST, str(error))
+            self._answer(link, send, BrokerStatus.BAD_REQUEST, str(error))
             return
         except BrokerError as error:
-            answer(error.status, str(error))
+            self._answer(link, send, error.status, str(error))
+            return
+        keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
+        await self._publish_queue.send((link, send, codec, keys))
+
+    @staticmethod
+    def _answer(link: ProducerLink, send: Send, status: BrokerStatus, message: str = "",
+                position: Position | None = None, first_offset: int = -1) -> None:
+        link.send_receipt(SendReceipt(
+            link.handle, send.last_sequence_id, int(status),
+            -1 if position is None else position.ledger_id, -1 if position is None else position.entry_id,
+            first_offset, message,
+        ))
+
+    async def _append_loop(self, receive: trio.MemoryReceiveChannel) -> None:
+        """The partition's appender: batches in the order they were taken,
+        whatever becomes of the connections that brought them, so that a
+        batch is either appended (and deduplication told) or never taken.
+        Only the partition's unloading stops it."""
+        async for link, send, codec, keys in receive:
+            await self._append(link, send, codec, keys)
+
+    async def _append(self, link: ProducerLink, send: Send, codec: Codec, keys: tuple | None) -> None:
+        producer_id, last_sequence_id = link.producer_id, send.last_sequence_id
+        if self.fenced is not None or self.closing:
+            self._answer(link, send, BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
+            return
+        quota = self.policies.backlog_quota_bytes
+        if quota is not None and self.ml.stored_bytes >= quota:
+            self._answer(link, send, BrokerStatus.PARTITION_OVERFLOW,
+                         f"partition overflow: {self.name} holds {self.ml.stored_bytes} bytes, its backlog quota is {quota} "
+                         f"(acknowledge messages of important subscriptions or raise the quota)")
             return
         deduplicating = self.policies.deduplication
         if deduplicating:
             verdict = self.dedup.check(producer_id, last_sequence_id)
             if verdict is Verdict.DUPLICATE:
-                answer(BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
+                self._answer(link, send, BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
                 return
             if verdict is Verdict.IN_FLIGHT:
-                answer(BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
+                self._answer(link, send, BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
                 return
-            self.dedup.pushed(producer_id, last_sequence_id)
-        keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
 
         def make_entry(first_offset: int, publish_ms: int) -> bytes:
             header = BatchHeader(producer_id, send.first_sequence_id, last_sequence_id, first_offset, send.message_count,
@@ -280,9 +338,10 @@ class PartitionService:
             if error is not None:
                 if deduplicating:
                     self.dedup.failed(producer_id)
-                answer(error.status, str(error))
+                self._answer(link, send, error.status, str(error))
                 return
             assert position is not None
+            self._last_position = position
             if deduplicating:
                 self.dedup.persisted(producer_id, last_sequence_id)
                 self._entries_since_snapshot += 1
@@ -293,16 +352,20 @@ class PartitionService:
             self.stats.messages_in += send.message_count
             self.stats.bytes_in += len(send.body)
             link.messages_in += send.message_count
-            answer(BrokerStatus.OK, "", position, first_offset)
+            self._answer(link, send, BrokerStatus.OK, "", position, first_offset)
             for subscription in self.subscriptions.values():
                 subscription.wake()
 
-        try:
-            await self.ml.append(make_entry, send.message_count, done)
-        except BrokerError as error:
+        def pushed() -> None:
+            # Called by the managed ledger right before it hands the entry
+            # to the ledger, with no scheduling point in between.
             if deduplicating:
-                self.dedup.failed(producer_id)
-            answer(error.status, str(error))
+                self.dedup.pushed(producer_id, last_sequence_id)
+
+        try:
+            await self.ml.append(make_entry, send.message_count, done, pushed)
+        except BrokerError as error:
+            self._answer(link, send, error.status, str(error))
 
     # --- deduplication snapshots -------------------------------------------------------------
 
@@ -363,7 +426,12 @@ class PartitionService:
                 )
                 if durable:
                     # Durable before the consumer hears of it: a restart keeps its position.
-                    await subscription.write_cursor()
+                    try:
+                        await subscription.write_cursor()
+                    except NodeExistsError:
+                        # A subscribe cancelled after writing it (or a race):
+                        # the cursor is there; use it.
+                        subscription = await self._adopt_cursor(subscription_name)
                 self.subscriptions[subscription_name] = subscription
                 self._start_subscription(subscription)
             elif important and not subscription.important:
@@ -371,6 +439,19 @@ class PartitionService:
                 await subscription.write_cursor()
             subscription.add_consumer(link, subscription_type, priority)
             return subscription
+
+    async def _adopt_cursor(self, subscription_name: str) -> Subscription:
+        stored = (await self.topic_store.read_cursors(self.name)).get(subscription_name)
+        if stored is None:
+            raise TopicFencedError(f"the cursor of {subscription_name} on {self.name} came and went: subscribe again")
+        record, version = stored
+        subscription = Subscription(
+            self, subscription_name, SubscriptionType.parse(record.get("type", "exclusive")), Cursor.from_record(record),
+            durable=True, important=bool(record.get("important")), cursor_version=version,
+            created_ms=record.get("created_ms", 0),
+        )
+        subscription.skip_to(self.ml.first_offset)
+        return subscription
 
     def remove_consumer(self, subscription_name: str, consumer_id: int, *, keep: bool = False) -> None:
         """A consumer went away; a non-durable subscription goes with its
@@ -435,6 +516,9 @@ class PartitionService:
             except BrokerError as error:
                 self.fence(error)
                 return
+            if self.ml.rollover_due.is_set():
+                # Not rolled over (the policies changed meanwhile): wait for the next entry.
+                self.ml.rollover_due = trio.Event()
 
     async def _refresh_policies(self) -> None:
         found = await self.topic_store.read_topic(self.topic)

@@ -48,6 +48,8 @@ class AsyncMetadataStore:
         self._session_generation = 0
         self._session_id_seen = store.session_id
         self._session_changed = trio.Event()
+        self._session_losses = 0
+        self._session_lost = trio.Event()
         store.add_session_listener(self._on_session_state)
 
     # -- delivery to the trio loop ---------------------------------------------
@@ -85,12 +87,29 @@ class AsyncMetadataStore:
         self._call_on_trio_thread(functools.partial(self._note_session_state, state, session_id))
 
     def _note_session_state(self, state: SessionState, session_id: int) -> None:
+        if state is SessionState.LOST:
+            self._session_losses += 1
+            lost, self._session_lost = self._session_lost, trio.Event()
+            lost.set()
+            return
         if state is not SessionState.CONNECTED or session_id in (0, self._session_id_seen):
             return
         self._session_id_seen = session_id
         self._session_generation += 1
         changed, self._session_changed = self._session_changed, trio.Event()
         changed.set()
+
+    @property
+    def session_losses(self) -> int:
+        """Grows by one each time the store reports its session expired."""
+        return self._session_losses
+
+    async def wait_session_lost(self, losses: int) -> int:
+        """Return the count of session losses once it differs from `losses`
+        (reported at once, before any new session starts)."""
+        while self._session_losses == losses:
+            await self._session_lost.wait()
+        return self._session_losses
 
     async def wait_session_change(self, generation: int) -> int:
         """Return the session generation once it differs from `generation`."""

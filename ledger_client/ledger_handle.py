@@ -405,6 +405,7 @@ class LedgerHandle(ReadHandle):
         super().__init__(bk, core.metadata, core.version, core.digest, master_key)
         self._core = core
         self._slots = trio.Semaphore(pending_adds_max)
+        self._room_reserved = False
         self._adds: dict[int, PendingAdd] = {}
         self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
         # One callback per bookie, made once: an add response names its entry.
@@ -441,16 +442,29 @@ class LedgerHandle(ReadHandle):
         in flight from one task. Completions arrive in entry order;
         `on_done(pending)`, if given, runs on completion or failure (it must
         not block)."""
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise TypeError(f"entry data must be bytes, got {type(data).__name__}")
-        if len(data) > ENTRY_BYTES_MAX:
-            # Checked before the core takes it: a bookie would refuse the
-            # frame, and the entry would stay pending and block every later one.
-            raise ValueError(f"an entry holds at most {ENTRY_BYTES_MAX} bytes, got {len(data)}")
-        try:
+        self._check_entry(data)
+        await self.wait_for_room()
+        return self.submit_add_nowait(data, on_done)
+
+    async def wait_for_room(self) -> None:
+        """Take room under the pending-adds bound for the next
+        `submit_add_nowait` (kept until that call): a caller that must not
+        wait once it has changed its own state waits here first."""
+        if not self._room_reserved:
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                await self._slots.acquire()
+            self._room_reserved = True
+
+    def submit_add_nowait(self, data: bytes, on_done: Callable[[PendingAdd], None] | None = None) -> PendingAdd:
+        """`submit_add` without a scheduling point: uses the room
+        `wait_for_room` took, or room free now (else trio.WouldBlock)."""
+        self._check_entry(data)
+        if self._room_reserved:
+            self._room_reserved = False
+        else:
             self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            await self._slots.acquire()
         try:
             entry_id, actions = self._core.add(bytes(data), now_ms())
         except BKError:
@@ -459,6 +473,15 @@ class LedgerHandle(ReadHandle):
         pending = self._adds[entry_id] = PendingAdd(entry_id, on_done)
         self._execute(actions)
         return pending
+
+    @staticmethod
+    def _check_entry(data: bytes) -> None:
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"entry data must be bytes, got {type(data).__name__}")
+        if len(data) > ENTRY_BYTES_MAX:
+            # Checked before the core takes it: a bookie would refuse the
+            # frame, and the entry would stay pending and block every later one.
+            raise ValueError(f"an entry holds at most {ENTRY_BYTES_MAX} bytes, got {len(data)}")
 
     # --- carrying out the core's actions ----------------------------------------------
 

@@ -23,6 +23,8 @@ def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--rollover-size", type=byte_size, metavar="BYTES", help=f"{scope}bytes per ledger")
     parser.add_argument("--rollover-time", type=duration_ms, metavar="DURATION", help=f"{scope}age of a ledger")
     parser.add_argument("--rollover-idle", type=duration_ms, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long")
+    parser.add_argument("--rollover-min-time", type=duration_ms, metavar="DURATION",
+                        help=f"{scope}no rollover for entries or size before a ledger is this old (default 10m)")
     parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication")
     parser.add_argument("--ensemble-size", "-E", type=positive_int)
     parser.add_argument("--write-quorum", "-W", type=positive_int)
@@ -34,7 +36,7 @@ def policies_from(arguments: argparse.Namespace) -> dict:
     names = {
         "retention_time": "retention_time_ms", "retention_size": "retention_bytes", "backlog_quota": "backlog_quota_bytes",
         "rollover_entries": "rollover_entries", "rollover_size": "rollover_bytes", "rollover_time": "rollover_time_ms",
-        "rollover_idle": "rollover_idle_ms", "ensemble_size": "ensemble_size", "write_quorum": "write_quorum",
+        "rollover_idle": "rollover_idle_ms", "rollover_min_time": "rollover_min_time_ms", "ensemble_size": "ensemble_size", "write_quorum": "write_quorum",
         "ack_quorum": "ack_quorum",
     }
     policies = {field: getattr(arguments, flag) for flag, field in names.items() if getattr(arguments, flag) is not None}

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
+from ledger_client.exception_groups import unwrap_single_exception
 from quire.broker_commands import add_policies, policies_from
 from quire.cli import UsageError, byte_size, configure_logging, duration_ms, nonnegative_int, positive_int
 
@@ -88,10 +89,12 @@ def _run(arguments: argparse.Namespace, body: Callable[..., Awaitable[None]]) ->
 
     async def go() -> None:
         async with _client(arguments) as client:
-            await body(client)
+            with unwrap_single_exception():
+                await body(client)
 
     try:
-        trio.run(go)
+        with unwrap_single_exception():
+            trio.run(go)
     except BrokerError as error:
         raise UsageError(f"{type(error).__name__}: {error}") from None
     return 0

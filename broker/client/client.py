@@ -32,6 +32,7 @@ from broker.topic_store import check_name, partition_name
 from ledger_client.exception_groups import unwrap_single_exception
 
 LOOKUP_HOPS_MAX = 8  # redirects followed by one lookup
+ANY_BROKER_TRIES_MAX = 4  # connections tried for a request any broker answers
 
 
 class Client:
@@ -143,16 +144,29 @@ class Client:
                     continue
         raise ServiceUnavailableError("no broker is reachable")
 
+    async def _ask_any(self, make: Callable[[int], Any]) -> dict:
+        """A request any broker answers, on a connection to some live
+        broker; a connection that breaks meanwhile (its broker died) is
+        replaced by one to another broker, a few times."""
+        for attempt in range(ANY_BROKER_TRIES_MAX):
+            connection = await self._any_connection()
+            try:
+                return await connection.request(make)
+            except ConnectionClosedError:
+                if attempt + 1 == ANY_BROKER_TRIES_MAX:
+                    raise
+                self._brokers = []  # discover again
+                await trio.sleep(0.05 * (attempt + 1))
+        raise AssertionError("unreachable")
+
     async def lookup(self, partition: str) -> str:
         """The address of the broker serving `partition`."""
-        connection = await self._any_connection()
-        authoritative = False
+        body = await self._ask_any(lambda request_id: Lookup(request_id, partition, False))
         for _ in range(LOOKUP_HOPS_MAX):
-            body = await connection.request(lambda request_id: Lookup(request_id, partition, authoritative))
             if not body["redirect"]:
                 return body["address"]
             connection = await self.connection(body["address"])
-            authoritative = True
+            body = await connection.request(lambda request_id: Lookup(request_id, partition, True))
         raise ServiceUnavailableError(f"lookup of {partition} redirected {LOOKUP_HOPS_MAX} times")
 
     async def connection_for(self, partition: str) -> BrokerConnection:
@@ -160,8 +174,7 @@ class Client:
 
     async def admin(self, action: str, **arguments: Any) -> dict:
         """An admin request any broker answers."""
-        connection = await self._any_connection()
-        return await connection.request(lambda request_id: Admin(request_id, action, arguments))
+        return await self._ask_any(lambda request_id: Admin(request_id, action, arguments))
 
     async def admin_at_owner(self, partition: str, action: str, **arguments: Any) -> dict:
         connection = await self.connection_for(partition)
@@ -225,6 +238,9 @@ class Client:
         `initial_position`). `important`: the subscription holds every
         message it has not acknowledged, whatever the topic's retention."""
         check_name(subscription, "subscription")
+        # One name for every partition: failover's choice (partition i to
+        # consumer i mod n, by name) and key-shared's ring stay put.
+        consumer_name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
         options = ConsumerOptions(
             SubscriptionType.parse(subscription_type).value, consumer_name, receiver_queue_size, ack_timeout_ms,
             negative_ack_delay_ms, ack_group_ms, priority, initial_position, important,

@@ -22,7 +22,7 @@ import trio
 from broker.client.backoff import Backoff
 from broker.client.connection import BrokerConnection
 from broker.client.messages import Message, MessageId
-from broker.client.producer import RECONNECT_ERRORS
+from broker.client.producer import HEALTHY_CONNECTION_S, RECONNECT_ERRORS
 from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
 from broker.message_format import MalformedEntryError, body_items, decode_entry
 from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
@@ -82,6 +82,7 @@ class PartitionConsumer:
         self._connected = trio.Event()
         self._closed = False
         self._generation = 0  # connections made; messages of an older one are dropped
+        self._last_offset_given: int | None = None  # of the last message the application took
         self._given_since_flow = 0
         self._acks = _AckGroup(False)
         self._ack_wakeup = trio.Event()
@@ -107,11 +108,13 @@ class PartitionConsumer:
                 if self.options.ack_timeout_ms is not None:
                     nursery.start_soon(self._ack_timeout_loop)
                 while not self._closed:
+                    connected_at = trio.current_time()
                     await self._lost.wait()
+                    if trio.current_time() - connected_at >= HEALTHY_CONNECTION_S:
+                        backoff.reset()
                     await trio.sleep(backoff.next_delay_s())
                     try:
                         await self._connect()
-                        backoff.reset()
                     except RECONNECT_ERRORS as error:
                         log.info("consumer of %s on %s: resubscribing: %s", self.subscription, self.partition, error)
                     except BrokerError as error:
@@ -119,11 +122,15 @@ class PartitionConsumer:
 
     async def _connect(self) -> None:
         options = self.options
+        start_offset = options.start_offset
+        if not options.durable and self._last_offset_given is not None:
+            # A reader has no cursor on the broker: it goes on after what it got.
+            start_offset = self._last_offset_given + 1
         connection = await self.client.connection_for(self.partition)
         await connection.request(lambda request_id: Subscribe(
             request_id, self.handle, self.partition, self.subscription, options.subscription_type,
             options.consumer_name, options.priority, options.initial_position, options.durable, options.important,
-            options.start_offset,
+            start_offset,
         ))
         self._generation += 1
         # What was queued from the last connection is delivered again by the broker.
@@ -163,10 +170,12 @@ class PartitionConsumer:
             header, body = decode_entry(delivery.entry)
             items = body_items(header, body)
         except MalformedEntryError as error:
-            # Not a message this broker's producers wrote (a bug or a damaged
-            # entry): it is skipped here, and said loudly.
-            log.error("consumer of %s on %s: entry %d:%d is malformed, skipped: %s",
+            # A batch no consumer can read (a producer's bug): acknowledged
+            # and skipped, loudly, as Pulsar discards a corrupt batch; left
+            # unacknowledged it would come back for ever and hold retention.
+            log.error("consumer of %s on %s: entry %d:%d is malformed, acknowledged and skipped: %s",
                       self.subscription, self.partition, delivery.ledger_id, delivery.entry_id, error)
+            self._discard(delivery)
             return
         topic, partition, partition_index = self.topic, self.partition, self.partition_index
         ledger_id, entry_id, redelivery_count = delivery.ledger_id, delivery.entry_id, delivery.redelivery_count
@@ -183,9 +192,21 @@ class PartitionConsumer:
                            sequence_id, codec, redelivery_count))
         self.consumer._enqueue(self, self._generation, messages)
 
+    def _discard(self, delivery: MessageDelivery) -> None:
+        try:
+            header, _ = decode_entry(delivery.entry)
+        except MalformedEntryError:
+            return  # not even its header: the broker never writes such an entry
+        self._send(Flow(self.handle, len(delivery.batch_indexes)))
+        if self.options.durable:
+            group = _AckGroup(False)
+            group.offsets.extend(header.first_offset + index for index in delivery.batch_indexes)
+            self.client.nursery.start_soon(self._send_acks, group)
+
     def _given(self, message: Message) -> None:
         """The application took a message: track its ack timeout, and give
         permits back once half the queue was taken."""
+        self._last_offset_given = message.offset
         if self.options.ack_timeout_ms is not None:
             self._unacked_deadlines[message.offset] = trio.current_time() + self.options.ack_timeout_ms / 1000.0
         self._given_since_flow += 1

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 0.05  # after the broker says "being written, ask again"
+MESSAGE_BYTES_MAX = 5 * 1024 * 1024  # one message's payload (Pulsar's default maximum message size)
+HEALTHY_CONNECTION_S = 5.0  # a connection that lived this long resets the reconnection backoff
 # Errors after which a producer looks its partition up again and resends.
 RECONNECT_ERRORS = (ConnectionClosedError, NotOwnerError, TopicFencedError, ServiceUnavailableError, ProducerBusyError)
 
@@ -105,7 +107,11 @@ class SendFuture:
             self._result, self._error = result, error
             self._event.set()
             for callback in self._callbacks or ():
-                callback(self)
+                try:
+                    callback(self)
+                except Exception:
+                    # The application's callback must not break the connection it runs on.
+                    log.exception("a send callback failed")
 
     async def wait(self) -> SendResult:
         await self._event.wait()
@@ -182,11 +188,16 @@ class PartitionProducer:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._batch_timer)
                 while not self._closed:
+                    connected_at = trio.current_time()
                     await self._lost.wait()
+                    # A connection that breaks at once again and again (a
+                    # broker that refuses what we resend) must not make us
+                    # reconnect ten times a second: back off until one holds.
+                    if trio.current_time() - connected_at >= HEALTHY_CONNECTION_S:
+                        backoff.reset()
                     await trio.sleep(backoff.next_delay_s())
                     try:
                         await self._connect(first=False)
-                        backoff.reset()
                     except RECONNECT_ERRORS as error:
                         log.info("producer %s on %s: reconnecting: %s", self.producer_id, self.partition, error)
                     except BrokerError as error:
@@ -250,6 +261,8 @@ class PartitionProducer:
         if self._closed:
             raise ClientClosedError(f"producer {self.producer_id} is closed")
         _check_message(data, key, properties)
+        if len(data) > MESSAGE_BYTES_MAX:
+            raise ValueError(f"a message holds at most {MESSAGE_BYTES_MAX} bytes, got {len(data)}")
         if sequence_id is not None:
             if type(sequence_id) is not int or sequence_id < 0:
                 raise ValueError(f"sequence_id must be a non-negative integer, got {sequence_id!r}")
@@ -268,6 +281,8 @@ class PartitionProducer:
         future = SendFuture(sequence_id)
         self._by_sequence[sequence_id] = future
         message = _OutMessage(sequence_id, int(time.time() * 1000), key, properties, bytes(data), future)
+        if self._building.messages and self._building.bytes + len(data) > self.options.batch_bytes_max:
+            self._flush_building()  # a batch stays within its byte bound
         building = self._building
         building.messages.append(message)
         building.bytes += len(data)

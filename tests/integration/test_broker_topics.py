@@ -228,7 +228,7 @@ async def test_a_slow_consumer_gets_only_its_permits(shared_cluster):
 
 async def test_the_backlog_quota_refuses_producers_until_space_is_freed(shared_cluster):
     async with client_of(shared_cluster) as client:
-        await client.create_topic("quota", backlog_quota_bytes=20_000, rollover_entries=10, retention_time_ms=0)
+        await client.create_topic("quota", backlog_quota_bytes=20_000, rollover_entries=10, rollover_min_time_ms=0, retention_time_ms=0)
         consumer = await client.subscribe("quota", "important-one", important=True, initial_position="earliest")
         producer = await client.create_producer("quota")
         sent = 0
@@ -255,7 +255,7 @@ async def test_retention_deletes_old_ledgers_and_their_entries_except_what_an_im
     from coordination.cluster_layout import ledger_path
 
     async with client_of(shared_cluster) as client:
-        await client.create_topic("retained", rollover_entries=5, retention_time_ms=0)
+        await client.create_topic("retained", rollover_entries=5, rollover_min_time_ms=0, retention_time_ms=0)
         important = await client.subscribe("retained", "ledger-keeper", important=True, initial_position="earliest")
         # A subscription without the important mark, whose consumer is away.
         await (await client.subscribe("retained", "casual", initial_position="earliest")).close()
