@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 READ_ENTRIES_MAX = 100  # entries per read from the managed ledger
 READ_FAILURE_BACKOFF_S = 0.5
+ACKED_RANGES_MAX = 100_000  # individually acknowledged ranges a cursor holds in memory
 
 
 @dataclass(slots=True)
@@ -137,6 +138,11 @@ class Subscription:
         confirmed = self.ml.confirmed_offset
         if any(offset > confirmed for offset in offsets):
             raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed})")
+        if not cumulative and len(self.cursor.acked) >= ACKED_RANGES_MAX:
+            raise BadRequestError(
+                f"subscription {self.name} holds {len(self.cursor.acked)} ranges of individually acknowledged messages; "
+                "acknowledge the oldest ones (or cumulatively) first"
+            )
         if cumulative:
             if len(offsets) != 1:
                 raise BadRequestError("a cumulative acknowledgement names one offset")
