@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import AsyncIterator, Callable
 
 import trio
 
@@ -198,7 +199,7 @@ class ManagedLedger:
         persisted (in append order) or failed. Waits while the ledger rolls
         over or the open ledger has too many adds pending. An entry larger
         than a ledger takes is refused (BadRequestError) and changes nothing."""
-        async with self._append_lock:
+        async with _locked(self._append_lock):
             self._check_writable()
             handle = self.handle
             assert handle is not None
@@ -494,6 +495,21 @@ class ManagedLedger:
                 continue
             return (await self.read_entry(Position(info.ledger_id, entry_id))).header.first_offset
         return self.confirmed_offset + 1
+
+
+@contextlib.asynccontextmanager
+async def _locked(lock: trio.StrictFIFOLock) -> AsyncIterator[None]:
+    """`async with lock`, without the scheduling point trio's acquire makes
+    when the lock is free (an append each time would pay a pass of the
+    scheduler)."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 async def _bisect_entries(key_of: Callable, entry_count: int, target: int) -> int:

@@ -289,7 +289,13 @@ class PartitionService:
             self._answer(link, send, error.status, str(error))
             return
         keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
-        await self._publish_queue.send((link, send, codec, keys))
+        item = (link, send, codec, keys)
+        try:
+            # No scheduling point while the queue has room: one per batch
+            # would cost more than storing it.
+            self._publish_queue.send_nowait(item)
+        except trio.WouldBlock:
+            await self._publish_queue.send(item)
 
     @staticmethod
     def _answer(link: ProducerLink, send: Send, status: BrokerStatus, message: str = "",
@@ -305,7 +311,11 @@ class PartitionService:
         whatever becomes of the connections that brought them, so that a
         batch is either appended (and deduplication told) or never taken.
         Only the partition's unloading stops it."""
-        async for link, send, codec, keys in receive:
+        while True:
+            try:
+                link, send, codec, keys = receive.receive_nowait()
+            except trio.WouldBlock:
+                link, send, codec, keys = await receive.receive()
             await self._append(link, send, codec, keys)
 
     async def _append(self, link: ProducerLink, send: Send, codec: Codec, keys: tuple | None) -> None:

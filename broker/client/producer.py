@@ -269,7 +269,10 @@ class PartitionProducer:
             pending = self._by_sequence.get(sequence_id)
             if pending is not None:
                 return pending  # a retry of a message still on its way
-        await self._room.acquire()
+        try:
+            self._room.acquire_nowait()  # no scheduling point while there is room
+        except trio.WouldBlock:
+            await self._room.acquire()
         if sequence_id is None:
             sequence_id = self.last_sequence_id + 1
         elif sequence_id <= self.last_sequence_id:
