@@ -26,6 +26,7 @@ class FrameOutput:
         self._frames: list[bytes] = []
         self.bytes = 0  # queued and not yet handed to the socket
         self._writer_sending = False
+        self._socket_full = False  # a write did not go through: leave sending to the writer task
         self._writer_wakeup = trio.Event()
         self._drained = trio.Event()
 
@@ -46,7 +47,9 @@ class FrameOutput:
     def flush(self) -> None:
         """Write what is queued now, without a scheduling point, unless the
         writer task is in the middle of a send (order would break)."""
-        if not self._frames or self._writer_sending:
+        if not self._frames or self._writer_sending or self._socket_full:
+            # (A full socket: the writer task waits for room and sends what
+            # is queued; trying here again would copy it all at every call.)
             return
         frames = self._frames
         data = frames[0] if len(frames) == 1 else b"".join(frames)
@@ -65,8 +68,10 @@ class FrameOutput:
             self.bytes = 0
             self._set_drained()
         else:
-            self._frames = [data[sent:]] if sent else [data]
+            # A view of what is left, not a copy of it.
+            self._frames = [memoryview(data)[sent:]] if sent else [data]
             self.bytes = len(data) - sent
+            self._socket_full = True
             self._writer_wakeup.set()
 
     async def wait_drained(self) -> None:
@@ -95,3 +100,5 @@ class FrameOutput:
                 await self._stream.send_all(data)
             finally:
                 self._writer_sending = False
+            if not self._frames:
+                self._socket_full = False  # all sent: the socket takes writes again

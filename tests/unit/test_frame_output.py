@@ -126,3 +126,36 @@ async def test_flush_on_a_closed_stream_leaves_the_error_to_the_writer():
     with pytest.raises(trio.ClosedResourceError):
         with trio.fail_after(5):
             await output.run_writer()
+
+
+async def test_flushes_on_a_full_socket_leave_the_queue_to_the_writer(monkeypatch):
+    # Once a write did not go through, later flushes do not try again (each
+    # would join and copy everything queued, quadratic under a slow peer):
+    # frames queue, and the writer task sends them, in order, when it can.
+    import bookie.protocol.frame_output as frame_output
+
+    writes = []
+    real_write = frame_output.os.write
+    monkeypatch.setattr(frame_output.os, "write", lambda fd, data: writes.append(len(data)) or real_write(fd, data))
+    sender, receiver = stream_pair(send_buffer_bytes=4096)
+    output = FrameOutput(sender)
+    big = bytes(range(256)) * 4096  # 1 MiB: far more than the socket takes
+    output.queue(big)
+    output.flush()
+    assert output.bytes > 0, "the socket took everything: the test needs a fuller one"
+    left = output.bytes
+    for index in range(50):
+        output.queue(b"%02d" % index)
+        output.flush()
+    assert len(writes) == 1, f"flush wrote again on a full socket: {writes[:5]}..."
+    assert output.bytes == left + 100
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(output.run_writer)
+        with trio.fail_after(10):
+            data = await receive_exactly(receiver, len(big) + 100)
+        nursery.cancel_scope.cancel()
+    assert data == big + b"".join(b"%02d" % index for index in range(50))
+    # Drained: flush writes at once again.
+    output.queue(b"after")
+    output.flush()
+    assert output.bytes == 0
