@@ -198,8 +198,8 @@ class Dispatcher:
             offset = entry.first_offset + batch_index
             if self._owner.get(offset) == delivery.consumer_id:
                 del self._owner[offset]
-                if consumer is not None:
-                    consumer.unacked.pop(offset, None)
+                if consumer is not None and consumer.unacked.pop(offset, None) is not None:
+                    self._taken_back(delivery.consumer_id, offset, entry)
             if not self.cursor.is_acked(offset):
                 self._hold(offset, entry)
         if consumer is not None:

@@ -72,3 +72,20 @@ def test_a_consumer_that_leaves_hands_its_keys_over_at_once():
     assert delivered(dispatcher.entry_read(entry(0, key))) == [(2, 0)]
     dispatcher.remove_consumer(2)
     assert delivered(dispatcher.dispatch_replay() + dispatcher.entry_read(entry(1, key))) == [(1, 0), (1, 1)]
+
+
+def test_a_delivery_given_back_is_no_longer_out_at_its_consumer():
+    # The driver could not send it: it is as if never delivered, and holds
+    # up no other consumer the key moves to.
+    key = key_moving_to(2)
+    dispatcher = Dispatcher(SubscriptionType.KEY_SHARED, Cursor.at(0))
+    dispatcher.add_consumer(1, "c1")
+    dispatcher.flow(1, 10)
+    [delivery] = dispatcher.entry_read(entry(0, key))
+    dispatcher.give_back(delivery)
+    dispatcher.add_consumer(2, "c2")
+    dispatcher.flow(2, 10)
+    assert delivered(dispatcher.dispatch_replay()) == [(2, 0)]
+    dispatcher.cursor.acknowledge([0])
+    dispatcher.acknowledged([0])
+    assert delivered(dispatcher.entry_read(entry(1, key))) == [(2, 1)]
