@@ -1,10 +1,11 @@
 """How messages are stored in ledger entries: one entry holds a batch of one
 producer's messages (one message is a batch of one).
 
-An entry's data is a msgpack array: a header the broker reads without
-decompressing anything (producer, sequence ids, partition offset of the first
-message, publish time, codec, message count, the message keys for key-shared
-dispatch), then the body, the producer's messages compressed with the codec.
+An entry's data: a format version byte and the header's length (u32), the
+header, a msgpack array the broker reads without touching the rest
+(producer, sequence ids, partition offset of the first message, publish
+time, codec, message count, the message keys for key-shared dispatch), then
+the body, the producer's messages compressed with the codec.
 The producer builds and compresses the body; the broker only adds the header,
 so that neither the broker nor a dispatch to a consumer ever decompresses.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import enum
 import gzip
+import struct
 import zlib
 from dataclasses import dataclass
 from typing import Any, Iterable
@@ -133,9 +135,11 @@ def encode_body(messages: Iterable[tuple[int, int, dict[str, str] | None, bytes]
                                          for sequence_id, publish_ms, properties, payload in messages]))
 
 
+_ENTRY_PREFIX = struct.Struct(">BI")  # format version, header length
+
+
 def encode_entry(header: BatchHeader, body: bytes) -> bytes:
-    return _packer.pack([
-        ENTRY_FORMAT_VERSION,
+    packed = _packer.pack([
         header.producer_id,
         header.first_sequence_id,
         header.last_sequence_id,
@@ -144,33 +148,43 @@ def encode_entry(header: BatchHeader, body: bytes) -> bytes:
         header.publish_time_ms,
         header.codec.value,
         None if header.keys is None else list(header.keys),
-        body,
     ])
+    return b"".join((_ENTRY_PREFIX.pack(ENTRY_FORMAT_VERSION, len(packed)), packed, body))
 
 
-def decode_entry(data: bytes) -> tuple[BatchHeader, bytes]:
-    """The header and the (still compressed) body of an entry."""
+def decode_entry(data: bytes) -> tuple[BatchHeader, memoryview]:
+    """The header and the (still compressed) body of an entry. The header
+    is read on its own (its length comes first), so that a broker never
+    copies a body to learn where an entry's messages start."""
+    view = memoryview(data)
+    if len(view) < _ENTRY_PREFIX.size:
+        raise MalformedEntryError("entry is shorter than its prefix")
+    version, header_bytes = _ENTRY_PREFIX.unpack_from(view)
+    if version != ENTRY_FORMAT_VERSION:
+        raise MalformedEntryError(f"entry is not a version-{ENTRY_FORMAT_VERSION} message batch (version {version})")
+    body_start = _ENTRY_PREFIX.size + header_bytes
+    if body_start > len(view):
+        raise MalformedEntryError("entry header runs past the end of the entry")
     try:
-        fields = msgpack.unpackb(data)
+        fields = msgpack.unpackb(view[_ENTRY_PREFIX.size:body_start])
     except Exception as error:  # msgpack raises several unrelated types
-        raise MalformedEntryError(f"entry is not msgpack: {error}") from None
-    # `type(...) is int`: true and 1.0 equal 1 but are not a version number.
-    if type(fields) is not list or len(fields) != 10 or type(fields[0]) is not int or fields[0] != ENTRY_FORMAT_VERSION:
-        raise MalformedEntryError("entry is not a version-1 message batch")
-    _, producer_id, first_sequence_id, last_sequence_id, first_offset, count, publish_ms, codec, keys, body = fields
+        raise MalformedEntryError(f"entry header is not msgpack: {error}") from None
+    if type(fields) is not list or len(fields) != 8:
+        raise MalformedEntryError("entry header is not an array of 8 fields")
+    producer_id, first_sequence_id, last_sequence_id, first_offset, count, publish_ms, codec, keys = fields
     try:
         codec = Codec(codec)
-    except ValueError:
-        raise MalformedEntryError(f"entry names an unknown codec {codec!r}") from None
+    except (ValueError, TypeError):
+        raise MalformedEntryError(f"entry names an unknown codec {codec!r:.40}") from None
     if not (type(producer_id) is str and _ints(first_sequence_id, last_sequence_id, first_offset, count, publish_ms)
-            and count >= 1 and type(body) is bytes):
+            and count >= 1):
         raise MalformedEntryError("entry header has fields of the wrong type")
     if keys is not None and (type(keys) is not list or len(keys) != count
                              or not all(key is None or type(key) is str for key in keys)):
         raise MalformedEntryError("entry keys do not match its message count")
     header = BatchHeader(producer_id, first_sequence_id, last_sequence_id, first_offset, count, publish_ms, codec,
                          None if keys is None else tuple(keys))
-    return header, body
+    return header, view[body_start:]
 
 
 def decode_body(header: BatchHeader, body: bytes) -> list[MessageRecord]:
