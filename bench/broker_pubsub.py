@@ -177,8 +177,9 @@ async def run_quire(zk_hosts: str, root: str, arguments: argparse.Namespace) -> 
             await client.create_topic(topic, **TOPIC_POLICIES)
         for batching in (False, True):
             name = "batched" if batching else "plain"
+            window = arguments.batch_window if batching else arguments.window
             results[f"publish_{name}"] = await publish(
-                client, f"publish-{name}", batching=batching, window=arguments.window, message_bytes=arguments.message_bytes,
+                client, f"publish-{name}", batching=batching, window=window, message_bytes=arguments.message_bytes,
                 seconds=arguments.seconds, warmup_s=arguments.warmup_seconds, label=f"quire publish, batching {'on' if batching else 'off'}",
             )
             print(json.dumps(results[f"publish_{name}"]), flush=True)
@@ -201,7 +202,7 @@ async def jetstream_run(servers: list[str], arguments: argparse.Namespace) -> di
     nc = await nats.connect(servers=servers)
     results = {}
     try:
-        js = nc.jetstream(publish_async_max_pending=arguments.window)
+        js = nc.jetstream(publish_async_max_pending=arguments.batch_window)
         deadline = time.monotonic() + 60
         for stream in ("PUBLISH", "BACKLOG"):
             while True:  # the cluster elects its JetStream leader first
@@ -215,7 +216,7 @@ async def jetstream_run(servers: list[str], arguments: argparse.Namespace) -> di
         payload = os.urandom(arguments.message_bytes)
         # Publishing: nats-py's pipelined publish, `window` in flight, a
         # message id per message (JetStream's deduplication, as ours is on).
-        room = asyncio.Semaphore(arguments.window)
+        room = asyncio.Semaphore(arguments.batch_window)
         latencies: list[float] = []
         measured = 0
         began = time.perf_counter()
@@ -237,9 +238,9 @@ async def jetstream_run(servers: list[str], arguments: argparse.Namespace) -> di
             number += 1
             future.add_done_callback(lambda f, started=started: done(started, f))
         ended = time.perf_counter()
-        for _ in range(arguments.window):
+        for _ in range(arguments.batch_window):
             await room.acquire()
-        results["publish"] = result("jetstream_publish", {"window": arguments.window, "message_bytes": arguments.message_bytes,
+        results["publish"] = result("jetstream_publish", {"window": arguments.batch_window, "message_bytes": arguments.message_bytes,
                                                           "replicas": 3, "storage": "file", "deduplication": "Nats-Msg-Id",
                                                           "note": "JetStream acknowledges before fsync"},
                                     measured, ended - measure_from, arguments.message_bytes, latencies)
@@ -250,7 +251,7 @@ async def jetstream_run(servers: list[str], arguments: argparse.Namespace) -> di
         futures = []
         for index in range(arguments.backlog):
             futures.append(await js.publish_async("backlog", payload))
-            if len(futures) >= arguments.window:
+            if len(futures) >= arguments.batch_window:
                 await asyncio.gather(*futures)
                 futures.clear()
         await asyncio.gather(*futures)
@@ -298,14 +299,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/broker_pubsub.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup-seconds", type=float, default=2.0)
-    parser.add_argument("--window", type=int, default=1000, help="messages in flight when publishing")
+    parser.add_argument("--window", type=int, default=1000, help="messages in flight when publishing without batching")
+    parser.add_argument("--batch-window", type=int, default=10_000,
+                        help="messages in flight when publishing with batching (and JetStream's publish_async window)")
     parser.add_argument("--message-bytes", type=int, default=1024)
     parser.add_argument("--e2e-rate", type=int, default=1000, help="messages/s of the end-to-end latency run")
     parser.add_argument("--backlog", type=int, default=1_000_000)
     parser.add_argument("--skip-jetstream", action="store_true")
     arguments = parser.parse_args(argv)
-    if min(arguments.window, arguments.message_bytes, arguments.e2e_rate, arguments.backlog) < 1 or arguments.message_bytes < 8:
-        parser.error("--window, --e2e-rate and --backlog must be positive, --message-bytes at least 8")
+    if min(arguments.window, arguments.batch_window, arguments.e2e_rate, arguments.backlog) < 1 or arguments.message_bytes < 8:
+        parser.error("--window, --batch-window, --e2e-rate and --backlog must be positive, --message-bytes at least 8")
     with bench_cluster(3, broker_count=1) as cluster:
         quire = trio.run(run_quire, cluster.zk_hosts, cluster.root, arguments)
     summary: dict = {

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 
 ENTRY_CACHE_BYTES_DEFAULT = 64 * 1024 * 1024
 READ_HANDLES_MAX = 16  # closed ledgers kept open for reading
+READ_BYTES_MAX = 16 * 1024 * 1024  # one read of a backlog stops past this
 
 
 class EntryGoneError(Exception):
@@ -405,27 +406,33 @@ class ManagedLedger:
         assert self.handle is not None and info.ledger_id == self.handle.ledger_id
         return self._open.entries - 1
 
-    async def read(self, position: Position, entries_max: int) -> list[StoredEntry]:
-        """Up to `entries_max` persisted entries from `position` on, within its ledger."""
+    async def read(self, position: Position, entries_max: int, bytes_max: int = READ_BYTES_MAX) -> list[StoredEntry]:
+        """Persisted entries from `position` on, within its ledger: at most
+        `entries_max`, and no more once `bytes_max` are read (at least one)."""
         info = self._ledger_info(position.ledger_id)
         if info is None:
             return []
         last_entry_id = min(self._last_entry_id(info), position.entry_id + entries_max - 1)
         entries: list[StoredEntry] = []
+        read_bytes = 0
         entry_id = position.entry_id
-        while entry_id <= last_entry_id:
+        while entry_id <= last_entry_id and read_bytes < bytes_max:
             cached = self.cache.get(info.ledger_id, entry_id)
             if cached is None:
                 break
             entries.append(cached)
+            read_bytes += len(cached.data)
             entry_id += 1
-        if entry_id <= last_entry_id:
+        if entry_id <= last_entry_id and read_bytes < bytes_max:
             handle = await self._read_handle(info)
             async for entry in handle.read(entry_id, last_entry_id):
                 header, _ = decode_entry(entry.data)
                 stored = StoredEntry(Position(info.ledger_id, entry.entry_id), header, entry.data)
                 self.cache.put(stored)
                 entries.append(stored)
+                read_bytes += len(entry.data)
+                if read_bytes >= bytes_max:
+                    break  # the reads still in flight end on their own
         return entries
 
     async def read_entry(self, position: Position) -> StoredEntry:

@@ -84,6 +84,7 @@ class Subscription:
         self._persisted_event = trio.Event()
         self._persist_error: BrokerError | None = None
         self._write_lock = trio.Lock()
+        self._read_ahead_done: trio.Event | None = None  # set while a read-ahead is in flight
 
     @property
     def ml(self) -> ManagedLedger:
@@ -303,6 +304,8 @@ class Subscription:
         position = self.read_position = ml.settle(self.read_position)
         if not ml.has_entry(position):
             return False
+        if self._read_ahead_done is not None:
+            await self._read_ahead_done.wait()  # what it reads is what we want next
         entries = await ml.read(position, READ_ENTRIES_MAX)
         if not entries:
             return False
@@ -317,7 +320,30 @@ class Subscription:
             if not self.dispatcher.wants_read():
                 break
         await self._send(deliveries, stored)
+        self._start_read_ahead()
         return True
+
+    def _start_read_ahead(self) -> None:
+        """Read the next stretch of a backlog into the entry cache while the
+        consumers work through what was just sent (one read at a time)."""
+        position = self.read_position
+        if self._read_ahead_done is not None or position is None or self.closed:
+            return
+        position = self.ml.settle(position)
+        if not self.ml.has_entry(position) or self.ml.cache.get(position.ledger_id, position.entry_id) is not None:
+            return
+        done = self._read_ahead_done = trio.Event()
+
+        async def read_ahead() -> None:
+            try:
+                await self.ml.read(position, READ_ENTRIES_MAX)
+            except (BKError, MalformedEntryError, BrokerError) as error:
+                log.debug("subscription %s of %s: reading ahead failed: %s", self.name, self.partition.name, error)
+            finally:
+                self._read_ahead_done = None
+                done.set()
+
+        self.partition.spawn(read_ahead)
 
     async def _send(self, deliveries: list[Delivery], stored: dict[tuple[int, int], StoredEntry]) -> None:
         """Send what the dispatcher decided. A delivery that cannot be sent

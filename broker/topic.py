@@ -206,6 +206,11 @@ class PartitionService:
             nursery.start_soon(self._dedup_snapshot_loop)
             task_status.started()
 
+    def spawn(self, async_fn, *args) -> None:
+        """A task of the partition (cancelled when it unloads)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(async_fn, *args)
+
     def _start_subscription(self, subscription: Subscription) -> None:
         assert self._nursery is not None
         self._nursery.start_soon(subscription.dispatch_loop)

@@ -170,10 +170,18 @@ class ReadHandle:
         on their own and are dropped."""
         in_flight: collections.deque[tuple[int, trio.Event, list]] = collections.deque()
         next_start = first_entry_id
+        # Ranges of about what one batch read brings back (a bookie stops at
+        # BATCH_READ_BYTES_MAX): with large entries, ranges of BATCH_READ_ENTRIES_MAX
+        # would leave one request in flight, its range completed one short
+        # answer after another.
+        entry_bytes = self._average_entry_bytes()
+        range_entries = BATCH_READ_ENTRIES_MAX if entry_bytes is None else max(
+            1, min(BATCH_READ_ENTRIES_MAX, BATCH_READ_BYTES_MAX // max(1, entry_bytes))
+        )
 
         def launch() -> None:
             nonlocal next_start
-            start, end = next_start, min(last_entry_id, next_start + BATCH_READ_ENTRIES_MAX - 1)
+            start, end = next_start, min(last_entry_id, next_start + range_entries - 1)
             next_start = end + 1
             done, result = trio.Event(), []
 
@@ -205,6 +213,13 @@ class ReadHandle:
                 if expected > end:
                     break
                 entries = await self._batch_read(expected, end)
+
+    def _average_entry_bytes(self) -> int | None:
+        """The ledger's mean entry size, where its length is known."""
+        length, entries = self.metadata.length, self.last_add_confirmed + 1
+        if not length or entries <= 0:
+            return None
+        return length // entries
 
     async def _batch_read(self, first_entry_id: int, last_entry_id: int) -> list[Entry]:
         first_key, bookies = self.metadata.ensemble_at(first_entry_id)
@@ -428,6 +443,10 @@ class LedgerHandle(ReadHandle):
     @property
     def pending_adds(self) -> int:
         return self._core.pending_count
+
+    def _average_entry_bytes(self) -> int | None:
+        entries = self._core.last_add_confirmed + 1
+        return self._core.length // entries if entries > 0 and self._core.length else None
 
     # --- adding ---------------------------------------------------------------------
 
