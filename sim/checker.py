@@ -36,10 +36,25 @@ class DurableView(Protocol):
     def durable_entries(self) -> dict[tuple[int, int], bytes | None]: ...
 
 
-class SimChecker:
+class ViolationLog:
+    """The violations of a run as they show, each at its virtual time."""
+
     def __init__(self, clock) -> None:
         self._clock = clock  # () -> now_ms
         self.violations: list[Violation] = []
+
+    def violate(self, invariant: str, detail: str) -> None:
+        if len(self.violations) < VIOLATIONS_KEPT_MAX:
+            self.violations.append(Violation(self._clock(), invariant, detail))
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+class SimChecker(ViolationLog):
+    def __init__(self, clock) -> None:
+        super().__init__(clock)
         self.metadata: dict[int, LedgerMetadata] = {}  # ledger -> newest metadata written
         # ledger -> newest metadata before the close: its ensembles are the
         # writer's (a close drops ensembles that begin after its last entry)
@@ -61,14 +76,6 @@ class SimChecker:
         self.durability_checks = 0
 
     # --- reporting ------------------------------------------------------------------
-
-    def violate(self, invariant: str, detail: str) -> None:
-        if len(self.violations) < VIOLATIONS_KEPT_MAX:
-            self.violations.append(Violation(self._clock(), invariant, detail))
-
-    @property
-    def ok(self) -> bool:
-        return not self.violations
 
     def acked_count(self) -> int:
         return sum(len(entries) for entries in self.acked.values())

@@ -27,31 +27,29 @@ CORRUPT_CANDIDATES_MAX = 20  # stored entries one corruption tries before it giv
 FIRST_FAULT_MS_MAX = 1_000.0
 
 
-class SimNemesis:
-    def __init__(self, world: World, network: Network, zk: ZkNode, checker: SimChecker, params: SimParameters, *,
-                 bookies: Sequence[SimBookie], clients: Sequence[SimNode]) -> None:
+class NemesisBase:
+    """What every nemesis shares: one fault after another (the first within
+    FIRST_FAULT_MS_MAX, then at exponential intervals) while active, each
+    counted as injected or skipped; partitions and slow links among named
+    nodes, undone after a while. A subclass names its fault kinds and has a
+    method `_<kind>` for each."""
+
+    def __init__(self, world: World, network: Network, *, faults: Sequence[str], fault_interval_ms_mean: float) -> None:
         self.world = world
         self.network = network
-        self.zk = zk
-        self.checker = checker
-        self.params = params
-        self.bookies = list(bookies)
-        self.clients = list(clients)
+        self.fault_interval_ms_mean = fault_interval_ms_mean
         self.active = False
-        self.kinds = [kind for kind in params.faults if kind not in ("drop", "duplicate")]
+        self.kinds = [kind for kind in faults if kind not in ("drop", "duplicate")]  # those are rates, not faults
         self.injected: Counter[str] = Counter()
-        # Faults chosen that found nothing to act on (every bookie down, a
+        # Faults chosen that found nothing to act on (every node down, a
         # session already gone, no copy that may be corrupted).
         self.skipped: Counter[str] = Counter()
-        self.corrupted: set[tuple[int, int]] = set()
         self._blocked: Counter[tuple[str, str]] = Counter()
 
-    def start(self) -> None:
+    def _start_injecting(self) -> None:
         self.active = True
-        self.network.drop_probability = self.params.drop_probability
-        self.network.duplicate_probability = self.params.duplicate_probability
         if self.kinds:
-            first_ms = min(self.world.exponential(self.params.fault_interval_ms_mean), FIRST_FAULT_MS_MAX)
+            first_ms = min(self.world.exponential(self.fault_interval_ms_mean), FIRST_FAULT_MS_MAX)
             self.world.after(first_ms, self._inject)
 
     def _inject(self) -> None:
@@ -59,7 +57,7 @@ class SimNemesis:
             return
         kind = self.world.rng.choice(self.kinds)
         getattr(self, f"_{kind}")()
-        self.world.after(self.world.exponential(self.params.fault_interval_ms_mean), self._inject)
+        self.world.after(self.world.exponential(self.fault_interval_ms_mean), self._inject)
 
     def _record(self, kind: str, detail: str) -> None:
         self.injected[kind] += 1
@@ -69,11 +67,11 @@ class SimNemesis:
         self.skipped[kind] += 1
         self.world.log(f"nemesis {kind} skipped: {why}")
 
-    # --- partitions -------------------------------------------------------------------
+    # --- the network -----------------------------------------------------------------
 
-    def _partition(self) -> None:
+    def _partition_among(self, names: list[str]) -> None:
+        """A partition of one of three shapes among `names`, for a while."""
         rng = self.world.rng
-        names = [ZK_NAME] + [node.name for node in self.bookies + self.clients]
         shape = rng.choice(["symmetric", "asymmetric", "isolate"])
         if shape == "isolate":
             side = [rng.choice(names)]
@@ -83,11 +81,14 @@ class SimNemesis:
         links = [(a, b) for a in side for b in other]
         if shape != "asymmetric":
             links += [(b, a) for a in side for b in other]
+        duration_ms = self.world.uniform(PARTITION_MS_MIN, PARTITION_MS_MAX)
+        self._block_for(links, duration_ms)
+        self._record("partition", f"{shape} {side} | {other} for {duration_ms:.0f} ms")
+
+    def _block_for(self, links: list[tuple[str, str]], duration_ms: float) -> None:
         for link in links:
             self._blocked[link] += 1
         self.network.block(links)
-        duration_ms = self.world.uniform(PARTITION_MS_MIN, PARTITION_MS_MAX)
-        self._record("partition", f"{shape} {side} | {other} for {duration_ms:.0f} ms")
         self.world.after(duration_ms, self._end_partition, links)
 
     def _end_partition(self, links: list[tuple[str, str]]) -> None:
@@ -99,12 +100,11 @@ class SimNemesis:
                     ended.append(link)
         self.network.unblock(ended)
 
-    def _slow_link(self) -> None:
+    def _slow_link_among(self, names: list[str]) -> None:
         """Messages from one node to some others take far longer for a while
         (a congested or retransmitting link): they arrive after messages
         other nodes sent later."""
         rng = self.world.rng
-        names = [node.name for node in self.bookies + self.clients]
         source = rng.choice(names)
         others = [name for name in names if name != source]
         links = [(source, name) for name in rng.sample(others, rng.randint(1, len(others)))]
@@ -121,6 +121,48 @@ class SimNemesis:
         for link in links:
             if self.network.slow_links.get(link) == extra_ms:
                 del self.network.slow_links[link]
+
+    # --- processes ---------------------------------------------------------------------
+
+    def _pause_one(self, nodes: Sequence[SimNode], session_timeout_ms: float) -> None:
+        """SIGSTOP one of `nodes`, sometimes past the session timeout (so that
+        ZooKeeper drops its session), then SIGCONT."""
+        candidates = [node for node in nodes if node.up and not node.paused]
+        if not candidates:
+            return self._skip("pause", "every node is down or paused")
+        node = self.world.rng.choice(candidates)
+        node.pause()
+        duration_ms = self.world.uniform(1, 1.5 * session_timeout_ms)
+        self._record("pause", f"{node.name} for {duration_ms:.0f} ms")
+        self.world.after(duration_ms, node.resume)
+
+    def _heal_network(self) -> None:
+        self.active = False
+        self._blocked.clear()
+        self.network.heal()
+
+
+class SimNemesis(NemesisBase):
+    def __init__(self, world: World, network: Network, zk: ZkNode, checker: SimChecker, params: SimParameters, *,
+                 bookies: Sequence[SimBookie], clients: Sequence[SimNode]) -> None:
+        super().__init__(world, network, faults=params.faults, fault_interval_ms_mean=params.fault_interval_ms_mean)
+        self.zk = zk
+        self.checker = checker
+        self.params = params
+        self.bookies = list(bookies)
+        self.clients = list(clients)
+        self.corrupted: set[tuple[int, int]] = set()
+
+    def start(self) -> None:
+        self.network.drop_probability = self.params.drop_probability
+        self.network.duplicate_probability = self.params.duplicate_probability
+        self._start_injecting()
+
+    def _partition(self) -> None:
+        self._partition_among([ZK_NAME] + [node.name for node in self.bookies + self.clients])
+
+    def _slow_link(self) -> None:
+        self._slow_link_among([node.name for node in self.bookies + self.clients])
 
     # --- processes --------------------------------------------------------------------------
 
@@ -139,15 +181,7 @@ class SimNemesis:
             node.restart() if isinstance(node, SimBookie) else node.start()
 
     def _pause(self) -> None:
-        candidates = [node for node in self.bookies + self.clients if node.up and not node.paused]
-        if not candidates:
-            return self._skip("pause", "every node is down or paused")
-        node = self.world.rng.choice(candidates)
-        node.pause()
-        # Sometimes past the session timeout, so that ZooKeeper drops it.
-        duration_ms = self.world.uniform(1, 1.5 * self.params.session_timeout_ms)
-        self._record("pause", f"{node.name} for {duration_ms:.0f} ms")
-        self.world.after(duration_ms, node.resume)
+        self._pause_one(self.bookies + self.clients, self.params.session_timeout_ms)
 
     def _client_crash(self) -> None:
         candidates = [node for node in self.clients if node.up]
@@ -204,11 +238,9 @@ class SimNemesis:
 
     def heal(self) -> None:
         """Stop injecting and undo every fault: the liveness phase begins."""
-        self.active = False
+        self._heal_network()
         self.network.drop_probability = 0.0
         self.network.duplicate_probability = 0.0
-        self._blocked.clear()
-        self.network.heal()
         for node in self.bookies + self.clients:
             if not node.up:
                 self._restart(node)

@@ -61,13 +61,19 @@ class Network:
         copies = 2 if faults and world.chance(self.duplicate_probability) else 1
         target = self.nodes[destination]
         for _ in range(copies):
-            delay_ms = world.uniform(self.latency_ms_min, self.latency_ms_max)
-            if world.chance(self.slow_message_probability):
-                delay_ms += world.uniform(0, SLOW_MESSAGE_MS_MAX)
-            extra_ms = self.slow_links.get((source, destination))
-            if extra_ms:
-                delay_ms += world.uniform(0.5 * extra_ms, extra_ms)
-            world.after(delay_ms, self._arrive, source, destination, message, target.incarnation)
+            world.after(self.message_delay_ms(source, destination), self._arrive, source, destination, message, target.incarnation)
+
+    def message_delay_ms(self, source: str, destination: str) -> float:
+        """How long one message takes: the latency, sometimes a straggler's
+        delay, and a slow link's extra delay."""
+        world = self.world
+        delay_ms = world.uniform(self.latency_ms_min, self.latency_ms_max)
+        if world.chance(self.slow_message_probability):
+            delay_ms += world.uniform(0, SLOW_MESSAGE_MS_MAX)
+        extra_ms = self.slow_links.get((source, destination))
+        if extra_ms:
+            delay_ms += world.uniform(0.5 * extra_ms, extra_ms)
+        return delay_ms
 
     def _arrive(self, source: str, destination: str, message: Any, incarnation: int) -> None:
         target = self.nodes[destination]

@@ -47,9 +47,14 @@ class SimParameters:
     liveness_ms: int
 
     def describe(self) -> str:
-        fields = dataclasses.asdict(self)
-        fields["faults"] = ",".join(self.faults) or "none"
-        return " ".join(f"{name}={value}" for name, value in fields.items())
+        return describe_parameters(self)
+
+
+def describe_parameters(params) -> str:
+    """A run's parameters on one line, `name=value` each (faults joined by commas)."""
+    fields = dataclasses.asdict(params)
+    fields["faults"] = ",".join(params.faults) or "none"
+    return " ".join(f"{name}={value}" for name, value in fields.items())
 
 
 def choose_parameters(seed: int, **overrides) -> SimParameters:

@@ -62,8 +62,15 @@ def run_seed(seed: int, *, mistake: str | None = None, trace: bool = False, **ov
     if mistake is not None and mistake not in MISTAKES:
         raise ValueError(f"unknown mistake {mistake!r}; known: {', '.join(sorted(MISTAKES))}")
     params = choose_parameters(seed, **overrides)
-    run = SimRun(params, MISTAKES.get(mistake, {}) if mistake else {}, trace=trace)
-    run.world.log(f"parameters {params.describe()} mistake={mistake}")
+    return run_phases(SimRun(params, MISTAKES.get(mistake, {}) if mistake else {}, trace=trace), mistake)
+
+
+def run_phases(run, mistake: str | None) -> SimResult:
+    """Build a run (a SimRun or a BrokerSimRun), run its safety phase and,
+    if that kept every invariant, its liveness phase. An exception inside
+    (an assert in a core) or a livelock ends the run with a violation."""
+    world, seed = run.world, run.params.seed
+    world.log(f"parameters {run.params.describe()} mistake={mistake}")
     crashes: list[Violation] = []
     try:
         run.build()
@@ -71,15 +78,14 @@ def run_seed(seed: int, *, mistake: str | None = None, trace: bool = False, **ov
         if run.checker.ok:
             run.liveness()
     except LivelockError as error:
-        crashes.append(Violation(run.world.now_ms, "livelock", f"seed {seed}: {error}"))
+        crashes.append(Violation(world.now_ms, "livelock", f"seed {seed}: {error}"))
     except Exception as error:
         trace_text = "".join(traceback.format_exception(error)).rstrip()
         crashes.append(Violation(
-            run.world.now_ms, "crash",
+            world.now_ms, "crash",
             f"seed {seed}: {type(error).__name__}: {error}\n" + textwrap.indent(trace_text, "    "),
         ))
-    world = run.world
-    return SimResult(seed, params, mistake, run.checker.violations + crashes, world.digest(), run.stats(), run.notes, world.trace)
+    return SimResult(seed, run.params, mistake, run.checker.violations + crashes, world.digest(), run.stats(), run.notes, world.trace)
 
 
 class SimRun:

@@ -24,9 +24,8 @@ from sim.node import SimNode
 from sim.parameters import FAULT_KINDS, choose_parameters
 from sim.runner import run_seed
 from sim.world import EVENTS_AT_ONE_INSTANT_MAX, LivelockError, World
+from tests.sim.sim_cli import REPOSITORY, assert_same_run_under_other_hash_seeds, forbid_trio, quire_sim
 
-REPOSITORY = Path(__file__).resolve().parents[2]
-QUIRE = [sys.executable, "-m", "quire"]
 # How many seeds the simulator may take to find a planted mistake. Measured
 # over seeds 0-149 (see the README): unfenced-recovery-reads first at seed 4
 # (9% of seeds), io-error-is-negative at 37 (3%), ack-before-ensemble-written
@@ -48,30 +47,12 @@ EVERY_FAULT_SEED = 2277
 
 
 def test_a_seed_reproduces_across_processes_and_hash_seeds():
-    # Set iteration order depends on PYTHONHASHSEED: a run must not.
-    digests = set()
-    for hash_seed in ("1", "2"):
-        completed = subprocess.run(
-            [*QUIRE, "sim", "--seed", str(EVERY_FAULT_SEED)], cwd=REPOSITORY, capture_output=True, text=True,
-            timeout=300, env={**os.environ, "PYTHONHASHSEED": hash_seed},
-        )
-        assert completed.returncode == 0, completed.stdout + completed.stderr
-        assert f"seed {EVERY_FAULT_SEED}: ok" in completed.stdout
-        assert f"faults={','.join(FAULT_KINDS)} " in completed.stdout
-        injected = re.search(r" faults=(\{[^}]*\})", completed.stdout).group(1)
-        for kind in FAULT_KINDS:
-            if kind not in ("drop", "duplicate"):  # not injected one by one: rates on the network
-                assert f"'{kind}': " in injected, injected
-        digests.add(re.search(r"event log digest: ([0-9a-f]{64})", completed.stdout).group(1))
-    assert len(digests) == 1
+    assert_same_run_under_other_hash_seeds([], EVERY_FAULT_SEED, FAULT_KINDS)
 
 
 def test_check_determinism_and_trace(tmp_path):
     trace = tmp_path / "trace.log"
-    completed = subprocess.run(
-        [*QUIRE, "sim", "--seed", "3", "--check-determinism", "--trace", str(trace)],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
-    )
+    completed = quire_sim("--seed", "3", "--check-determinism", "--trace", str(trace))
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "matches" in completed.stdout
     lines = trace.read_text().splitlines()
@@ -80,22 +61,13 @@ def test_check_determinism_and_trace(tmp_path):
 
 
 def test_a_simulated_run_uses_no_trio_scheduler(monkeypatch):
-    import trio
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a simulated run must not start trio")
-
-    monkeypatch.setattr(trio, "run", refuse)
-    monkeypatch.setattr(trio.lowlevel, "start_guest_run", refuse)
+    forbid_trio(monkeypatch)
     assert run_seed(5).ok
 
 
 def test_a_batch_of_seeds_keeps_every_invariant():
     # The CLI with a progress bar (quiet here) and two processes.
-    completed = subprocess.run(
-        [*QUIRE, "sim", "--seeds", "40", "--first-seed", "1000", "--jobs", "2"],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=900,
-    )
+    completed = quire_sim("--seeds", "40", "--first-seed", "1000", "--jobs", "2", timeout_s=900)
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]
     assert re.search(r"40 seeds in [0-9.]+s \([0-9.]+ seeds/s\): 40 without violation, 0 failing", completed.stdout)
     # Every run prints its seed and all its parameters.
@@ -105,10 +77,7 @@ def test_a_batch_of_seeds_keeps_every_invariant():
 
 @pytest.mark.slow
 def test_a_long_batch_of_seeds_keeps_every_invariant():
-    completed = subprocess.run(
-        [*QUIRE, "sim", "--seeds", "600", "--first-seed", "20000", "--jobs", "2"],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=3600,
-    )
+    completed = quire_sim("--seeds", "600", "--first-seed", "20000", "--jobs", "2", timeout_s=3600)
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]
 
 
@@ -140,10 +109,7 @@ def first_failing_seed(mistake: str) -> int:
 
 def test_a_failing_seed_is_printed_with_how_to_reproduce_it():
     seed = first_failing_seed("ack-before-ensemble-written")
-    completed = subprocess.run(
-        [*QUIRE, "sim", "--seeds", "2", "--first-seed", str(seed), "--mistake", "ack-before-ensemble-written"],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
-    )
+    completed = quire_sim("--seeds", "2", "--first-seed", str(seed), "--mistake", "ack-before-ensemble-written")
     assert completed.returncode == 1, completed.stdout + completed.stderr
     assert re.search(rf"\d+ failing: {seed}\b", completed.stdout), completed.stdout
     assert f"reproduce one with: quire sim --seed {seed} --mistake ack-before-ensemble-written" in completed.stdout
@@ -153,10 +119,7 @@ def test_a_crash_in_a_core_is_a_failing_seed_and_the_batch_goes_on():
     # A write core whose assert fails at entry 3: each seed is reported
     # failing with the crash and its traceback, and the batch (in two
     # processes) runs every seed and lists them all.
-    completed = subprocess.run(
-        [*QUIRE, "sim", "--seeds", "3", "--first-seed", "0", "--jobs", "2", "--mistake", "assert-in-write-core"],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
-    )
+    completed = quire_sim("--seeds", "3", "--first-seed", "0", "--jobs", "2", "--mistake", "assert-in-write-core")
     assert completed.returncode == 1, completed.stdout + completed.stderr
     assert "Traceback" not in completed.stderr, completed.stderr
     for seed in range(3):
@@ -211,10 +174,7 @@ def running(pid: int) -> bool:
 
 
 def test_a_single_seed_prints_its_parameters_before_it_runs():
-    completed = subprocess.run(
-        [*QUIRE, "sim", "--seed", "2", "--mistake", "assert-in-write-core"],
-        cwd=REPOSITORY, capture_output=True, text=True, timeout=300,
-    )
+    completed = quire_sim("--seed", "2", "--mistake", "assert-in-write-core")
     assert completed.returncode == 1, completed.stdout + completed.stderr
     first_line = completed.stdout.splitlines()[0]
     assert first_line.startswith("seed 2: parameters seed=2 bookies="), first_line
