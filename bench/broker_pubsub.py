@@ -112,6 +112,11 @@ async def end_to_end(client: Client, topic: str, *, rate: int, message_bytes: in
                 acks.start_soon(consumer.acknowledge, message)
 
     filler = os.urandom(message_bytes - 8)
+    publish_latencies: list[float] = []
+
+    def published(started: float, future) -> None:
+        publish_latencies.append((time.perf_counter() - started) * 1000)
+
     with Progress(f"end-to-end at {rate} msg/s", total=total, unit="msg") as progress:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receive_all)
@@ -121,14 +126,18 @@ async def end_to_end(client: Client, topic: str, *, rate: int, message_bytes: in
                 delay = target - time.perf_counter()
                 if delay > 0:
                     await trio.sleep(delay)
-                sent_at[number] = time.perf_counter()
-                await producer.send_async(number.to_bytes(8, "big") + filler)
+                sent_at[number] = now = time.perf_counter()
+                future = await producer.send_async(number.to_bytes(8, "big") + filler)
+                future.add_done_callback(functools.partial(published, now))
                 if number % 200 == 0:
                     progress.update(number)
     await producer.close()
     await consumer.close()
-    return result("broker_end_to_end", {"rate": rate, "message_bytes": message_bytes, "seconds": seconds},
-                  total, seconds, message_bytes, latencies)
+    outcome = result("broker_end_to_end", {"rate": rate, "message_bytes": message_bytes, "seconds": seconds},
+                     total, seconds, message_bytes, latencies)
+    # The publish half of it: send to receipt.
+    outcome.update({f"publish_{name}": value for name, value in latency_summary(publish_latencies).items()})
+    return outcome
 
 
 async def fill(client: Client, topic: str, count: int, message_bytes: int) -> None:
@@ -149,8 +158,8 @@ async def fill(client: Client, topic: str, count: int, message_bytes: int) -> No
     await producer.close()
 
 
-async def consume_backlog(client: Client, topic: str, count: int, message_bytes: int) -> dict:
-    consumer = await client.subscribe(topic, "backlog", initial_position="earliest", receiver_queue_size=20_000)
+async def consume_backlog(client: Client, topic: str, count: int, message_bytes: int, receiver_queue: int) -> dict:
+    consumer = await client.subscribe(topic, "backlog", initial_position="earliest", receiver_queue_size=receiver_queue)
     received = 0
     began = time.perf_counter()
     with Progress(f"consuming a backlog of {count} messages", total=count, unit="msg") as progress:
@@ -166,7 +175,8 @@ async def consume_backlog(client: Client, topic: str, count: int, message_bytes:
             await consumer.acknowledge_cumulative(message)
     elapsed = time.perf_counter() - began
     await consumer.close()
-    return result("broker_backlog_consume", {"messages": count, "message_bytes": message_bytes, "ack": "cumulative every 1,000"},
+    return result("broker_backlog_consume", {"messages": count, "message_bytes": message_bytes, "ack": "cumulative every 1,000",
+                                             "receiver_queue": receiver_queue},
                   received, elapsed, message_bytes, [])
 
 
@@ -187,7 +197,8 @@ async def run_quire(zk_hosts: str, root: str, arguments: argparse.Namespace) -> 
                                                  seconds=arguments.seconds)
         print(json.dumps(results["end_to_end"]), flush=True)
         await fill(client, "backlog", arguments.backlog, arguments.message_bytes)
-        results["backlog"] = await consume_backlog(client, "backlog", arguments.backlog, arguments.message_bytes)
+        results["backlog"] = await consume_backlog(client, "backlog", arguments.backlog, arguments.message_bytes,
+                                                   arguments.receiver_queue)
         print(json.dumps(results["backlog"]), flush=True)
     return results
 
@@ -305,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--message-bytes", type=int, default=1024)
     parser.add_argument("--e2e-rate", type=int, default=1000, help="messages/s of the end-to-end latency run")
     parser.add_argument("--backlog", type=int, default=1_000_000)
+    parser.add_argument("--receiver-queue", type=int, default=20_000,
+                        help="the backlog consumer's receiver queue (messages it may hold; batches hold ~1,000)")
     parser.add_argument("--skip-jetstream", action="store_true")
     arguments = parser.parse_args(argv)
     if min(arguments.window, arguments.batch_window, arguments.e2e_rate, arguments.backlog) < 1 or arguments.message_bytes < 8:
