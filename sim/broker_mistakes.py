@@ -1,0 +1,130 @@
+"""Known broker mistakes, planted again on purpose (test-only), as
+`sim/mistakes.py` does for the ledger: each is a subclass of a real core
+(or of the simulation's driver, where the mistake lies in how a driver
+uses a core) that undoes one rule, so that tests can show the broker
+simulation finds it. Production code never imports this module.
+
+- `dedup-judges-first-sequence-id`: a batch is judged (and remembered) by
+  its first sequence id instead of its last, so the broker tells a
+  reconnecting producer an older "last persisted" id than the truth, and
+  the messages after it are taken as new again;
+- `dedup-snapshot-ahead`: the snapshot of the deduplication map counts
+  batches still being written, so a new owner takes a batch that was lost
+  with the old one for persisted, and answers its resend DUPLICATE;
+- `dedup-replay-skipped`: a new owner rebuilds the map from the snapshot
+  alone, without replaying the entries after it, and persists a resent
+  batch a second time;
+- `ack-before-durable`: an acknowledgement is answered as soon as the
+  cursor took it, before a cursor write covering it is durable, so a crash
+  or takeover delivers it again;
+- `key-shared-overtakes-on-join`: the key-shared dispatcher as it was
+  before a165bcc (found by this simulation): a message held back or given back
+  below a joining consumer's position goes to it while an earlier message
+  of its key is still out at the consumer the key left;
+- `dispatch-without-lease`: what broker/subscription.py does today: a
+  broker dispatches whatever it knows of its ZooKeeper session, so one cut
+  off from ZooKeeper (or paused) past its session timeout goes on delivering
+  to its consumers messages acknowledged meanwhile through the new owner;
+- `resume-after-last-persisted`: a (re)connecting producer is told its last
+  *persisted* sequence id at once, as broker/topic.py did before dcce174: a
+  producer started again after a crash resumes after it while a batch of
+  its old process is still being written, and a batch of the new process
+  that begins at or below that batch's last id is taken as new (judged by
+  its last id): its first messages are persisted twice;
+- `resume-after-last-taken`: a (re)connecting producer is told at once the
+  last sequence id persisted *or being written*, as broker/topic.py does
+  since dcce174: a producer started again after a crash goes on after a
+  batch of its old process that is still being written; when that write
+  fails, nobody sends those messages again: they are lost;
+- `acks-wait-on-unload`: what broker/subscription.py did before dcce174
+  when a partition was unloaded: the acknowledgements still waiting for a
+  cursor write were never answered, and the consumer's acknowledgement
+  waited for ever (a liveness failure).
+"""
+
+from __future__ import annotations
+
+from broker.dedup import Dedup, DedupSnapshot
+from broker.dispatcher import Dispatcher
+from broker.errors import BrokerStatus
+from sim.broker_messages import Send
+from sim.broker_partition import SimPartition
+from sim.broker_subscription import SimSubscription
+
+
+class JudgesFirstSequenceId(SimPartition):
+    def judged_sequence_id(self, send: Send) -> int:
+        return send.first_sequence_id
+
+
+class SnapshotAheadDedup(Dedup):
+    def snapshot(self, ledger_id: int, entry_id: int, **bounds) -> DedupSnapshot:
+        sequences = dict(self._persisted)
+        for producer_id, sequence_id in self._pushed.items():
+            sequences[producer_id] = max(sequences.get(producer_id, -1), sequence_id)
+        return DedupSnapshot(ledger_id, entry_id, sequences)
+
+
+class SnapshotAhead(SimPartition):
+    dedup_class = SnapshotAheadDedup
+
+
+class ReplaySkippedDedup(Dedup):
+    def replayed(self, producer_id: str, last_sequence_id: int) -> None:
+        pass
+
+
+class ReplaySkipped(SimPartition):
+    dedup_class = ReplaySkippedDedup
+
+
+class AckBeforeDurable(SimSubscription):
+    def _await_durable(self, offsets, cumulative, respond) -> None:
+        # The mistake: answered now, as if a cursor write covering it were done.
+        self.broker.checker.ack_answered(offsets, cumulative, self.cursor.to_record())
+        respond(BrokerStatus.OK)
+
+
+class ResumeAfterLastPersisted(SimPartition):
+    def last_sequence_id_for(self, producer_id: str) -> int:
+        return self.dedup.last_persisted(producer_id)
+
+
+class ResumeAfterLastTaken(SimPartition):
+    def last_sequence_id_for(self, producer_id: str) -> int:
+        return self.dedup.last_taken(producer_id)
+
+
+class OvertakesOnJoin(Dispatcher):
+    def _earlier_out_elsewhere(self, key: str, consumer_id: int, offset: int) -> bool:
+        return False
+
+
+class DispatchWithoutLease(SimSubscription):
+    def may_dispatch(self) -> bool:
+        return True
+
+
+class AcksWaitOnUnload(SimSubscription):
+    def close(self) -> None:
+        self._waiting = []  # nothing answers them any more
+        super().close()
+
+
+# The mistakes that break a safety rule (each found by a checker), and those
+# that break liveness.
+BROKER_SAFETY_MISTAKES = ("dedup-judges-first-sequence-id", "dedup-snapshot-ahead", "dedup-replay-skipped", "ack-before-durable",
+                          "key-shared-overtakes-on-join", "dispatch-without-lease", "resume-after-last-persisted")
+BROKER_LIVENESS_MISTAKES = ("acks-wait-on-unload", "resume-after-last-taken")
+
+BROKER_MISTAKES = {
+    "dedup-judges-first-sequence-id": {"partition_class": JudgesFirstSequenceId},
+    "dedup-snapshot-ahead": {"partition_class": SnapshotAhead},
+    "dedup-replay-skipped": {"partition_class": ReplaySkipped},
+    "ack-before-durable": {"subscription_class": AckBeforeDurable},
+    "key-shared-overtakes-on-join": {"dispatcher_class": OvertakesOnJoin},
+    "dispatch-without-lease": {"subscription_class": DispatchWithoutLease},
+    "resume-after-last-persisted": {"partition_class": ResumeAfterLastPersisted},
+    "resume-after-last-taken": {"partition_class": ResumeAfterLastTaken},
+    "acks-wait-on-unload": {"subscription_class": AcksWaitOnUnload},
+}

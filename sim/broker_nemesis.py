@@ -1,0 +1,105 @@
+"""The broker simulation's nemesis: during the safety phase, one fault after
+another (partitions, slow links, broker crashes and restarts, pauses of
+brokers and clients, ZooKeeper session expiries, storage failures under
+the owner, client crashes), each undone after a while; `heal` undoes
+everything for the liveness phase. Connection resets and duplicated
+requests are rates, on from the start. A session expires as ZooKeeper
+expires one, its holder unheard of for longer than the timeout (paused,
+crashed or cut off), never at an arbitrary moment."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sim.broker_client import SimBrokerClient
+from sim.broker_links import Links
+from sim.broker_log import SimPartitionLog
+from sim.broker_node import SimBroker
+from sim.broker_parameters import BrokerSimParameters
+from sim.metadata_node import ZK_NAME, ZkNode
+from sim.nemesis import NemesisBase
+from sim.network import Network
+from sim.world import World
+
+DOWN_MS_MAX = 3_000.0
+QUICK_RESTART_MS_MAX = 20.0
+
+
+class BrokerNemesis(NemesisBase):
+    def __init__(self, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
+                 params: BrokerSimParameters, *, brokers: Sequence[SimBroker], clients: Sequence[SimBrokerClient]) -> None:
+        super().__init__(world, network, faults=params.faults, fault_interval_ms_mean=params.fault_interval_ms_mean)
+        self.links = links
+        self.zk = zk
+        self.log = log
+        self.params = params
+        self.brokers = list(brokers)
+        self.clients = list(clients)
+
+    def start(self) -> None:
+        self.links.break_probability = self.params.break_probability
+        self._start_injecting()
+
+    def _names(self) -> list[str]:
+        return [ZK_NAME] + [node.name for node in [*self.brokers, *self.clients]]
+
+    def _partition(self) -> None:
+        self._partition_among(self._names())
+
+    def _slow_link(self) -> None:
+        self._slow_link_among(self._names())
+
+    # --- processes ------------------------------------------------------------------------------
+
+    def _crash(self) -> None:
+        self._crash_one("crash", self.brokers, DOWN_MS_MAX)
+
+    def _client_crash(self) -> None:
+        # Half the time a supervisor starts it again at once (while what it
+        # had in flight may still be on its way).
+        self._crash_one("client_crash", self.clients,
+                        QUICK_RESTART_MS_MAX if self.world.rng.random() < 0.5 else DOWN_MS_MAX)
+
+    def _crash_one(self, kind: str, nodes: Sequence[SimBroker | SimBrokerClient], down_ms_max: float) -> None:
+        candidates = [node for node in nodes if node.up]
+        if not candidates:
+            return self._skip(kind, "every one is down")
+        node = self.world.rng.choice(candidates)
+        node.crash()
+        self._record(kind, node.name)
+        self.world.after(self.world.uniform(1, down_ms_max), self._restart, node)
+
+    def _restart(self, node: SimBroker | SimBrokerClient) -> None:
+        if not node.up:
+            node.restart()
+
+    def _pause(self) -> None:
+        self._pause_one([*self.brokers, *self.clients], self.params.session_timeout_ms)
+
+    def _expire(self) -> None:
+        """A broker cut off from ZooKeeper past its session timeout: the
+        session expires (as ZooKeeper expires one: after the timeout, never
+        earlier), while the broker may still reach its clients."""
+        candidates = [broker for broker in self.brokers if broker.up]
+        if not candidates:
+            return self._skip("expire", "every broker is down")
+        broker = self.world.rng.choice(candidates)
+        duration_ms = self.world.uniform(1.1, 1.6) * self.params.session_timeout_ms
+        self._block_for([(broker.name, ZK_NAME), (ZK_NAME, broker.name)], duration_ms)
+        self._record("expire", f"{broker.name} cut off from ZooKeeper for {duration_ms:.0f} ms")
+
+    def _storage_error(self) -> None:
+        failed = self.log.fail_writes()
+        self._record("storage_error", f"{failed} appends in flight at epoch {self.log.epoch} failed")
+
+    # --- the end of the safety phase -------------------------------------------------------------
+
+    def heal(self) -> None:
+        self._heal_network()
+        self.links.break_probability = 0.0
+        for node in [*self.brokers, *self.clients]:
+            if not node.up:
+                node.restart()
+            elif node.paused:
+                node.resume()
+        self.world.log("nemesis healed everything")

@@ -1,0 +1,390 @@
+"""A simulated broker process (as `broker/server.py` with its ownership):
+client connections, the partition's ownership through an ephemeral node in
+the simulated ZooKeeper, loading and unloading the partition, and routing
+each request to it.
+
+Its ZooKeeper client behaves as kazoo does: a call made in one session
+fails once that session has expired, even if it arrives later; the broker
+hears of the expiry from a failed call (its periodic session check, or any
+other), gives the partition up and starts a new session.
+
+Until it hears, it would go on serving what it loaded, as the trio driver
+does: a broker cut off from ZooKeeper, or paused past its session timeout,
+then delivers to the consumers still connected to it messages they have
+since acknowledged through the new owner. So the simulated broker holds a
+lease: a call answered in its session proves the session alive until the
+call was sent plus the session timeout (ZooKeeper expires a session only
+that long after it last heard of it), and the subscription dispatches only
+while the lease holds (`dispatch-without-lease` in `sim.broker_mistakes`
+is the trio driver's way, and the simulation finds it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from broker.dispatcher import Dispatcher
+from broker.errors import BrokerStatus
+from broker.topic_store import owner_path
+from coordination.store import NodeExistsError, NoNodeError, SessionExpiredError
+from sim.broker_checker import BrokerChecker
+from sim.broker_links import Connection, LinkedNode, Links
+from sim.broker_log import SimPartitionLog
+from sim.broker_messages import (
+    PARTITION,
+    Ack,
+    Flow,
+    ProducerOpen,
+    Redeliver,
+    Response,
+    Send,
+    SendReceipt,
+    Subscribe,
+)
+from sim.broker_parameters import BrokerSimParameters
+from sim.broker_partition import ConsumerLink, ProducerLink, SimPartition
+from sim.broker_subscription import SimSubscription
+from sim.metadata_node import MetadataLink, MetadataReply, ZkNode
+from sim.network import Network
+from sim.world import World
+
+OWNER_PATH = owner_path(PARTITION)
+RECONNECT_RETRY_MS = 200.0
+
+# (partition or None, status, owner when NOT_OWNER)
+OnServing = Callable[[SimPartition | None, BrokerStatus, str | None], None]
+
+
+@dataclass
+class _ConnectionState:
+    connection: Connection
+    producers: dict[int, tuple[SimPartition, ProducerLink]] = field(default_factory=dict)  # by handle
+    consumers: dict[int, tuple[SimPartition, ConsumerLink]] = field(default_factory=dict)
+
+
+class SimBroker(LinkedNode):
+    def __init__(self, name: str, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
+                 checker: BrokerChecker, params: BrokerSimParameters, *, owner_session: Callable[[], int | None],
+                 partition_class: type[SimPartition] = SimPartition,
+                 subscription_class: type[SimSubscription] = SimSubscription,
+                 dispatcher_class: type[Dispatcher] = Dispatcher) -> None:
+        super().__init__(name, world, network, links)
+        self.log = log
+        self.checker = checker
+        self.params = params
+        self._owner_session = owner_session  # the simulator's look at who owns the partition now
+        self.partition_class = partition_class
+        self.subscription_class = subscription_class
+        self.dispatcher_class = dispatcher_class
+        self.metadata = MetadataLink(self, zk, session_timeout_ms=params.session_timeout_ms,
+                                     call_timeout_ms=params.session_timeout_ms)
+        self.loads = 0
+        self.sessions_lost = 0
+        self._next_consumer_id = 1
+        self.start()
+
+    # --- life ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        super().start()
+        store = self.metadata.start()
+        store.auto_reconnect = False  # as kazoo: a new session only when the broker asks for one
+        self.partition: SimPartition | None = None
+        self._claiming: list[OnServing] | None = None
+        # Releases of the ownership on their way: a claim waits for them, or
+        # a release arriving after it would delete the node it found.
+        # (broker/server.py does not wait: a lookup during `_unload`'s
+        # release loads the partition again, and the release then deletes
+        # the ownership node of that new load.)
+        self._releasing = 0
+        self._waiting_load: list[OnServing] = []
+        self._reconnecting = False
+        self.lease_until_ms = self.world.now_ms + self.params.session_timeout_ms  # a session just made
+        self._connections: dict[int, _ConnectionState] = {}
+        self.after(self.params.session_timeout_ms / 3, self._check_session)
+        self.world.log(f"{self.name} started (session {store.session_id})")
+
+    def crash(self) -> None:
+        super().crash()
+        self.partition = None
+
+    def send_to(self, connection: Connection, message: Any) -> None:
+        self.links.send(connection, self.name, message)
+
+    def owns_now(self, session_id: int) -> bool:
+        """Whether the session that loaded a partition still owns it (what the
+        simulator sees, not what the broker knows)."""
+        return self._owner_session() == session_id
+
+    # --- ZooKeeper ------------------------------------------------------------------------------
+
+    def zk_call(self, function: Callable[[Any], Any], on_done: Callable[[Any, Exception | None], None], description: str) -> None:
+        """A call in the current session: it fails if that session is gone
+        when the call arrives (kazoo fails a request of an expired session)."""
+        session_id = self.metadata.store.session_id
+        sent_ms = self.world.now_ms
+
+        def pinned(store) -> Any:
+            if session_id == 0 or store.session_id != session_id:
+                raise SessionExpiredError("the session of this call expired")
+            return function(store)
+
+        def done(result: Any, error: Exception | None) -> None:
+            if isinstance(error, SessionExpiredError):
+                self._session_lost()
+            elif error is None and session_id == self.metadata.store.session_id:
+                self._renew_lease(sent_ms)
+            on_done(result, error)
+
+        self.metadata.call(pinned, done, description)
+
+    def _renew_lease(self, sent_ms: float) -> None:
+        """A call sent at `sent_ms` was answered in the current session."""
+        lease_ms = sent_ms + self.params.session_timeout_ms
+        if lease_ms > self.lease_until_ms:
+            expired = not self.holds_lease()
+            self.lease_until_ms = lease_ms
+            if expired and self.partition is not None and self.partition.subscription is not None:
+                self.partition.subscription.wake()
+
+    def holds_lease(self) -> bool:
+        return self.world.now_ms < self.lease_until_ms
+
+    def _check_session(self) -> None:
+        self.zk_call(lambda store: store.session_id, lambda result, error: None, "session check")
+        self.after(self.params.session_timeout_ms / 3, self._check_session)
+
+    def _session_lost(self) -> None:
+        """The session expired: the ownership went with it. Give the partition
+        up (another broker may be fencing it already), then start a new session."""
+        if self._reconnecting:
+            return
+        self._reconnecting = True
+        self.sessions_lost += 1
+        self.world.log(f"{self.name} lost its ZooKeeper session")
+        if self.partition is not None:
+            self.partition.fence("the ZooKeeper session expired")
+        self._reconnect()
+
+    def _reconnect(self) -> None:
+        def reconnect(store) -> int:
+            if store.session_id == 0:
+                store.reconnect()
+            return store.session_id
+
+        sent_ms = self.world.now_ms
+
+        def reconnected(result: Any, error: Exception | None) -> None:
+            if error is not None:
+                self.after(RECONNECT_RETRY_MS, self._reconnect)
+                return
+            self._reconnecting = False
+            self._renew_lease(sent_ms)
+            self.world.log(f"{self.name} has a new session {result}")
+
+        self.metadata.call(reconnect, reconnected, "new session")
+
+    def deliver(self, source: str, message: Any) -> None:
+        if isinstance(message, MetadataReply):
+            self.metadata.reply(message)
+
+    # --- ownership and loading ------------------------------------------------------------------
+
+    def _serve(self, on_ready: OnServing) -> None:
+        """The loaded partition, claiming and loading it if nobody owns it
+        (the lookup and `serving` of broker/server.py)."""
+        partition = self.partition
+        if partition is not None and partition.fenced is None:
+            if partition.serving:
+                return on_ready(partition, BrokerStatus.OK, None)
+            self._waiting_load.append(on_ready)
+            return
+        if self._reconnecting:
+            return on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
+        if self._claiming is not None:
+            self._claiming.append(on_ready)
+            return
+        self._claiming = [on_ready]
+        if not self._releasing:
+            self._claim()
+
+    def _claim(self) -> None:
+        name = self.name
+
+        def claim(store) -> tuple[str, int]:
+            try:
+                store.create(OWNER_PATH, name.encode(), ephemeral=True, make_parents=True)
+                return name, store.session_id
+            except NodeExistsError:
+                pass
+            try:
+                data, stat = store.get(OWNER_PATH)
+            except NoNodeError:
+                return "", 0  # gone meanwhile: ask again
+            return data.decode(), stat.ephemeral_owner
+
+        session_id = self.metadata.store.session_id
+        self.zk_call(claim, lambda result, error: self._claimed(session_id, result, error), "claim the partition")
+
+    def _claimed(self, session_id: int, result: Any, error: Exception | None) -> None:
+        waiting, self._claiming = self._claiming or [], None
+        if error is not None or not result[0]:
+            for on_ready in waiting:
+                on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
+            return
+        owner, owner_session = result
+        if owner != self.name:
+            for on_ready in waiting:
+                on_ready(None, BrokerStatus.NOT_OWNER, owner)
+            return
+        if owner_session != session_id or self.partition is not None or self._reconnecting:
+            # This broker's previous session still holds it (or it moved on meanwhile).
+            for on_ready in waiting:
+                on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
+            return
+        self.loads += 1
+        partition = self.partition = self.partition_class(
+            self, f"{self.name}/{self.incarnation}.{self.loads}", session_id,
+            subscription_class=self.subscription_class, dispatcher_class=self.dispatcher_class,
+        )
+        self._waiting_load = waiting
+        self.world.log(f"{partition.instance} loading")
+        partition.load(lambda load_error: self._loaded(partition, load_error))
+
+    def _loaded(self, partition: SimPartition, error: str | None) -> None:
+        if partition is not self.partition:
+            return  # unloaded meanwhile; those waiting were answered then
+        waiting, self._waiting_load = self._waiting_load, []
+        if error is not None:
+            self.world.log(f"{partition.instance} loading failed: {error}")
+            partition.fence(f"loading failed: {error}")
+            for on_ready in waiting:
+                on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
+            return
+        self.world.log(f"{partition.instance} serves the partition (epoch {partition.epoch}, {len(partition.entries)} entries)")
+        for on_ready in waiting:
+            on_ready(partition, BrokerStatus.OK, None)
+
+    def unload(self, partition: SimPartition) -> None:
+        """A load was fenced: tell its clients, forget it, give the ownership up."""
+        if self.partition is partition:
+            self.partition = None
+            waiting, self._waiting_load = self._waiting_load, []
+            for on_ready in waiting:
+                on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
+        partition.close_clients()
+        for state in self._connections.values():
+            for handles in (state.producers, state.consumers):
+                for handle in [handle for handle, (owner, _) in handles.items() if owner is partition]:
+                    del handles[handle]
+        if not self._reconnecting:
+            self._release(partition.session_id)
+
+    def _release(self, session_id: int) -> None:
+        name = self.name
+
+        def release(store) -> None:
+            try:
+                data, stat = store.get(OWNER_PATH)
+            except NoNodeError:
+                return
+            if data.decode() == name and stat.ephemeral_owner == session_id:
+                store.delete(OWNER_PATH, stat.version)
+
+        def released(result: Any, error: Exception | None) -> None:
+            self._releasing -= 1
+            if not self._releasing and self._claiming is not None:
+                self._claim()
+
+        self._releasing += 1
+        self.zk_call(release, released, "release the partition")
+
+    # --- requests -------------------------------------------------------------------------------
+
+    def receive(self, connection: Connection, message: Any) -> None:
+        state = self._connections.get(connection.connection_id)
+        if state is None:
+            state = self._connections[connection.connection_id] = _ConnectionState(connection)
+        kind = type(message)
+        if kind is Send:
+            found = state.producers.get(message.handle)
+            if found is None:
+                self.send_to(connection, SendReceipt(message.handle, message.last_sequence_id, BrokerStatus.TOPIC_FENCED,
+                                                  detail="no such producer on this connection: reconnect"))
+                return
+            partition, link = found
+            partition.publish(link, message)
+        elif kind is Flow or kind is Redeliver:
+            found = state.consumers.get(message.handle)
+            subscription = None if found is None else found[0].subscription
+            if subscription is not None and not subscription.closed:
+                if kind is Flow:
+                    subscription.flow(found[1].consumer_id, message.permits)
+                else:
+                    subscription.redeliver(found[1].consumer_id, message.offsets)
+        elif kind is Ack:
+            found = state.consumers.get(message.handle)
+            subscription = None if found is None else found[0].subscription
+            if subscription is None or subscription.closed or found[0].fenced is not None:
+                self.send_to(connection, Response(message.request_id, BrokerStatus.TOPIC_FENCED, "subscribe again"))
+                return
+            subscription.acknowledge(
+                message.offsets, message.cumulative,
+                lambda status: self.send_to(connection, Response(message.request_id, status)),
+            )
+        elif kind is ProducerOpen:
+            self._serve(lambda partition, status, owner: self._producer_open(state, message, partition, status, owner))
+        elif kind is Subscribe:
+            self._serve(lambda partition, status, owner: self._subscribe(state, message, partition, status, owner))
+        else:
+            raise AssertionError(f"{kind.__name__} is not a request a client sends")
+
+    def _still_open(self, state: _ConnectionState) -> bool:
+        """A request of a connection that closed meanwhile was cancelled with
+        it (the real server's connection nursery)."""
+        return self._connections.get(state.connection.connection_id) is state
+
+    def _producer_open(self, state: _ConnectionState, request: ProducerOpen, partition: SimPartition | None,
+                       status: BrokerStatus, owner: str | None) -> None:
+        if not self._still_open(state):
+            return
+        last_sequence_id = -1
+        if partition is not None:
+            link = ProducerLink(state.connection, request.handle, request.producer_id)
+            status, last_sequence_id = partition.add_producer(link)
+            if status is BrokerStatus.OK:
+                state.producers[request.handle] = (partition, link)
+        self.send_to(state.connection, Response(request.request_id, status, last_sequence_id=last_sequence_id, owner=owner))
+
+    def _subscribe(self, state: _ConnectionState, request: Subscribe, partition: SimPartition | None,
+                   status: BrokerStatus, owner: str | None) -> None:
+        if not self._still_open(state):
+            return
+        if partition is None:
+            self.send_to(state.connection, Response(request.request_id, status, owner=owner))
+            return
+        consumer_id = self._next_consumer_id
+        self._next_consumer_id += 1
+        link = ConsumerLink(state.connection, request.handle, consumer_id, request.consumer_name)
+
+        def subscribed(result: BrokerStatus) -> None:
+            if result is BrokerStatus.OK:
+                if not self._still_open(state):
+                    partition.subscription.remove_consumer(consumer_id)  # the connection went meanwhile
+                    return
+                state.consumers[request.handle] = (partition, link)
+            self.send_to(state.connection, Response(request.request_id, result))
+
+        partition.subscribe(link, request.subscription_type, request.priority, subscribed)
+
+    def connection_closed(self, connection: Connection) -> None:
+        """A client's connection broke: its producers and consumers are gone."""
+        state = self._connections.pop(connection.connection_id, None)
+        if state is None:
+            return
+        for partition, link in state.producers.values():
+            partition.remove_producer(link)
+        for partition, link in state.consumers.values():
+            if partition.subscription is not None and not partition.subscription.closed:
+                partition.subscription.remove_consumer(link.consumer_id)
