@@ -1,7 +1,9 @@
 """`quire sim`: run the deterministic simulator. `--seed N` reproduces one run
 exactly; `--seeds K` runs K seeds with a progress bar and prints the seeds
 that failed. Every run prints its seed and parameters. Exit status 1 when
-any run broke an invariant, crashed or livelocked."""
+any run broke an invariant, crashed or livelocked. `--broker` simulates the
+broker (one partition, its brokers, producers and consumers) instead of the
+bookies and ledger clients."""
 
 from __future__ import annotations
 
@@ -24,10 +26,16 @@ def add_sim(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-seed", type=nonnegative_int, default=0, metavar="S", help="first seed of --seeds (default 0)")
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="processes for --seeds (default 1)")
     parser.add_argument(
+        "--broker", action="store_true",
+        help="simulate the broker: the real dedup, cursor and dispatcher cores under faults (sim/broker_*.py)",
+    )
+    parser.add_argument(
         "--mistake", metavar="NAME", default=None,
         help="plant a known mistake to show the checkers find it (for tests): "
         "unfenced-recovery-reads, io-error-is-negative, ack-before-ensemble-written; "
-        "assert-in-write-core shows a crash is reported",
+        "assert-in-write-core shows a crash is reported; with --broker: dedup-judges-first-sequence-id, "
+        "dedup-snapshot-ahead, dedup-replay-skipped, ack-before-durable, key-shared-overtakes-on-join, dispatch-without-lease, "
+        "resume-after-last-persisted; acks-wait-on-unload and resume-after-last-taken break liveness",
     )
     parser.add_argument("--trace", type=Path, metavar="FILE", help="with --seed: write the run's event log to FILE")
     parser.add_argument(
@@ -50,19 +58,40 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)  # the parent died before the prctl
 
 
-def _run(job: tuple[int, str | None]):
+def _run(job: tuple[int, str | None, bool]):
+    seed, mistake, broker = job
+    return _runner(broker)(seed, mistake=mistake)
+
+
+def _runner(broker: bool):
+    """The run of one seed: the broker simulation's, or the ledger's."""
+    if broker:
+        from sim.broker_runner import run_broker_seed
+
+        return run_broker_seed
     from sim.runner import run_seed
 
-    seed, mistake = job
-    return run_seed(seed, mistake=mistake)
+    return run_seed
+
+
+def _parameters(broker: bool, seed: int):
+    if broker:
+        from sim.broker_parameters import choose_broker_parameters
+
+        return choose_broker_parameters(seed)
+    from sim.parameters import choose_parameters
+
+    return choose_parameters(seed)
 
 
 def sim(arguments: argparse.Namespace) -> int:
     from quire.cli import UsageError
-    from sim.mistakes import MISTAKES
-    from sim.parameters import choose_parameters
-    from sim.runner import run_seed
 
+    if arguments.broker:
+        from sim.broker_mistakes import BROKER_MISTAKES as MISTAKES
+    else:
+        from sim.mistakes import MISTAKES
+    run_seed = _runner(arguments.broker)
     if arguments.mistake is not None and arguments.mistake not in MISTAKES:
         raise UsageError(f"unknown --mistake {arguments.mistake!r}; known: {', '.join(sorted(MISTAKES))}")
     if arguments.seed is None and (arguments.trace or arguments.check_determinism):
@@ -71,7 +100,7 @@ def sim(arguments: argparse.Namespace) -> int:
         raise UsageError(f"--trace {arguments.trace}: no directory {arguments.trace.parent}")
     if arguments.seed is not None:
         # Said before the run, so that a run that never ends still names them.
-        print(f"seed {arguments.seed}: parameters {choose_parameters(arguments.seed).describe()}", flush=True)
+        print(f"seed {arguments.seed}: parameters {_parameters(arguments.broker, arguments.seed).describe()}", flush=True)
         result = run_seed(arguments.seed, mistake=arguments.mistake, trace=arguments.trace is not None)
         print(result.summary())
         if arguments.trace is not None:
@@ -91,11 +120,11 @@ def _batch(arguments: argparse.Namespace) -> int:
     from quire.progress import Progress
 
     seeds = range(arguments.first_seed, arguments.first_seed + arguments.seeds)
-    jobs = [(seed, arguments.mistake) for seed in seeds]
+    jobs = [(seed, arguments.mistake, arguments.broker) for seed in seeds]
     failing: list[int] = []
     crashed: list[int] = []  # failing by an exception or a livelock, not an invariant
     started = time.monotonic()
-    with Progress("sim", total=len(jobs), unit="seeds") as bar:
+    with Progress("sim --broker" if arguments.broker else "sim", total=len(jobs), unit="seeds") as bar:
         if arguments.jobs > 1:
             pool = multiprocessing.get_context("spawn").Pool(arguments.jobs, initializer=_die_with_parent, initargs=(os.getpid(),))
             results = pool.imap(_run, jobs)
@@ -123,6 +152,7 @@ def _batch(arguments: argparse.Namespace) -> int:
         + (f" (crashed or livelocked: {' '.join(map(str, crashed))})" if crashed else "")
     )
     if failing:
-        print(f"reproduce one with: quire sim --seed {failing[0]}" + (f" --mistake {arguments.mistake}" if arguments.mistake else ""))
+        print(f"reproduce one with: quire sim {'--broker ' if arguments.broker else ''}--seed {failing[0]}"
+              + (f" --mistake {arguments.mistake}" if arguments.mistake else ""))
     sys.stdout.flush()
     return 1 if failing else 0
