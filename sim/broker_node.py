@@ -94,9 +94,7 @@ class SimBroker(LinkedNode):
         self._claiming: list[OnServing] | None = None
         # Releases of the ownership on their way: a claim waits for them, or
         # a release arriving after it would delete the node it found.
-        # (broker/server.py does not wait: a lookup during `_unload`'s
-        # release loads the partition again, and the release then deletes
-        # the ownership node of that new load.)
+        # (broker/server.py, likewise, loads no partition it is unloading.)
         self._releasing = 0
         self._waiting_load: list[OnServing] = []
         self._reconnecting = False

@@ -139,9 +139,8 @@ class SimSubscription:
     def close(self) -> None:
         """Unloaded. The acknowledgements still waiting for a write are
         answered TOPIC_FENCED, so that the client sends them again to the
-        next owner. (broker/subscription.py leaves them waiting for ever:
-        its persist loop is cancelled and nothing sets the event they wait
-        on, so the client's acknowledgement never returns.)"""
+        next owner, as `Subscription.finish` does (before dcce174 they
+        waited for ever: `acks-wait-on-unload` in sim.broker_mistakes)."""
         self.closed = True
         waiting, self._waiting = self._waiting, []
         for _, _, _, respond in waiting:
