@@ -35,6 +35,7 @@ async def run_broker(
         sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
     except (MetadataError, ValueError) as error:
         raise BrokerStartupError(str(error)) from None
+    config.session_timeout_ms = session_timeout_ms
     async with BookKeeper.open(sync_store) as bk:
         server = BrokerServer(config, bk, bk.store)
         try:

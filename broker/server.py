@@ -72,6 +72,8 @@ RECEIVE_BYTES = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 LOAD_TIMEOUT_S = 60.0
 UNLOAD_TIMEOUT_S = 15.0
+LEASE_FRACTION = 0.6  # of the session timeout a ZooKeeper reply lets subscriptions deliver for
+LEASE_RENEWALS = 5  # renewals per session timeout
 
 
 @dataclass
@@ -88,6 +90,7 @@ class BrokerConfig:
     auto_topic_creation: bool = True
     default_policies: TopicPolicies = field(default_factory=TopicPolicies)
     retention_check_interval_s: float = 5.0
+    session_timeout_ms: int = 10_000  # the broker's ZooKeeper session (its dispatch lease follows it)
 
 
 @dataclass(eq=False)
@@ -161,6 +164,7 @@ class BrokerServer:
             self._nursery = nursery
             nursery.start_soon(self._session_loop)
             nursery.start_soon(self._session_lost_loop)
+            nursery.start_soon(self._lease_loop)
             await nursery.start(self._serve)
             log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
             task_status.started()
@@ -182,6 +186,24 @@ class BrokerServer:
         self._serving_scope.cancel()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
+
+    async def _lease_loop(self) -> None:
+        """Renew the dispatch lease: a ZooKeeper reply to a request sent at
+        t shows the session alive at t, so it cannot have expired (and no
+        other broker can own this broker's partitions) before t plus the
+        session timeout. Subscriptions deliver only within the lease, with
+        a margin: a broker cut off from ZooKeeper, or paused, stops
+        delivering before another could take its partitions over."""
+        timeout_s = self.config.session_timeout_ms / 1000
+        while True:
+            sent_at = trio.current_time()
+            try:
+                with trio.move_on_after(timeout_s / 2):
+                    await self.store.exists("/")
+                    self.context.lease.renew(sent_at + timeout_s * LEASE_FRACTION)
+            except MetadataError:
+                pass
+            await trio.sleep(timeout_s / LEASE_RENEWALS)
 
     async def _session_lost_loop(self) -> None:
         """The ZooKeeper session expired: the ownership nodes are gone now,
@@ -574,7 +596,7 @@ class BrokerServer:
                 raise BadRequestError(f"producer handle {message.producer_handle} is in use on this connection")
             service = await self.serving(message.topic)
             link = ProducerLink(message.producer_handle, message.producer_id, connection.send)
-            last_sequence_id = service.add_producer(link)
+            last_sequence_id = await service.add_producer(link)
             connection.producers[message.producer_handle] = (service, link)
             return {"last_sequence_id": last_sequence_id, "partition": service.name}
         if kind is Subscribe:

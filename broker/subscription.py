@@ -5,8 +5,11 @@ cursor's persistence.
 Acknowledgements are group-committed: whatever arrived while a write of the
 cursor was in flight goes into the next write, and an acknowledgement is
 answered only once a write that covers it is durable. So an acknowledged
-message never comes back after a crash or a takeover; one acknowledged but
-not yet answered may (at-least-once).
+message never comes back after a crash or a takeover (unless the cursor
+holds more individually acknowledged ranges than a record keeps,
+RANGES_PERSISTED_MAX: those beyond come back); one acknowledged but not yet
+answered may (at-least-once). Delivery stops while the broker's ZooKeeper
+lease is not known valid (see BrokerServer._lease_loop).
 """
 
 from __future__ import annotations
@@ -273,7 +276,15 @@ class Subscription:
     # --- dispatching --------------------------------------------------------------------------
 
     async def dispatch_loop(self) -> None:
+        lease = self.partition.context.lease
         while not self.closed:
+            if not lease.valid():
+                # Cut off from ZooKeeper (or paused), this broker may no
+                # longer own the partition: its session may have expired and
+                # another broker taken over. Deliver nothing until the
+                # session is known alive again.
+                await lease.wait_valid()
+                continue
             self._wakeup = trio.Event()
             try:
                 progressed = await self._dispatch_once()

@@ -29,6 +29,7 @@ from broker.errors import (
     ConsumerBusyError,
     PartitionOverflowError,
     ProducerBusyError,
+    RetryLaterError,
     SubscriptionNotFoundError,
     TopicFencedError,
 )
@@ -44,11 +45,33 @@ log = logging.getLogger(__name__)
 
 DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplication map
 PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
+PRODUCER_SETTLE_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
 UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 RATE_WINDOW_S = 10.0
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
+
+
+class Lease:
+    """Until when this broker's ZooKeeper session is known alive (trio
+    time); subscriptions deliver only before it."""
+
+    def __init__(self) -> None:
+        self.until = float("-inf")  # nothing is delivered before the first renewal
+        self._renewed = trio.Event()
+
+    def valid(self) -> bool:
+        return trio.current_time() < self.until
+
+    def renew(self, until: float) -> None:
+        self.until = max(self.until, until)
+        renewed, self._renewed = self._renewed, trio.Event()
+        renewed.set()
+
+    async def wait_valid(self) -> None:
+        while not self.valid():
+            await self._renewed.wait()
 
 
 @dataclass
@@ -61,6 +84,7 @@ class BrokerContext:
     cache: EntryCache  # one for the broker: its bound holds whatever the number of partitions
     request_unload: Callable[["PartitionService", BrokerError], None]
     retention_check_interval_s: float = POLICY_REFRESH_INTERVAL_S
+    lease: Lease = field(default_factory=Lease)
 
 
 @dataclass(slots=True)
@@ -120,6 +144,8 @@ class PartitionService:
         self._dedup_wakeup = trio.Event()
         self._entries_since_snapshot = 0
         self._last_position: Position | None = None  # of the last entry persisted
+        self._batches_taken: dict[str, int] = {}  # producer id -> batches queued or being written
+        self._batches_settled = trio.Event()
         self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
 
@@ -252,16 +278,35 @@ class PartitionService:
 
     # --- producers ---------------------------------------------------------------------------
 
-    def add_producer(self, link: ProducerLink) -> int:
-        """Register a producer; returns the last sequence id persisted for it."""
+    async def add_producer(self, link: ProducerLink) -> int:
+        """Register a producer; returns the last sequence id persisted for
+        it. Answered only once none of its batches (from an earlier
+        connection) is still queued or being written: until then the last
+        persisted id is not known, and a producer that took the wrong one
+        would lose messages (new ones taken for copies, or copies of ones
+        that then failed taken for new)."""
+        self._check_serving()
+        if link.producer_id in self.producers:
+            raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
+        with trio.move_on_after(PRODUCER_SETTLE_S):
+            while self._batches_taken.get(link.producer_id):
+                await self._batches_settled.wait()
+        if self._batches_taken.get(link.producer_id):
+            raise RetryLaterError(f"producer {link.producer_id!r} still has batches being written to {self.name}; retry")
         self._check_serving()
         if link.producer_id in self.producers:
             raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
         self.producers[link.producer_id] = link
-        # What it must continue after: persisted, or still being written from
-        # an earlier connection (a restarted producer that reused those ids
-        # would have its new messages taken for copies).
-        return self.dedup.last_taken(link.producer_id)
+        return self.dedup.last_persisted(link.producer_id)
+
+    def _batch_settled(self, producer_id: str) -> None:
+        remaining = self._batches_taken[producer_id] - 1
+        if remaining:
+            self._batches_taken[producer_id] = remaining
+            return
+        del self._batches_taken[producer_id]
+        settled, self._batches_settled = self._batches_settled, trio.Event()
+        settled.set()
 
     def remove_producer(self, producer_id: str, handle: int) -> None:
         link = self.producers.get(producer_id)
@@ -301,6 +346,7 @@ class PartitionService:
             self._publish_queue.send_nowait(item)
         except trio.WouldBlock:
             await self._publish_queue.send(item)
+        self._batches_taken[link.producer_id] = self._batches_taken.get(link.producer_id, 0) + 1
 
     @staticmethod
     def _answer(link: ProducerLink, send: Send, status: BrokerStatus, message: str = "",
@@ -321,28 +367,32 @@ class PartitionService:
                 link, send, codec, keys = receive.receive_nowait()
             except trio.WouldBlock:
                 link, send, codec, keys = await receive.receive()
-            await self._append(link, send, codec, keys)
+            if not await self._append(link, send, codec, keys):
+                self._batch_settled(link.producer_id)
 
-    async def _append(self, link: ProducerLink, send: Send, codec: Codec, keys: tuple | None) -> None:
+    async def _append(self, link: ProducerLink, send: Send, codec: Codec, keys: tuple | None) -> bool:
+        """Append a batch taken from a producer; True if it went to the
+        ledger (its answer comes when it is persisted or fails), False if it
+        was answered at once."""
         producer_id, last_sequence_id = link.producer_id, send.last_sequence_id
         if self.fenced is not None or self.closing:
             self._answer(link, send, BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
-            return
+            return False
         quota = self.policies.backlog_quota_bytes
         if quota is not None and self.ml.stored_bytes >= quota:
             self._answer(link, send, BrokerStatus.PARTITION_OVERFLOW,
                          f"partition overflow: {self.name} holds {self.ml.stored_bytes} bytes, its backlog quota is {quota} "
                          f"(acknowledge messages of important subscriptions or raise the quota)")
-            return
+            return False
         deduplicating = self.policies.deduplication
         if deduplicating:
             verdict = self.dedup.check(producer_id, last_sequence_id)
             if verdict is Verdict.DUPLICATE:
                 self._answer(link, send, BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
-                return
+                return False
             if verdict is Verdict.IN_FLIGHT:
                 self._answer(link, send, BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
-                return
+                return False
 
         def make_entry(first_offset: int, publish_ms: int) -> bytes:
             header = BatchHeader(producer_id, send.first_sequence_id, last_sequence_id, first_offset, send.message_count,
@@ -350,6 +400,7 @@ class PartitionService:
             return encode_entry(header, send.body)
 
         def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
+            self._batch_settled(producer_id)
             if error is not None:
                 if deduplicating:
                     self.dedup.failed(producer_id)
@@ -381,6 +432,8 @@ class PartitionService:
             await self.ml.append(make_entry, send.message_count, done, pushed)
         except BrokerError as error:
             self._answer(link, send, error.status, str(error))
+            return False
+        return True
 
     # --- deduplication snapshots -------------------------------------------------------------
 

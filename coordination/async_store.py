@@ -50,6 +50,7 @@ class AsyncMetadataStore:
         self._session_changed = trio.Event()
         self._session_losses = 0
         self._session_lost = trio.Event()
+
         store.add_session_listener(self._on_session_state)
 
     # -- delivery to the trio loop ---------------------------------------------

@@ -47,7 +47,8 @@ RETRY_DELAY_S = 0.05  # after the broker says "being written, ask again"
 MESSAGE_BYTES_MAX = 5 * 1024 * 1024  # one message's payload (Pulsar's default maximum message size)
 HEALTHY_CONNECTION_S = 5.0  # a connection that lived this long resets the reconnection backoff
 # Errors after which a producer looks its partition up again and resends.
-RECONNECT_ERRORS = (ConnectionClosedError, NotOwnerError, TopicFencedError, ServiceUnavailableError, ProducerBusyError)
+RECONNECT_ERRORS = (ConnectionClosedError, NotOwnerError, TopicFencedError, ServiceUnavailableError, ProducerBusyError,
+                    RetryLaterError)
 
 
 @dataclass(frozen=True)

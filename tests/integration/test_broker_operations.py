@@ -28,7 +28,7 @@ frames = st.one_of(
     st.builds(
         encode_frame,
         st.lists(st.one_of(st.integers(-5, 20), st.binary(max_size=40), st.none(), st.text(max_size=5),
-                           st.booleans(), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)),
+                           st.booleans(), st.dictionaries(st.text(max_size=3), st.integers(-(2**63), 2**64 - 1), max_size=2)),
                  min_size=1, max_size=12),
     ),
     st.just(struct.pack(">I", 2**31)),  # far past the frame bound
