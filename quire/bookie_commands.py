@@ -47,6 +47,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disk-check-interval-ms", type=positive_int, default=1_000)
     parser.add_argument("--adds-in-flight-max", type=positive_int, default=20_000)
     parser.add_argument("--reads-in-flight-max", type=positive_int, default=10_000)
+    from quire.autorecovery_commands import add_bookie_options
+
+    add_bookie_options(parser)
 
 
 def _number(text: str) -> float:
@@ -113,7 +116,9 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     configure_logging(arguments.log_level, f"bookie {config.identity}")
     try:
-        trio.run(run_bookie, config)
+        from quire.autorecovery_commands import run_with_bookie
+
+        trio.run(run_with_bookie, run_bookie, config, arguments)
     except StartupError as error:
         raise UsageError(str(error)) from None
     return 0

@@ -169,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
     consume.set_defaults(handler=topic_commands.consume, action=None)
     topic_commands.add_consume(consume)
 
+    from quire import export_commands
+
+    export = commands.add_parser(
+        "export", help="write a topic's closed ledgers with Spark",
+        description="a Spark job that writes a topic's closed ledgers, read straight from the bookies, as Parquet or JSON",
+    )
+    _common(export)
+    export.set_defaults(handler=export_commands.export, action=None)
+    export_commands.add_export(export)
+
     simulator = commands.add_parser(
         "sim", help="run the deterministic simulator", description="run the deterministic simulator (sim/)"
     )
@@ -182,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common(jepsen)
     jepsen.set_defaults(handler=jepsen_commands.jepsen, action=None)
     jepsen_commands.add_jepsen(jepsen)
+
+    from quire import autorecovery_commands
+
+    autorecovery = group("autorecovery", "auto-recovery of lost bookies' replicas: run, switch off and on, status")
+    autorecovery_commands.add_run(
+        command(autorecovery, "run", "run an auditor candidate and a replication worker until SIGTERM/SIGINT", autorecovery_commands.run)
+    )
+    command(autorecovery, "disable", "switch auto-recovery off for the whole cluster", autorecovery_commands.disable)
+    command(autorecovery, "enable", "switch auto-recovery back on", autorecovery_commands.enable)
+    autorecovery_commands.add_status(
+        command(autorecovery, "status", "the auditor, under-replicated ledgers, and whether auto-recovery is on", autorecovery_commands.status)
+    )
 
     cluster = group("cluster", "a local cluster of background processes")
     cluster_commands.add_up(command(cluster, "up", "start ZooKeeper and bookies in the background", cluster_commands.up))

@@ -1,0 +1,234 @@
+"""The Spark export against real processes and a real Spark (local[2]): what
+it writes is exactly what a consumer receives from the same ledgers, large
+ledgers split without losing or repeating a row, incremental runs add only
+new ledgers, a dead bookie per ensemble is read around, and a producer
+writing meanwhile is never fenced."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import pytest
+import trio
+
+from broker.client import Client, Codec
+from broker.spark_source import read_topic_ledgers, spark_session
+from quire.cli import build_parser
+from quire.export_commands import PENDING_PREFIX, RUN_PREFIX, run_export
+from tests.integration.bookie_processes import bookies  # noqa: F401 (a fixture)
+from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.integration
+
+SMALL_LEDGERS = {"rollover_entries": 4, "rollover_min_time_ms": 0}
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = spark_session("local[2]", "quire-tests", {"spark.sql.shuffle.partitions": "2"})
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+def source(spark, cluster, topic: str, **options):
+    reader = spark.read.format("quire").option("zk", cluster.zk_hosts).option("root", cluster.root).option("topic", topic)
+    for name, value in options.items():
+        reader = reader.option(name, str(value))
+    return reader.load()
+
+
+def export_arguments(cluster, topic: str, out, *extra: str):
+    return build_parser().parse_args(["export", topic, "--zk", cluster.zk_hosts, "--root", cluster.root,
+                                      "--out", str(out), *extra])
+
+
+def closed_ledger_ids(cluster, topic: str) -> set[int]:
+    return {info.ledger_id for chain in read_topic_ledgers(cluster.zk_hosts, cluster.root, topic)
+            for info in chain.ledgers if info.is_closed}
+
+
+def as_row(message) -> tuple:
+    """A consumer's message in the export's terms, keyed by its id."""
+    message_id = message.message_id
+    # As PySpark gives a timestamp back: naive, in the local time zone.
+    publish_ms = message.publish_time_ms
+    publish_time = datetime.datetime.fromtimestamp(publish_ms // 1000).replace(microsecond=publish_ms % 1000 * 1000)
+    return ((message_id.partition, message_id.ledger_id, message_id.entry_id, message_id.batch_index),
+            (message.topic, message.offset, publish_time, message.producer_id, message.sequence_id, message.key,
+             message.properties, message.data))
+
+
+def exported_rows(frame) -> dict:
+    rows = {}
+    for row in frame.collect():
+        key = (row.partition, row.ledger_id, row.entry_id, row.batch_index)
+        assert key not in rows, f"row {key} exported twice"
+        rows[key] = (row.topic, row.offset, row.publish_time, row.producer_id, row.sequence_id, row.key,
+                     dict(row.properties or {}), bytes(row.payload))
+    return rows
+
+
+async def produce_mixed(client, topic: str, count: int, tag: str) -> list:
+    """`count` messages from one producer per codec (some batched), with
+    keys (some missing) and properties (some empty)."""
+    results = []
+    for index, codec in enumerate(Codec):
+        producer = await client.create_producer(topic, f"{tag}-{codec.value}", batching=index % 2 == 1, codec=codec)
+        futures = []
+        for number in range(count // len(Codec)):
+            payload = f"{tag}:{codec.value}:{number}:".encode() + os.urandom(number % 300)
+            key = None if number % 5 == 0 else f"key-{number % 7}"
+            properties = {"n": str(number), "codec": codec.value} if number % 3 else None
+            futures.append(await producer.send_async(payload, key=key, properties=properties))
+            if number % 10 == 9:
+                await producer.flush()  # several entries, so several ledgers
+        results.extend([await future.wait() for future in futures])
+        await producer.close()
+    return results
+
+
+async def read_all(client, topic: str, count: int) -> list:
+    reader = await client.create_reader(topic, start="earliest")
+    messages = []
+    with trio.fail_after(30):
+        while len(messages) < count:
+            messages.append(await reader.receive())
+    await reader.close()
+    return messages
+
+
+async def test_every_exported_row_is_what_a_consumer_received_from_the_same_ledgers(shared_cluster, spark):
+    # 2 partitions, four codecs, ledgers of 4 entries: the export holds
+    # every message of the closed ledgers, field for field as a reader
+    # received it, and nothing of the open ledger.
+    topic = "export-mixed"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, partitions=2, **SMALL_LEDGERS)
+        sent = await produce_mixed(client, topic, 400, "a")
+        consumed = await read_all(client, topic, len(sent))
+    closed = closed_ledger_ids(shared_cluster, topic)
+    rows = exported_rows(source(spark, shared_cluster, topic))
+    expected = dict(as_row(message) for message in consumed if message.message_id.ledger_id in closed)
+    assert len(closed) >= 6 and len(expected) >= 300
+    assert rows == expected
+    open_ledgers = {message.message_id.ledger_id for message in consumed} - closed
+    assert not {key[1] for key in rows} & open_ledgers
+
+
+async def test_a_large_ledger_is_read_as_several_input_partitions_without_gaps_or_repeats(shared_cluster, spark):
+    topic = "export-large"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, rollover_min_time_ms=0)
+        producer = await client.create_producer(topic, "large")
+        futures = [await producer.send_async(b"%05d" % number + bytes(1000)) for number in range(700)]
+        for future in futures:
+            await future.wait()
+        await client.unload(topic)  # closes the ledger: all 700 entries in one closed ledger
+    [chain] = read_topic_ledgers(shared_cluster.zk_hosts, shared_cluster.root, topic)
+    [ledger] = [info for info in chain.ledgers if info.is_closed]
+    assert ledger.entries == 700
+    frame = source(spark, shared_cluster, topic, split_bytes=64 * 1024)
+    assert frame.rdd.getNumPartitions() >= 10  # 700 entries of ~1 KiB in ranges of ~64 KiB
+    rows = frame.select("offset", "entry_id", "payload").collect()
+    assert sorted(row.offset for row in rows) == list(range(700))
+    assert all(row.entry_id == row.offset and row.payload[:5] == b"%05d" % row.offset for row in rows)
+
+
+async def test_incremental_exports_add_only_new_ledgers_and_together_equal_a_full_export(shared_cluster, spark, tmp_path):
+    topic = "export-incremental"
+    out = tmp_path / "incremental"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, partitions=2, **SMALL_LEDGERS)
+        await produce_mixed(client, topic, 200, "first")
+        first = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
+        # A run that crashed before its commit leaves a pending folder: the
+        # next run deletes it (its ledgers were never recorded).
+        (out / f"{PENDING_PREFIX}7").mkdir()
+        (out / f"{PENDING_PREFIX}7" / "part-0.parquet").write_bytes(b"not parquet")
+        await produce_mixed(client, topic, 200, "second")
+        second = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
+        third = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
+    assert first["run"] == 1 and second["run"] == 2 and third["run"] is None  # nothing new the third time
+    assert first["ledgers"] and second["ledgers"] and not set(first["ledgers"]) & set(second["ledgers"])
+    assert sorted(path.name for path in out.iterdir()) == [f"{RUN_PREFIX}1", f"{RUN_PREFIX}2"]
+    both = spark.read.parquet(str(out))
+    assert sorted(row.run for row in both.select("run").distinct().collect()) == [1, 2]
+    full = tmp_path / "full"
+    run_export(spark, export_arguments(shared_cluster, topic, full, "--format", "parquet"))
+    assert exported_rows(both.drop("run")) == exported_rows(spark.read.parquet(str(full)))
+    assert set(first["ledgers"]) | set(second["ledgers"]) == closed_ledger_ids(shared_cluster, topic) - {
+        info.ledger_id for chain in read_topic_ledgers(shared_cluster.zk_hosts, shared_cluster.root, topic)
+        for info in chain.ledgers if not info.entries}
+
+
+async def test_the_export_reads_around_a_dead_bookie_of_every_ensemble(bookies, brokers, zk_hosts, zk_root, spark):  # noqa: F811
+    # Three bookies, so every ensemble holds each; one is killed before the
+    # export. With write quorum 3 a batch read falls back to another
+    # replica; with write quorum 2 some entries are left on one bookie only.
+    for _ in range(3):
+        await bookies.started()
+    await brokers.started()
+    consumed = {}
+    async with Client.connect(zk_hosts, zk_root) as client:
+        for topic, write_quorum in (("replicas-3", 3), ("replicas-2", 2)):
+            await client.create_topic(topic, **SMALL_LEDGERS, ensemble_size=3, write_quorum=write_quorum, ack_quorum=2)
+            sent = await produce_mixed(client, topic, 120, topic)
+            consumed[topic] = await read_all(client, topic, len(sent))
+    bookies.created[0].kill()
+
+    class Cluster:
+        pass
+
+    cluster = Cluster()
+    cluster.zk_hosts, cluster.root = zk_hosts, zk_root
+    for topic, messages in consumed.items():
+        closed = closed_ledger_ids(cluster, topic)
+        expected = dict(as_row(message) for message in messages if message.message_id.ledger_id in closed)
+        assert len(expected) >= 80
+        assert exported_rows(source(spark, cluster, topic)) == expected
+
+
+async def test_a_producer_writing_during_the_export_is_never_fenced(shared_cluster, spark, tmp_path):
+    topic = "export-live"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, rollover_entries=50, rollover_min_time_ms=0)
+        producer = await client.create_producer(topic, "live")
+        sent = []
+        for number in range(100):
+            sent.append(await (await producer.send_async(b"before-%d" % number)).wait())
+        exports_done = trio.Event()
+        results = []
+
+        async def keep_producing() -> None:
+            number = 0
+            while not exports_done.is_set() or number < 50:
+                results.append(await (await producer.send_async(b"during-%d" % number)).wait())
+                number += 1
+
+        async def export_twice() -> None:
+            for run in range(2):
+                await trio.to_thread.run_sync(run_export, spark, export_arguments(shared_cluster, topic, tmp_path / "out",
+                                                                                  "--incremental"))
+            exports_done.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_producing)
+            nursery.start_soon(export_twice)
+        sent.extend(results)
+    offsets = [result.offset for result in sent]
+    assert offsets == list(range(len(sent))), "every send was stored once, in order"
+    assert len({result.message_id.ledger_id for result in sent}) >= 3
+    rows = exported_rows(spark.read.parquet(str(tmp_path / "out")).drop("run"))
+    by_offset = {result.offset: result for result in sent}
+    for key, row in rows.items():
+        result = by_offset[row[1]]
+        assert (result.message_id.ledger_id, result.message_id.entry_id) == key[1:3]
+    # Fenced, the partition would have failed a write, been unloaded and
+    # opened again (the client resending quietly): it was opened once.
+    lines = [line for broker in shared_cluster.brokers for line in broker.log_path.read_text(errors="replace").splitlines()
+             if topic in line]
+    assert len([line for line in lines if f"partition {topic} open" in line]) == 1, lines
+    assert not [line for line in lines if " WARNING " in line or " ERROR " in line], lines
