@@ -12,6 +12,12 @@ zero-padded to 19 digits and cut 3/4/4/4 into directories and a leaf `L` +
 the last 4 digits (BookKeeper's "long hierarchical" layout): ledger 123 is
 `/ledgers/000/0000/0000/0000/L0123`. No node has more than 10,000 children,
 however many ledgers there are, and sorted children list ids in order.
+
+Auto-recovery keeps its state under /underreplication: `ledgers/<ledger id>`
+(a ledger with a fragment on a lost bookie, marked by the auditor),
+`locks/<ledger id>` (ephemeral: a replication worker is at it), `auditor/`
+(the election: ephemeral sequential nodes, the lowest is the auditor) and
+`disabled` (exists while auto-recovery is switched off).
 """
 
 from __future__ import annotations
@@ -53,6 +59,30 @@ class ClusterLayout:
 
     def bookie_registration(self, bookie_id: str, *, read_only: bool) -> str:
         return self._path("bookies", "readonly" if read_only else "writable", bookie_id)
+
+    # -- auto-recovery (ledger_client.autorecovery) --
+
+    @property
+    def underreplicated_ledgers(self) -> str:
+        return self._path("underreplication", "ledgers")
+
+    def underreplicated_ledger(self, ledger_id: int) -> str:
+        return self._path("underreplication", "ledgers", str(ledger_id))
+
+    @property
+    def replication_locks(self) -> str:
+        return self._path("underreplication", "locks")
+
+    def replication_lock(self, ledger_id: int) -> str:
+        return self._path("underreplication", "locks", str(ledger_id))
+
+    @property
+    def auditor_election(self) -> str:
+        return self._path("underreplication", "auditor")
+
+    @property
+    def autorecovery_disabled(self) -> str:
+        return self._path("underreplication", "disabled")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class MetadataChange(enum.Enum):
     ENSEMBLE_CHANGE = "ensemble_change"  # the writer (or a recoverer) replaced bookies
     START_RECOVERY = "start_recovery"  # a recoverer fences the ledger
     CLOSE = "close"  # the writer or a recoverer closes it
+    # Auto-recovery copied a lost bookie's entries of one fragment to another
+    # bookie and puts it in the lost one's place (BookKeeper's re-replication).
+    REPLICATE = "replicate"
 
 
 # Which change each state allows, and the state it leads to. Anything else
@@ -51,6 +54,12 @@ TRANSITIONS: Mapping[tuple[LedgerState, MetadataChange], LedgerState] = MappingP
         (LedgerState.IN_RECOVERY, MetadataChange.START_RECOVERY): LedgerState.IN_RECOVERY,
         (LedgerState.IN_RECOVERY, MetadataChange.ENSEMBLE_CHANGE): LedgerState.IN_RECOVERY,
         (LedgerState.IN_RECOVERY, MetadataChange.CLOSE): LedgerState.CLOSED,
+        # Only fragments whose entries are final are re-replicated: any of a
+        # closed ledger, those before the last of an open one (its writer
+        # adopts the change on its next compare-and-set). A ledger in
+        # recovery is left to its recoverer, whose close would start over.
+        (LedgerState.OPEN, MetadataChange.REPLICATE): LedgerState.OPEN,
+        (LedgerState.CLOSED, MetadataChange.REPLICATE): LedgerState.CLOSED,
     }
 )
 
@@ -147,6 +156,25 @@ class LedgerMetadata:
             raise ValueError(f"new ensemble at entry {first_entry_id} would precede the last one at {last_key}")
         kept = self.ensembles[:-1] if first_entry_id == last_key else self.ensembles
         return replace(self, state=state, ensembles=(*kept, (first_entry_id, tuple(bookies))))
+
+    def with_bookie_replaced(self, first_entry_id: int, index: int, old: str, new: str) -> "LedgerMetadata":
+        """Put `new` at position `index` of the ensemble keyed at
+        `first_entry_id`, where `old` must be (auto-recovery copied `old`'s
+        entries of that fragment to `new` first). The last ensemble of an
+        open ledger is its writer's and is refused."""
+        state = self._next_state(MetadataChange.REPLICATE)
+        keys = self.ensemble_keys
+        if first_entry_id not in keys:
+            raise ValueError(f"ledger {self.ledger_id} has no ensemble at entry {first_entry_id}")
+        position = keys.index(first_entry_id)
+        if self.state is LedgerState.OPEN and position == len(keys) - 1:
+            raise LedgerStateError(f"ledger {self.ledger_id} is OPEN: its last ensemble belongs to the writer")
+        bookies = list(self.ensembles[position][1])
+        if bookies[index] != old:
+            raise ValueError(f"ledger {self.ledger_id} has {bookies[index]} at {first_entry_id}/{index}, not {old}")
+        bookies[index] = new  # __post_init__ refuses a bookie already in the ensemble
+        ensembles = (*self.ensembles[:position], (first_entry_id, tuple(bookies)), *self.ensembles[position + 1 :])
+        return replace(self, state=state, ensembles=ensembles)
 
     def with_recovery_started(self) -> "LedgerMetadata":
         return replace(self, state=self._next_state(MetadataChange.START_RECOVERY))

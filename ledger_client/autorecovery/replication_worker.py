@@ -1,0 +1,297 @@
+"""The replication worker's trio driver: takes marked ledgers one lock at a
+time, copies the lost bookies' entries from surviving replicas to a
+replacement with recovery adds, checks the replacement lists them, and puts
+the replacement in the ensemble by compare-and-set; an open ledger is fenced
+and closed first once its grace period is over. The decisions are
+`replication_core`'s."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import random
+from typing import TYPE_CHECKING
+
+import trio
+
+from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError, master_key
+from bookie.protocol.wire import AddFlag, AddRequest, ListEntriesRequest, ReadFlag, ReadRequest, Status
+from coordination.cluster_layout import ClusterLayout
+from coordination.store import MetadataError
+from ledger_client.autorecovery import underreplication
+from ledger_client.autorecovery.config import AutoRecoveryConfig
+from ledger_client.autorecovery.replication_core import (
+    Fragment,
+    Replacement,
+    RetryBackoff,
+    Step,
+    apply_replacements,
+    choose_replacements,
+    password_for,
+    plan_replication,
+)
+from ledger_client.autorecovery.waits import run_while_enabled, wait_any, wall_ms
+from ledger_client.bookie_client import BookieConnectionError
+from ledger_client.errors import BKError, NoSuchLedgerError
+
+if TYPE_CHECKING:
+    from ledger_client.bookkeeper import BookKeeper
+
+log = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT_S = 10.0  # a bookie that takes a request and never answers
+RECOVERY_TIMEOUT_S = 120.0  # fencing and closing an open ledger
+ROUNDS_MAX = 8  # plan-copy-update rounds for one ledger in one attempt
+LOCKED_RECHECK_MS = 5_000.0  # another worker holds the lock: look again after this
+MARKERS_RELIST_MS = 30_000.0  # list the markers this often even without a watch event
+
+
+class ReplicationError(BKError):
+    """A fragment could not be copied (no intact copy, the replacement
+    refused it) or the ledger cannot be handled (no password opens it)."""
+
+
+class ReplicationWorker:
+    def __init__(
+        self,
+        bk: "BookKeeper",
+        config: AutoRecoveryConfig,
+        name: str,
+        *,
+        layout: ClusterLayout | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._bk = bk
+        self._config = config
+        self.name = name
+        self._layout = layout or ClusterLayout()
+        self._rng = rng or random.Random()
+        self._backoff = RetryBackoff(
+            delay_ms_initial=config.retry_delay_ms_initial, delay_ms_max=config.retry_delay_ms_max
+        )
+        self._in_progress: set[int] = set()
+        self._finished = trio.Event()
+        # Counters for status and tests.
+        self.ledgers_replicated = 0
+        self.fragments_replicated = 0
+        self.entries_copied = 0
+        self.ledgers_recovered = 0
+        self.failures = 0
+
+    # --- the loop -----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Work until cancelled, pausing while auto-recovery is switched off."""
+        await trio.to_thread.run_sync(
+            underreplication.ensure_paths, self._bk.store.store, self._layout, abandon_on_cancel=True
+        )
+        await run_while_enabled("replication worker", self._bk.store, self._layout, self._work)
+
+    async def _work(self) -> None:
+        store, layout = self._bk.store, self._layout
+        slots = trio.Semaphore(self._config.ledgers_in_flight_max)
+        async with trio.open_nursery() as nursery:
+            while True:
+                names, changed = await store.children_watch(layout.underreplicated_ledgers)
+                marked = [int(name) for name in names if name.isascii() and name.isdigit()]
+                ready = [ledger_id for ledger_id in self._backoff.ready(marked, wall_ms()) if ledger_id not in self._in_progress]
+                # Workers in every bookie look at the same list: start at
+                # different places so that they rarely meet on one lock.
+                self._rng.shuffle(ready)
+                for ledger_id in ready:
+                    try:
+                        slots.acquire_nowait()
+                    except trio.WouldBlock:
+                        break
+                    self._in_progress.add(ledger_id)
+                    nursery.start_soon(self._attempt, ledger_id, slots)
+                finished, self._finished = self._finished, trio.Event()
+                next_ready_ms = self._backoff.next_ready_ms()
+                deadline_ms = min(wall_ms() + MARKERS_RELIST_MS, math.inf if next_ready_ms is None else next_ready_ms)
+                await wait_any(changed.wait, finished.wait, deadline_ms=deadline_ms)
+
+    async def _attempt(self, ledger_id: int, slots: trio.Semaphore) -> None:
+        store, layout = self._bk.store, self._layout
+        try:
+            if not await trio.to_thread.run_sync(underreplication.try_lock, store.store, layout, ledger_id, self.name):
+                self._backoff.wait_until(ledger_id, wall_ms() + LOCKED_RECHECK_MS)
+                return
+            try:
+                wait_until_ms = await self._replicate(ledger_id)
+            finally:
+                with trio.move_on_after(5) as scope:
+                    scope.shield = True
+                    await trio.to_thread.run_sync(underreplication.unlock, store.store, layout, ledger_id)
+            if wait_until_ms is None:
+                self._backoff.succeeded(ledger_id)
+                self.ledgers_replicated += 1
+            else:
+                self._backoff.wait_until(ledger_id, wait_until_ms)
+        except (BKError, MetadataError, BookieConnectionError, trio.TooSlowError) as error:
+            self.failures += 1
+            again_ms = self._backoff.failed(ledger_id, wall_ms(), self._rng)
+            log.warning("ledger %d: re-replication failed (%s); again in %.1fs", ledger_id, error, (again_ms - wall_ms()) / 1000)
+        finally:
+            self._in_progress.discard(ledger_id)
+            slots.release()
+            self._finished.set()
+
+    # --- one ledger ---------------------------------------------------------------------
+
+    async def _replicate(self, ledger_id: int) -> float | None:
+        """Bring the ledger back to full replication. Returns None once its
+        marker is gone, or the time to look again (an open ledger within its
+        grace period)."""
+        bk, layout = self._bk, self._layout
+        sync_store = bk.store.store
+        for _ in range(ROUNDS_MAX):
+            found = await trio.to_thread.run_sync(underreplication.read_marker, sync_store, layout, ledger_id)
+            if found is None:
+                return None
+            marker, marker_version = found
+            try:
+                metadata, _ = await bk.ledger_store.read(ledger_id)
+            except NoSuchLedgerError:
+                await trio.to_thread.run_sync(underreplication.unmark, sync_store, layout, ledger_id, marker_version)
+                continue
+            registered = set(bk.registry.writable_bookies) | set(bk.registry.readonly_bookies)
+            suspects = marker.lost_bookies or metadata.all_bookies()
+            lost = frozenset(suspects - registered)
+            plan = plan_replication(
+                metadata, lost, marked_ms=marker.marked_ms, now_ms=wall_ms(), grace_ms=self._config.open_ledger_grace_ms
+            )
+            if plan.step is Step.DONE:
+                if await trio.to_thread.run_sync(underreplication.unmark, sync_store, layout, ledger_id, marker_version):
+                    log.info("ledger %d is fully replicated again", ledger_id)
+                    return None
+                continue  # the auditor added a bookie meanwhile: look again
+            if plan.step is Step.WAIT:
+                return plan.wait_until_ms
+            password = password_for(metadata, self._config.passwords)
+            if password is None:
+                raise ReplicationError(f"ledger {ledger_id}: none of the configured recovery passwords opens it")
+            if plan.step is Step.RECOVER:
+                log.info("ledger %d: %s past its grace period; fencing and closing it", ledger_id, metadata.state.value)
+                with trio.fail_after(RECOVERY_TIMEOUT_S):
+                    await bk.open_ledger(ledger_id, password, recovery=True)
+                self.ledgers_recovered += 1
+                continue
+            await self._replicate_fragments(metadata, plan.fragments, lost, password)
+        raise ReplicationError(f"ledger {ledger_id}: still under-replicated after {ROUNDS_MAX} rounds")
+
+    async def _replicate_fragments(self, metadata, fragments: tuple[Fragment, ...], lost: frozenset[str], password: bytes) -> None:
+        bk = self._bk
+        await bk.registry.refresh()
+        new_bookies = choose_replacements(metadata, fragments, bk.registry.writable_racks(), lost, rng=self._rng)
+        digest = DigestManager(metadata.ledger_id, metadata.digest_type, password)
+        key = master_key(password)
+        for fragment, new_bookie in zip(fragments, new_bookies):
+            await self._copy_fragment(metadata, fragment, new_bookie, lost, digest, key)
+        replacements = [
+            Replacement(fragment.first_entry_id, fragment.index, fragment.bookie_id, new_bookie)
+            for fragment, new_bookie in zip(fragments, new_bookies)
+        ]
+        await bk.ledger_store.update(metadata.ledger_id, functools.partial(apply_replacements, replacements=replacements))
+        self.fragments_replicated += len(fragments)
+        log.info(
+            "ledger %d: %s", metadata.ledger_id,
+            ", ".join(f"{r.old} -> {r.new} from entry {r.first_entry_id}" for r in replacements),
+        )
+
+    async def _copy_fragment(
+        self, metadata, fragment: Fragment, new_bookie: str, lost: frozenset[str], digest: DigestManager, key: bytes
+    ) -> None:
+        entry_ids = fragment.entry_ids(metadata.write_quorum)
+        if not entry_ids:
+            return  # an ensemble that never held an entry: only the metadata changes
+        slots = trio.Semaphore(self._config.entries_in_flight_max)
+        errors: list[Exception] = []
+        async with trio.open_nursery() as nursery:
+            for entry_id in entry_ids:
+                await slots.acquire()
+                if errors:
+                    break
+                nursery.start_soon(
+                    self._copy_entry, metadata, fragment, entry_id, new_bookie, lost, digest, key, slots, errors
+                )
+        if errors:
+            raise errors[0]
+        # Check that the replacement holds every entry before the metadata
+        # names it: an add it acknowledged is durable there (journal fsync).
+        response = await self._call(new_bookie, functools.partial(
+            _list_entries, metadata.ledger_id, entry_ids[0], entry_ids[-1]
+        ))
+        held = set()
+        for first, last in response.ranges if response.status is Status.OK else ():
+            held.update(range(max(first, entry_ids[0]), min(last, entry_ids[-1]) + 1))
+        missing = [entry_id for entry_id in entry_ids if entry_id not in held]
+        if missing:
+            raise ReplicationError(
+                f"ledger {metadata.ledger_id}: {new_bookie} lacks {len(missing)} copied entries (first {missing[0]})"
+            )
+
+    async def _copy_entry(
+        self, metadata, fragment: Fragment, entry_id: int, new_bookie: str, lost: frozenset[str],
+        digest: DigestManager, key: bytes, slots: trio.Semaphore, errors: list[Exception],
+    ) -> None:
+        """Copy one entry; a failure is added to `errors` (the fragment
+        stops starting copies and reports the first)."""
+        try:
+            sources = fragment.sources(entry_id, metadata.write_quorum, lost)
+            # Spread the reads over the surviving replicas.
+            turn = entry_id % len(sources) if sources else 0
+            entry = None
+            for source in sources[turn:] + sources[:turn]:
+                entry = await self._read_intact(source, metadata.ledger_id, entry_id, digest)
+                if entry is not None:
+                    break
+            if entry is None:
+                raise ReplicationError(
+                    f"ledger {metadata.ledger_id} entry {entry_id}: no intact copy on {sources or 'any surviving bookie'}"
+                )
+            response = await self._call(new_bookie, functools.partial(_recovery_add, key, entry))
+            if response.status is not Status.OK:
+                raise ReplicationError(
+                    f"ledger {metadata.ledger_id} entry {entry_id}: {new_bookie} answered {response.status.name}"
+                )
+            self.entries_copied += 1
+        except (ReplicationError, BookieConnectionError, trio.TooSlowError) as error:
+            errors.append(error)
+        finally:
+            slots.release()
+
+    async def _read_intact(self, bookie_id: str, ledger_id: int, entry_id: int, digest: DigestManager) -> bytes | None:
+        """The entry's bytes as stored on `bookie_id`, if it answers with an
+        intact copy (digest checked: a corrupt copy is never spread)."""
+        try:
+            response = await self._call(bookie_id, functools.partial(_read, ledger_id, entry_id))
+        except (BookieConnectionError, trio.TooSlowError):
+            return None
+        if response.status is not Status.OK or response.entry is None:
+            return None
+        try:
+            digest.decode(response.entry, expected_entry_id=entry_id)
+        except (DigestMismatchError, EntryFormatError) as error:
+            log.warning("ledger %d entry %d on %s is corrupt: %s", ledger_id, entry_id, bookie_id, error)
+            return None
+        return response.entry
+
+    async def _call(self, bookie_id: str, request_factory):
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            return await self._bk.pool.call(bookie_id, request_factory)
+
+
+def _read(ledger_id: int, entry_id: int, request_id: int) -> ReadRequest:
+    return ReadRequest(request_id, ReadFlag.NONE, ledger_id, entry_id, None, None, None)
+
+
+def _recovery_add(key: bytes, entry: bytes, request_id: int) -> AddRequest:
+    return AddRequest(request_id, AddFlag.RECOVERY_ADD, key, entry)
+
+
+def _list_entries(ledger_id: int, first_entry_id: int, last_entry_id: int, request_id: int) -> ListEntriesRequest:
+    return ListEntriesRequest(request_id, ledger_id, first_entry_id, last_entry_id)
+
+
+__all__ = ["ReplicationError", "ReplicationWorker"]

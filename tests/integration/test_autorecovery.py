@@ -1,0 +1,155 @@
+"""Auto-recovery against a real ZooKeeper and real bookie processes, each
+running the embedded auto-recovery daemon (auditor candidate and
+replication worker): a bookie killed -9 for good has every ledger it held
+re-replicated (closed ones, and an open one fenced after its grace period)
+to full write quorum on the others, byte for byte; switched off,
+auto-recovery leaves the ledgers alone until it is switched on again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+
+import trio
+
+from bookie.protocol.wire import Status
+from ledger_client.bookie_client import BookieClient
+from ledger_client.bookkeeper import BookKeeper
+from ledger_client.metadata import LedgerState
+from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
+
+PASSWORD = b"autorecovery"
+AUTORECOVERY_OPTIONS = (
+    "--lost-bookie-delay", "1s", "--open-ledger-grace", "3s", "--audit-interval", "60s",
+    "--recovery-password", PASSWORD.decode(),
+)
+REPAIR_DEADLINE_S = 60.0
+
+
+async def start_bookies(bookies, count: int) -> list:
+    started = [bookies.new(*AUTORECOVERY_OPTIONS) for _ in range(count)]
+    for bookie in started:
+        bookie.start()
+    async with trio.open_nursery() as nursery:
+        for bookie in started:
+            nursery.start_soon(bookie.wait_serving)
+    return started
+
+
+async def write_ledger(bk, count: int, quorums: tuple[int, int, int], *, close: bool = True):
+    lh = await bk.create_ledger(*quorums, password=PASSWORD)
+    pending = [await lh.submit_add(b"ledger-%d-entry-%d" % (lh.ledger_id, index) + bytes(index % 200)) for index in range(count)]
+    for add in pending:
+        await add.wait()
+    if close:
+        await lh.close()
+    return lh
+
+
+def expected_payloads(ledger_id: int, count: int) -> dict[int, bytes]:
+    return {index: b"ledger-%d-entry-%d" % (ledger_id, index) + bytes(index % 200) for index in range(count)}
+
+
+def autorecovery_cli(zk_hosts: str, zk_root: str, *action: str) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "quire", "autorecovery", *action, "--zk", zk_hosts, "--root", zk_root],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+async def status(zk_hosts: str, zk_root: str) -> dict:
+    return json.loads(await trio.to_thread.run_sync(autorecovery_cli, zk_hosts, zk_root, "status", "--json"))
+
+
+async def wait_until_repaired(bk, ledger_ids, lost: str, zk_hosts: str, zk_root: str) -> dict:
+    """Wait until no ledger's ensembles name `lost` and none is marked
+    under-replicated; return the ledgers' metadata."""
+    with trio.fail_after(REPAIR_DEADLINE_S):
+        while True:
+            metadata = {ledger_id: await bk.ledger_metadata(ledger_id) for ledger_id in ledger_ids}
+            if all(lost not in m.all_bookies() for m in metadata.values()):
+                if not (await status(zk_hosts, zk_root))["under_replicated"]:
+                    return metadata
+            await trio.sleep(0.25)
+
+
+async def check_every_replica(metadata, payloads: dict[int, bytes]) -> None:
+    """Every entry reads back from every bookie of its write set, all the
+    copies byte-identical and carrying the payload written."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            bookie_id: await stack.enter_async_context(BookieClient.connect(bookie_id))
+            for bookie_id in sorted(metadata.all_bookies())
+        }
+        for entry_id, payload in payloads.items():
+            copies = set()
+            for bookie_id in metadata.write_set(entry_id):
+                response = await clients[bookie_id].read(metadata.ledger_id, entry_id)
+                assert response.status is Status.OK, (metadata.ledger_id, entry_id, bookie_id, response.status)
+                assert response.entry.endswith(payload), (metadata.ledger_id, entry_id, bookie_id)
+                copies.add(response.entry)
+            assert len(copies) == 1, (metadata.ledger_id, entry_id, "replicas differ")
+
+
+async def test_a_bookie_lost_for_good_has_every_ledger_re_replicated(bookies, zk_hosts, zk_root):
+    processes = await start_bookies(bookies, 4)
+    async with BookKeeper.connect(zk_hosts, zk_root) as bk:
+        written = {}  # ledger id -> entries
+        for count, quorums in ((300, (3, 3, 2)), (200, (3, 2, 2)), (150, (3, 2, 1)), (0, (3, 3, 2)), (120, (2, 2, 2))):
+            lh = await write_ledger(bk, count, quorums)
+            written[lh.ledger_id] = count
+        # A writer that stops adding but never closes: its last fragment is
+        # left to it for the grace period, then fenced, closed and copied.
+        open_handle = await write_ledger(bk, 100, (3, 3, 2), close=False)
+        written[open_handle.ledger_id] = 100
+        victim_id = open_handle.metadata.ensembles[0][1][0]
+        victim = next(process for process in processes if process.address == victim_id)
+        held = [ledger_id for ledger_id in written if victim_id in (await bk.ledger_metadata(ledger_id)).all_bookies()]
+        assert open_handle.ledger_id in held and len(held) >= 3
+
+        victim.kill()
+        metadata = await wait_until_repaired(bk, list(written), victim_id, zk_hosts, zk_root)
+
+        for ledger_id, count in written.items():
+            assert metadata[ledger_id].state is LedgerState.CLOSED
+            assert metadata[ledger_id].last_entry_id == count - 1  # nothing acknowledged was lost
+            await check_every_replica(metadata[ledger_id], expected_payloads(ledger_id, count))
+        # The ledger client reads them too (any replica).
+        rh = await bk.open_ledger(open_handle.ledger_id, PASSWORD)
+        assert [entry.data async for entry in rh.read(0, 99)] == list(expected_payloads(open_handle.ledger_id, 100).values())
+        report = await status(zk_hosts, zk_root)
+        assert report["enabled"] and report["auditor"] is not None and report["under_replicated"] == []
+
+
+async def test_switched_off_nothing_moves_until_switched_on(bookies, zk_hosts, zk_root):
+    processes = await start_bookies(bookies, 4)
+    async with BookKeeper.connect(zk_hosts, zk_root) as bk:
+        written = {}
+        for quorums in ((3, 3, 2), (3, 2, 2), (3, 3, 2)):
+            lh = await write_ledger(bk, 100, quorums)
+            written[lh.ledger_id] = lh.metadata
+        with trio.fail_after(30):  # an auditor is elected among the bookies
+            while (await status(zk_hosts, zk_root))["auditor"] is None:
+                await trio.sleep(0.2)
+        await trio.to_thread.run_sync(autorecovery_cli, zk_hosts, zk_root, "disable")
+        assert (await status(zk_hosts, zk_root))["enabled"] is False
+
+        victim_id = next(iter(written.values())).ensembles[0][1][0]
+        next(process for process in processes if process.address == victim_id).kill()
+        # Five lost-bookie delays later, still nothing is marked or moved.
+        with trio.move_on_after(5):
+            while True:
+                report = await status(zk_hosts, zk_root)
+                assert report["under_replicated"] == [] and report["enabled"] is False
+                for ledger_id, before in written.items():
+                    assert (await bk.ledger_metadata(ledger_id)).ensembles == before.ensembles
+                await trio.sleep(0.5)
+
+        await trio.to_thread.run_sync(autorecovery_cli, zk_hosts, zk_root, "enable")
+        metadata = await wait_until_repaired(bk, list(written), victim_id, zk_hosts, zk_root)
+        for ledger_id in written:
+            await check_every_replica(metadata[ledger_id], expected_payloads(ledger_id, 100))

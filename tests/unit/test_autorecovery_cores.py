@@ -1,0 +1,281 @@
+"""Auto-recovery's pure cores, driven by hand: when a missing bookie counts
+as lost and when the auditor scans; which fragments and entries a lost
+bookie held; what a worker does with closed, open and recovering ledgers;
+how replacements land in the metadata; and the under-replication markers,
+locks and switch in the in-memory metadata store."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coordination.cluster_layout import ClusterLayout
+from coordination.memory_store import InMemoryMetadataServer
+from ledger_client.autorecovery import underreplication
+from ledger_client.autorecovery.audit_core import AuditCore, ledgers_to_mark
+from ledger_client.autorecovery.replication_core import (
+    Fragment,
+    Replacement,
+    RetryBackoff,
+    Step,
+    apply_replacements,
+    choose_replacements,
+    fragments_on,
+    password_for,
+    plan_replication,
+)
+from ledger_client.errors import LedgerStateError, NotEnoughBookiesError
+from ledger_client.ledger_store import LedgerStore
+from ledger_client.metadata import LedgerMetadata, LedgerState
+from tests.support import ledger_metadata_for
+
+DELAY_MS = 1_000
+GRACE_MS = 5_000
+
+
+def ledger(ensembles, *, state=LedgerState.CLOSED, last_entry_id=9, size=3, write_quorum=2) -> LedgerMetadata:
+    base = ledger_metadata_for(7)
+    return replace(
+        base, ensemble_size=size, write_quorum=write_quorum, ack_quorum=min(2, write_quorum),
+        ensembles=tuple((first, tuple(bookies)) for first, bookies in ensembles), state=state,
+        last_entry_id=last_entry_id if state is LedgerState.CLOSED else -1,
+    )
+
+
+# --- the auditor ----------------------------------------------------------------------
+
+
+def test_a_bookie_back_within_the_delay_is_never_lost():
+    core = AuditCore(DELAY_MS, audit_interval_ms=60_000)
+    core.registry_changed({"a", "b", "c"}, 0)
+    assert core.scan_due(0)  # the first scan runs at once
+    core.scan_done({"a", "b", "c"}, core.lost(0), 0)
+    assert not core.scan_due(1)
+    core.registry_changed({"a", "b"}, 100)
+    assert core.next_deadline_ms() == 100 + DELAY_MS
+    assert not core.scan_due(100 + DELAY_MS - 1)
+    core.registry_changed({"a", "b", "c"}, 500)  # c restarted in time
+    assert core.lost(10_000) == frozenset()
+    assert core.next_deadline_ms() == 60_000  # only the periodic check is left
+
+
+def test_a_bookie_gone_past_the_delay_is_lost_and_scanned_for_once():
+    core = AuditCore(DELAY_MS, audit_interval_ms=60_000)
+    core.registry_changed({"a", "b", "c"}, 0)
+    core.scan_done({"a", "b", "c"}, core.lost(0), 0)
+    core.registry_changed({"a", "b"}, 100)
+    assert core.scan_due(100 + DELAY_MS) and core.lost(100 + DELAY_MS) == {"c"}
+    core.scan_done({"a", "b", "c"}, core.lost(1_100), 1_100)
+    assert not core.scan_due(2_000)  # c's ledgers are marked; next: the periodic check
+    assert core.scan_due(1_100 + 60_000)
+    assert core.lost(2_000) == {"c"}  # still lost: the periodic check marks again if needed
+
+
+def test_bookies_gone_before_the_auditor_started_are_found_by_the_first_scan():
+    core = AuditCore(DELAY_MS, audit_interval_ms=60_000)
+    core.registry_changed({"a", "b"}, 0)
+    core.scan_done({"a", "b", "old"}, core.lost(0), 0)  # a ledger still names "old"
+    assert core.missing_since_ms == {"old": 0}
+    assert core.scan_due(DELAY_MS) and core.lost(DELAY_MS) == {"old"}
+
+
+def test_a_bookie_no_ledger_uses_is_forgotten():
+    core = AuditCore(DELAY_MS, audit_interval_ms=60_000)
+    core.registry_changed({"a", "b"}, 0)
+    core.registry_changed({"a"}, 10)
+    core.scan_done({"a"}, core.lost(10), 10)  # nothing references b
+    assert core.missing_since_ms == {} and not core.scan_due(10 + DELAY_MS)
+
+
+def test_ledgers_to_mark_names_the_lost_bookies_of_each_ledger():
+    index = {1: {"a", "b", "c"}, 2: {"b", "c", "d"}, 3: {"c", "d", "e"}}
+    assert ledgers_to_mark(index, {"a", "b"}) == {1: {"a", "b"}, 2: {"b"}}
+    assert ledgers_to_mark(index, set()) == {}
+
+
+# --- fragments and entries ------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 6), data=st.data())
+def test_a_fragment_holds_exactly_the_entries_whose_write_set_names_its_bookie(size, data):
+    write_quorum = data.draw(st.integers(1, size))
+    first, count = data.draw(st.integers(0, 50)), data.draw(st.integers(0, 30))
+    bookies = tuple(f"b{index}" for index in range(size))
+    metadata = ledger([(0, bookies)], size=size, write_quorum=write_quorum, last_entry_id=first + count - 1)
+    index = data.draw(st.integers(0, size - 1))
+    fragment = Fragment(first, first + count - 1, index, bookies[index], bookies)
+    expected = [e for e in range(first, first + count) if bookies[index] in metadata.write_set(e)]
+    assert fragment.entry_ids(write_quorum) == expected
+    for entry_id in expected:
+        sources = fragment.sources(entry_id, write_quorum, lost={bookies[index]})
+        assert set(sources) == set(metadata.write_set(entry_id)) - {bookies[index]}
+
+
+def test_fragments_end_where_the_next_ensemble_starts_or_at_the_last_entry():
+    metadata = ledger([(0, "abc"), (5, "dbc"), (8, "dec")], last_entry_id=12)
+    found = fragments_on(metadata, {"c"})
+    assert [(position, f.first_entry_id, f.last_entry_id, f.index) for position, f in found] == [
+        (0, 0, 4, 2), (1, 5, 7, 2), (2, 8, 12, 2),
+    ]
+    open_ledger = ledger([(0, "abc"), (5, "dbc")], state=LedgerState.OPEN)
+    assert [f.last_entry_id for _, f in fragments_on(open_ledger, {"b"})] == [4, -1]
+
+
+# --- plans ----------------------------------------------------------------------------
+
+
+def test_a_closed_ledger_is_copied_at_once_and_done_when_no_fragment_is_on_a_lost_bookie():
+    metadata = ledger([(0, "abc"), (5, "dbc")])
+    plan = plan_replication(metadata, {"b"}, marked_ms=0, now_ms=0, grace_ms=GRACE_MS)
+    assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0, 5]
+    assert plan_replication(metadata, {"z"}, marked_ms=0, now_ms=0, grace_ms=GRACE_MS).step is Step.DONE
+
+
+def test_an_open_ledger_copies_final_fragments_then_waits_then_is_fenced():
+    # The writer moved on from "a" once; "b" is in both ensembles.
+    metadata = ledger([(0, "abc"), (5, "dbc")], state=LedgerState.OPEN)
+    plan = plan_replication(metadata, {"b"}, marked_ms=1_000, now_ms=1_000, grace_ms=GRACE_MS)
+    assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0]
+    copied = metadata.with_bookie_replaced(0, 1, "b", "e")
+    plan = plan_replication(copied, {"b"}, marked_ms=1_000, now_ms=2_000, grace_ms=GRACE_MS)
+    assert plan.step is Step.WAIT and plan.wait_until_ms == 1_000 + GRACE_MS
+    plan = plan_replication(copied, {"b"}, marked_ms=1_000, now_ms=1_000 + GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.RECOVER
+
+
+def test_a_ledger_in_recovery_is_left_to_its_recoverer_for_the_grace_period():
+    metadata = ledger([(0, "abc")], state=LedgerState.OPEN).with_recovery_started()
+    assert plan_replication(metadata, {"a"}, marked_ms=0, now_ms=1, grace_ms=GRACE_MS).step is Step.WAIT
+    assert plan_replication(metadata, {"a"}, marked_ms=0, now_ms=GRACE_MS, grace_ms=GRACE_MS).step is Step.RECOVER
+
+
+# --- replacements and the metadata change ---------------------------------------------
+
+
+def test_replacements_are_distinct_writable_and_not_lost():
+    metadata = ledger([(0, "abc")])
+    fragments = [f for _, f in fragments_on(metadata, {"a", "b"})]
+    writable = {"c": None, "d": None, "e": None}
+    chosen = choose_replacements(metadata, fragments, writable, {"a", "b"}, rng=random.Random(1))
+    assert sorted(chosen) == ["d", "e"]
+    with pytest.raises(NotEnoughBookiesError):
+        choose_replacements(metadata, fragments, {"c": None, "d": None}, {"a", "b"}, rng=random.Random(1))
+
+
+def test_replacements_honour_racks():
+    metadata = ledger([(0, ("a", "b", "c"))], write_quorum=3)
+    writable = {"b": "r2", "c": "r3", "d": "r2", "e": "r1", "f": "r3"}
+    fragments = [f for _, f in fragments_on(metadata, {"a"})]
+    for seed in range(10):
+        assert choose_replacements(metadata, fragments, writable, {"a"}, rng=random.Random(seed)) == ["e"]
+
+
+def test_apply_replacements_skips_slots_that_changed_meanwhile():
+    metadata = ledger([(0, "abc"), (5, "dbc")])
+    wanted = [Replacement(0, 1, "b", "e"), Replacement(5, 1, "b", "e")]
+    changed = apply_replacements(metadata, wanted)
+    assert changed.ensembles == ((0, ("a", "e", "c")), (5, ("d", "e", "c")))
+    assert changed.state is LedgerState.CLOSED
+    assert apply_replacements(changed, wanted) is None  # done already: nothing to write
+    # Another worker put "f" in the first slot: only the second changes.
+    other = metadata.with_bookie_replaced(0, 1, "b", "f")
+    assert apply_replacements(other, wanted).ensembles == ((0, ("a", "f", "c")), (5, ("d", "e", "c")))
+
+
+def test_the_writers_last_ensemble_and_a_ledger_in_recovery_are_never_changed():
+    open_ledger = ledger([(0, "abc"), (5, "dbc")], state=LedgerState.OPEN)
+    with pytest.raises(LedgerStateError):
+        open_ledger.with_bookie_replaced(5, 1, "b", "e")
+    assert apply_replacements(open_ledger, [Replacement(5, 1, "b", "e")]) is None
+    recovering = open_ledger.with_recovery_started()
+    assert apply_replacements(recovering, [Replacement(0, 1, "b", "e")]) is None
+    with pytest.raises(ValueError):
+        open_ledger.with_bookie_replaced(0, 1, "a", "e")  # "a" is not there
+
+
+def test_the_password_is_found_among_the_configured_ones():
+    metadata = ledger([(0, "abc")])  # password b"pw"
+    assert password_for(metadata, [b"", b"pw"]) == b"pw"
+    assert password_for(metadata, [b"", b"other"]) is None
+
+
+# --- retries --------------------------------------------------------------------------
+
+
+def test_backoff_doubles_to_its_ceiling_and_forgets_unmarked_ledgers():
+    backoff = RetryBackoff(delay_ms_initial=100, delay_ms_max=400, jitter_ratio=0)
+    rng = random.Random(0)
+    assert [backoff.failed(1, 0, rng) for _ in range(4)] == [100, 200, 400, 400]
+    assert backoff.ready([1, 2], 399) == [2]
+    assert backoff.ready([1, 2], 400) == [1, 2]
+    backoff.wait_until(2, 5_000)
+    assert backoff.next_ready_ms() == 400
+    assert backoff.ready([1], 0) == []  # 2 is no longer marked: forgotten
+    assert backoff.next_ready_ms() == 400
+    backoff.succeeded(1)
+    assert backoff.failed(1, 0, rng) == 100
+
+
+# --- markers, locks and the switch in the metadata store ------------------------------
+
+
+@pytest.fixture
+def store():
+    server = InMemoryMetadataServer()
+    with server.connect(session_timeout_ms=10_000) as connection:
+        yield connection
+
+
+def test_markers_keep_their_first_time_and_gather_bookies(store):
+    layout = ClusterLayout()
+    underreplication.ensure_paths(store, layout)
+    assert underreplication.mark(store, layout, 12, frozenset({"a"}), 1_000, "auditor-1")
+    assert not underreplication.mark(store, layout, 12, frozenset({"a"}), 2_000, "auditor-1")
+    assert underreplication.mark(store, layout, 12, frozenset({"b"}), 3_000, "auditor-2")
+    marker, version = underreplication.read_marker(store, layout, 12)
+    assert marker.lost_bookies == {"a", "b"} and marker.marked_ms == 1_000
+    assert store.exists("/underreplication/ledgers/12") is not None  # the layout others count
+    assert underreplication.marked_ledgers(store, layout) == [12]
+    # A worker that read an older version does not delete a newer marking.
+    assert not underreplication.unmark(store, layout, 12, version - 1)
+    assert underreplication.unmark(store, layout, 12, version)
+    assert underreplication.read_marker(store, layout, 12) is None
+
+
+def test_locks_are_exclusive_and_ephemeral():
+    server = InMemoryMetadataServer()
+    layout = ClusterLayout()
+    first = server.connect(session_timeout_ms=10_000)
+    with server.connect(session_timeout_ms=10_000) as second:
+        assert underreplication.try_lock(first, layout, 5, "worker-1")
+        assert not underreplication.try_lock(second, layout, 5, "worker-2")
+        assert underreplication.locks(second, layout) == {5: "worker-1"}
+        first.close()  # its session ends: the lock goes with it
+        assert underreplication.try_lock(second, layout, 5, "worker-2")
+        underreplication.unlock(second, layout, 5)
+        assert underreplication.locks(second, layout) == {}
+
+
+def test_the_switch_is_one_node(store):
+    layout = ClusterLayout()
+    assert underreplication.is_enabled(store, layout)
+    underreplication.set_enabled(store, layout, False)
+    underreplication.set_enabled(store, layout, False)
+    assert store.exists("/underreplication/disabled") is not None
+    assert not underreplication.is_enabled(store, layout)
+    underreplication.set_enabled(store, layout, True)
+    assert underreplication.is_enabled(store, layout)
+
+
+def test_the_scan_lists_every_ledgers_bookies(store):
+    ledgers = LedgerStore(store)
+    first, _ = ledgers.create(ledger_metadata_for)
+    second, _ = ledgers.create(lambda ledger_id: replace(ledger_metadata_for(ledger_id), ensembles=((0, ("b4", "b2", "b3")),)))
+    assert underreplication.ensemble_bookies(ledgers) == {
+        first.ledger_id: {"b1", "b2", "b3"}, second.ledger_id: {"b4", "b2", "b3"},
+    }
