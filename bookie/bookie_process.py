@@ -5,7 +5,6 @@ and on SIGTERM/SIGINT unregister, drain the journal, checkpoint and exit."""
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -15,11 +14,13 @@ import trio
 from bookie.config import BookieConfig
 from bookie.cookie import CookieError
 from bookie.disk_usage import ReadOnlyPolicy, measure
+from bookie.durable_files import directory_problem
 from bookie.entry_index import RocksEntryIndex
 from bookie.entry_log import FileEntryLog
 from bookie.journal import FileJournal
 from bookie.storage_interfaces import JournalCorruptError
 from bookie.ledger_storage import LedgerStorage
+from bookie.metrics import BookieMetrics, start_bookie_metrics
 from bookie.registration import Registration, check_and_write_cookies
 from bookie.server import BookieServer
 from bookie.startup_recovery import RecoveryReport, recover
@@ -41,16 +42,9 @@ class StartupError(Exception):
 
 
 def check_directory(path: Path, what: str) -> None:
-    if path.exists() and not path.is_dir():
-        raise StartupError(f"the {what} {path} is not a directory")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise StartupError(f"cannot create the {what} {path}: {error.strerror}") from None
-    if not path.is_dir():
-        raise StartupError(f"the {what} {path} is not a directory")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise StartupError(f"the {what} {path} is not writable by this user")
+    problem = directory_problem(path, what)
+    if problem is not None:
+        raise StartupError(problem)
 
 
 def open_storage(config: BookieConfig) -> tuple[FileJournal, LedgerStorage]:
@@ -108,8 +102,10 @@ async def run_bookie(
                 config.zk_hosts, config.root, session_timeout_ms=config.session_timeout_ms
             )
         )
-    except (MetadataError, ValueError) as error:
+    except MetadataError as error:
         raise StartupError(str(error)) from None
+    except ValueError as error:
+        raise StartupError(f"bad ZooKeeper address {config.zk_hosts!r}: {error}") from None
     async with AsyncMetadataStore(store) as metadata:
         layout = ClusterLayout()
         try:
@@ -159,18 +155,36 @@ async def _serve(config, metadata, layout, journal, storage, handle_signals, tas
         ) from None
     server = BookieServer(
         config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
-        ledger_metadata=metadata.store,
+        ledger_metadata=metadata.store, metrics=BookieMetrics() if config.metrics_port else None,
     )
     server.set_disk_read_only(starts_read_only)
     _record_usage(server, usage, policy)
     info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only)
     registration = Registration(metadata, layout, info, stale_wait_s=2 * config.session_timeout_ms / 1000 + 10)
     server.on_read_only_change = registration.set_read_only
-    stop = trio.Event()
     try:
         await server.listen()
     except OSError as error:
         raise StartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    endpoint = None
+    if config.metrics_port:
+        try:
+            endpoint = start_bookie_metrics(server, config.host, config.metrics_port, metadata.store)
+        except OSError as error:
+            await server.close_listeners()
+            raise StartupError(
+                f"cannot serve metrics on {config.host}:{config.metrics_port}: {error.strerror or error}"
+            ) from None
+    try:
+        await _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
+    finally:
+        if endpoint is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(endpoint.close)
+
+
+async def _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status) -> None:
+    stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
         async with trio.open_nursery() as helpers:
@@ -236,5 +250,7 @@ def _announce(config: BookieConfig, report: RecoveryReport, read_only: bool) -> 
         f"bookie {config.identity} serving on {config.host}:{config.port} ({mode}); "
         f"replayed {report.records_replayed} journal records, {report.ledgers} ledgers"
     )
+    if config.metrics_port:
+        message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
     log.info(message)
     print(message, flush=True)

@@ -25,6 +25,7 @@ class BookieConfig:
     bookie_id: str | None = None  # default: advertised_host:port
     rack: str | None = None
     session_timeout_ms: int = 10_000
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: no endpoint and nothing measured
     # wire
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
     connection_output_bytes_max: int = 16 * MIB  # stop reading a client whose responses pile up
@@ -62,6 +63,8 @@ class BookieConfig:
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if not 0 <= self.metrics_port < 65536 or self.metrics_port == self.port:
+            raise ValueError(f"metrics port must be in 1..65535 (0: off) and differ from the port, got {self.metrics_port}")
         if not self.root.startswith("/") or self.root.endswith("/") and self.root != "/":
             raise ValueError(f"root must be an absolute ZooKeeper path like /quire, got {self.root!r}")
         if not 0 < self.disk_usage_lwm <= self.disk_usage_threshold <= 1:

@@ -50,3 +50,28 @@ def write_parts_at(fd: int, parts: list[bytes], position: int) -> int:
                 rest = rest[done:]
         total += expected
     return total
+
+
+def directory_problem(path: Path, what: str = "directory") -> str | None:
+    """Create `path` if need be and check that a file can be written in it
+    (permission bits do not stop root, a read-only file system does, so a
+    probe file is the real test). None if all is well, else one line naming
+    the directory and what is wrong with it."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        return f"the {what} {path} is not a directory"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        return f"cannot create the {what} {path}: {error.strerror or error}"
+    if not path.is_dir():
+        return f"the {what} {path} is not a directory"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"the {what} {path} is not writable by this user"
+    probe = path / f".write-check-{os.getpid()}"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        return f"the {what} {path} is not writable: {error.strerror or error}"
+    return None

@@ -39,6 +39,7 @@ class SyncedBatch:
     records: int
     bytes: int
     bug: BaseException | None = None  # anything else: our own bug, re-raised on the loop
+    write_s: float = 0.0  # append and fsync
 
 
 class JournalThread:
@@ -122,10 +123,11 @@ class JournalThread:
     # --- the journal thread --------------------------------------------------------
 
     def _write(self, records: list[JournalRecord], tokens: list[int], data_bytes: int) -> SyncedBatch:
+        started = time.perf_counter()
         try:
             position = self.journal.append(records)
             self.journal.sync()
-            return SyncedBatch(tokens, position, None, len(records), data_bytes)
+            return SyncedBatch(tokens, position, None, len(records), data_bytes, write_s=time.perf_counter() - started)
         except (JournalError, OSError) as error:
             return SyncedBatch(tokens, None, error, len(records), data_bytes)
         except Exception as error:  # a bug: the loop re-raises it, the bookie stops

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -21,12 +21,19 @@ from bookie.config import BookieConfig
 from bookie.garbage_collector import GarbageCollector
 from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
+from bookie.metrics import BookieMetrics
 from bookie.protocol.frame_output import FrameOutput
 from bookie.protocol.wire import (
     PROTOCOL_VERSION,
+    AddRequest,
+    AddResponse,
+    BatchReadRequest,
+    BatchReadResponse,
     FrameDecoder,
     HelloReply,
     ProtocolError,
+    ReadRequest,
+    ReadResponse,
     Status,
     decode_hello,
     decode_request,
@@ -109,6 +116,8 @@ class _Connection:
     stream: trio.SocketStream
     peer: str
     output: FrameOutput
+    # With metrics on: when each add and read in progress arrived (ms).
+    started_ms: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -132,14 +141,17 @@ class BookieServer:
         journal: Journal,
         journal_position: JournalPosition,
         ledger_metadata: MetadataStore | None = None,
+        metrics: BookieMetrics | None = None,
     ) -> None:
         """`ledger_metadata`: where garbage collection looks for ledger
-        metadata (None: it deletes no ledger)."""
+        metadata (None: it deletes no ledger). `metrics`: where to count
+        requests and journal batches (None: nothing is measured)."""
         self.config = config
         self.core = core
         self.storage = storage
         self.journal = journal
         self.stats = ServerStats()
+        self.metrics = metrics
         self.port: int | None = None
         self.on_read_only_change = None  # callable(bool), set by the owner
         self.journal_failed: str | None = None
@@ -177,6 +189,12 @@ class BookieServer:
         self._listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
         self.port = self._listeners[0].socket.getsockname()[1]
         return self.port
+
+    async def close_listeners(self) -> None:
+        """Give the port back when the bookie stops before `run()`."""
+        for listener in self._listeners:
+            await listener.aclose()
+        self._listeners = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve (after `listen()`) until `stop()`; then drain the journal,
@@ -234,15 +252,20 @@ class BookieServer:
             output.queue(frame)
 
     def _carry_out(self, actions: list) -> None:
+        measured = self.metrics is not None
         for action in actions:
             kind = type(action)
             if kind is Respond:
+                if measured:
+                    self._measure(action.connection_id, action.response)
                 self._respond(action.connection_id, encode_response(action.response))
             elif kind is AppendJournal:
                 self._journal_records.append(action.record)
                 self._journal_tokens.append(action.token)
                 self._journal_record_bytes += len(action.record.data)
             elif kind is DurableAdd:
+                if measured:
+                    self._measure_add(action.connection_id, action.request_id)
                 self._store(action.ledger_id, action.entry_id, action.data)
                 self._respond(action.connection_id, encode_add_ok(action.request_id, action.ledger_id, action.entry_id))
             elif kind is StoreEntry:
@@ -253,6 +276,19 @@ class BookieServer:
                 self._service_nursery.start_soon(self._list, action)
             else:
                 raise AssertionError(f"unknown action {action!r}")
+
+    def _measure_add(self, connection_id: int, request_id: int) -> None:
+        connection = self._connections.get(connection_id)
+        started_ms = None if connection is None else connection.started_ms.pop(request_id, None)
+        self.metrics.answered(True, Status.OK, None if started_ms is None else (now_ms() - started_ms) / 1000)
+
+    def _measure(self, connection_id: int, response) -> None:
+        kind = type(response)
+        if kind is AddResponse or kind is ReadResponse or kind is BatchReadResponse:
+            connection = self._connections.get(connection_id)
+            started_ms = None if connection is None else connection.started_ms.pop(response.request_id, None)
+            latency_s = None if started_ms is None else (now_ms() - started_ms) / 1000
+            self.metrics.answered(kind is AddResponse, response.status, latency_s)
 
     def _store(self, ledger_id: int, entry_id: int, data: bytes) -> None:
         self.storage.put(ledger_id, entry_id, data)
@@ -395,6 +431,8 @@ class BookieServer:
             return
         self.stats.journal_batches += 1
         self.stats.journal_records += batch.records
+        if self.metrics is not None:
+            self.metrics.journal_batch(batch.records, batch.bytes, batch.write_s)
         self._synced_position = batch.position
         self._execute(self.core.journal_synced(tokens, now_ms()))
 
@@ -563,8 +601,14 @@ class BookieServer:
             deadline_before = core.next_deadline_ms()
             actions: list = []
             try:
-                for fields in decoder.frames():
-                    actions += core.receive(connection.id, decode_request(fields), now)
+                if self.metrics is None:
+                    for fields in decoder.frames():
+                        actions += core.receive(connection.id, decode_request(fields), now)
+                else:
+                    for fields in decoder.frames():
+                        request = decode_request(fields)
+                        self._note_arrival(connection, request, now)
+                        actions += core.receive(connection.id, request, now)
             finally:
                 # Requests before a malformed frame are the core's now: their
                 # actions must run even though the connection will close.
@@ -579,6 +623,13 @@ class BookieServer:
             data = await connection.stream.receive_some(RECEIVE_BYTES)
             if not data:
                 return
+
+    @staticmethod
+    def _note_arrival(connection: _Connection, request, now: float) -> None:
+        kind = type(request)
+        # A long poll waits on purpose: its time says nothing of the bookie.
+        if kind is AddRequest or kind is BatchReadRequest or kind is ReadRequest and request.previous_lac is None:
+            connection.started_ms[request.request_id] = now
 
     async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
         try:

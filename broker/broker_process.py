@@ -10,6 +10,7 @@ import signal
 
 import trio
 
+from broker.metrics import broker_registry, start_broker_metrics
 from broker.server import BrokerConfig, BrokerServer
 from coordination.store import MetadataError
 from coordination.async_store import connect_zookeeper
@@ -33,29 +34,53 @@ async def run_broker(
 ) -> None:
     try:
         sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
-    except (MetadataError, ValueError) as error:
+    except MetadataError as error:
         raise BrokerStartupError(str(error)) from None
+    except ValueError as error:
+        raise BrokerStartupError(f"bad ZooKeeper address {zk_hosts!r}: {error}") from None
     config.session_timeout_ms = session_timeout_ms
     async with BookKeeper.open(sync_store) as bk:
-        server = BrokerServer(config, bk, bk.store)
+        registry, metrics = broker_registry() if config.metrics_port else (None, None)
+        server = BrokerServer(config, bk, bk.store, metrics)
         try:
             await server.listen()
         except OSError as error:
             raise BrokerStartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
-        async with trio.open_nursery() as nursery:
-            await nursery.start(server.run)
-            message = f"broker {server.info.broker_id} serving on {server.info.address}"
-            log.info(message)
-            print(message, flush=True)
-            task_status.started(server)
-            if handle_signals:
-                with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                    async for signal_number in signals:
-                        log.info("received %s: unloading partitions", signal.Signals(signal_number).name)
-                        break
-            else:
-                await trio.sleep_forever()
-            await server.shutdown()
+        endpoint = None
+        if registry is not None:
+            try:
+                endpoint = start_broker_metrics(server, registry, config.host, config.metrics_port)
+            except OSError as error:
+                await server.close_listeners()
+                raise BrokerStartupError(
+                    f"cannot serve metrics on {config.host}:{config.metrics_port}: {error.strerror or error}"
+                ) from None
+        try:
+            await _serve(server, handle_signals, task_status)
+        finally:
+            if endpoint is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(endpoint.close)
+
+
+async def _serve(server: BrokerServer, handle_signals: bool, task_status) -> None:
+    config = server.config
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.run)
+        message = f"broker {server.info.broker_id} serving on {server.info.address}"
+        if config.metrics_port:
+            message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
+        log.info(message)
+        print(message, flush=True)
+        task_status.started(server)
+        if handle_signals:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for signal_number in signals:
+                    log.info("received %s: unloading partitions", signal.Signals(signal_number).name)
+                    break
+        else:
+            await trio.sleep_forever()
+        await server.shutdown()
 
 
 __all__ = ["BrokerStartupError", "run_broker"]

@@ -34,6 +34,7 @@ from broker.errors import (
     TopicNotFoundError,
 )
 from broker.managed_ledger import EntryCache, Position
+from broker.metrics import BrokerMetrics
 from broker.ownership import BrokerInfo, Ownership, rendezvous_choice
 from broker.protocol import (
     PROTOCOL_VERSION,
@@ -60,7 +61,7 @@ from broker.protocol import (
     encode,
 )
 from broker.subscription import ConsumerLink
-from broker.topic import BrokerContext, PartitionService, ProducerLink
+from broker.topic import BrokerContext, PartitionService, PartitionStats, ProducerLink
 from broker.topic_store import TopicPolicies, TopicRecord, TopicStore, check_name, split_partition
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import MetadataError, NodeExistsError
@@ -91,6 +92,7 @@ class BrokerConfig:
     default_policies: TopicPolicies = field(default_factory=TopicPolicies)
     retention_check_interval_s: float = 5.0
     session_timeout_ms: int = 10_000  # the broker's ZooKeeper session (its dispatch lease follows it)
+    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: no endpoint and nothing measured
 
 
 @dataclass(eq=False)
@@ -102,12 +104,21 @@ class _Connection:
     consumers: dict[int, tuple[PartitionService, str, int]] = field(default_factory=dict)  # handle -> (partition, subscription, consumer id)
     closed: bool = False
     output_bytes_max: int = 64 * 1024 * 1024
+    metrics: BrokerMetrics | None = None
+    # With metrics on: when each batch in progress arrived, by (producer handle, last sequence id).
+    publish_started_s: dict[tuple[int, int], float] = field(default_factory=dict)
 
     def send(self, message: Any) -> None:
         if self.closed:
             return
         self.output.queue(encode(message))
         self.output.flush()
+
+    def send_receipt(self, receipt: SendReceipt) -> None:
+        """`send` for producers' receipts, measured."""
+        started_s = self.publish_started_s.pop((receipt.producer_handle, receipt.last_sequence_id), None)
+        self.metrics.receipt(receipt.status, started_s)
+        self.send(receipt)
 
     async def wait_for_room(self) -> None:
         """Until what is queued for the client is under `output_bytes_max`
@@ -118,8 +129,13 @@ class _Connection:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, bk: BookKeeper, store: AsyncMetadataStore) -> None:
+    def __init__(self, config: BrokerConfig, bk: BookKeeper, store: AsyncMetadataStore,
+                 metrics: BrokerMetrics | None = None) -> None:
+        """`metrics`: where to count producer batches (None: nothing is measured)."""
         self.config = config
+        self.metrics = metrics
+        # Counts of the partitions no longer served here, so that the totals never go back.
+        self.retired_stats = PartitionStats()
         self.bk = bk
         self.store = store
         self.topic_store = TopicStore(store)
@@ -154,6 +170,12 @@ class BrokerServer:
             self.info = BrokerInfo(self.config.broker_id, self.config.advertised_address or f"{self.config.host}:{port}")
             self.ownership.info = self.info
         return port
+
+    async def close_listeners(self) -> None:
+        """Give the port back when the broker stops before `run()`."""
+        for listener in self._listeners:
+            await listener.aclose()
+        self._listeners = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self._listeners:
@@ -373,6 +395,8 @@ class BrokerServer:
                 await service.ml.delete()
             if self.partitions.get(service.name) is service:
                 del self.partitions[service.name]
+                for name in ("messages_in", "bytes_in", "messages_out"):
+                    setattr(self.retired_stats, name, getattr(self.retired_stats, name) + getattr(service.stats, name))
             try:
                 await self.ownership.release(service.name)
             except MetadataError as error:
@@ -447,7 +471,8 @@ class BrokerServer:
             peer = "%s:%s" % stream.socket.getpeername()[:2]
         except OSError:
             peer = "?"
-        connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max)
+        connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max,
+                                 metrics=self.metrics)
         decoder = FrameDecoder(self.config.frame_bytes_max)
         enable_keepalive(stream)
         try:
@@ -541,6 +566,8 @@ class BrokerServer:
                                             -1, -1, -1, "no such producer on this connection (it was closed): reconnect"))
                 return
             service, link = found
+            if connection.metrics is not None:
+                connection.publish_started_s[(message.producer_handle, message.last_sequence_id)] = time.perf_counter()
             await service.publish(link, message)
         elif kind is Flow or kind is Redeliver:
             # For a consumer closed meanwhile: nothing to do.
@@ -595,7 +622,8 @@ class BrokerServer:
             if message.producer_handle in connection.producers:
                 raise BadRequestError(f"producer handle {message.producer_handle} is in use on this connection")
             service = await self.serving(message.topic)
-            link = ProducerLink(message.producer_handle, message.producer_id, connection.send)
+            link = ProducerLink(message.producer_handle, message.producer_id,
+                                connection.send if connection.metrics is None else connection.send_receipt)
             last_sequence_id = await service.add_producer(link)
             connection.producers[message.producer_handle] = (service, link)
             return {"last_sequence_id": last_sequence_id, "partition": service.name}

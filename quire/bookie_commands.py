@@ -8,7 +8,7 @@ from pathlib import Path
 
 import trio
 
-from quire.cli import UsageError, byte_size, configure_logging, fraction, port_number, positive_int
+from quire.cli import UsageError, byte_size, configure_logging, fraction, metrics_port, port_number, positive_int
 from quire.metadata_access import open_metadata
 
 
@@ -20,6 +20,10 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR")
     parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR")
     parser.add_argument("--rack", help="rack label used by placement")
+    parser.add_argument(
+        "--metrics-port", type=metrics_port, default=0, metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default 0: no endpoint, nothing measured)",
+    )
     parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000)
     parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2)
     parser.add_argument("--journal-file-bytes-max", type=byte_size, default=256 * 1024**2)
@@ -93,6 +97,7 @@ def run(arguments: argparse.Namespace) -> int:
             bookie_id=arguments.bookie_id,
             rack=arguments.rack,
             session_timeout_ms=arguments.session_timeout_ms,
+            metrics_port=arguments.metrics_port,
             frame_bytes_max=arguments.frame_bytes_max,
             journal_file_bytes_max=arguments.journal_file_bytes_max,
             group_wait_ms=arguments.group_wait_ms,
@@ -114,7 +119,7 @@ def run(arguments: argparse.Namespace) -> int:
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
-    configure_logging(arguments.log_level, f"bookie {config.identity}")
+    configure_logging(arguments.log_level, "bookie", config.identity, arguments.log_format)
     try:
         from quire.autorecovery_commands import run_with_bookie
 

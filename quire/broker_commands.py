@@ -7,7 +7,7 @@ import socket
 
 import trio
 
-from quire.cli import UsageError, byte_size, configure_logging, duration_ms, port_number, positive_int
+from quire.cli import UsageError, byte_size, configure_logging, duration_ms, metrics_port, port_number, positive_int
 
 
 def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -50,6 +50,10 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--advertised-address", help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
+    parser.add_argument(
+        "--metrics-port", type=metrics_port, default=0, metavar="PORT",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics (default 0: no endpoint, nothing measured)",
+    )
     parser.add_argument("--ledger-password", default="", help="password of the topics' ledgers (Spark export needs the same)")
     parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000)
     parser.add_argument("--entry-cache-bytes", type=byte_size, default=64 * 1024**2)
@@ -65,6 +69,8 @@ def run(arguments: argparse.Namespace) -> int:
     from broker.topic_store import TopicPolicies
 
     host = arguments.host
+    if arguments.metrics_port == arguments.port:
+        raise UsageError(f"--metrics-port must differ from --port ({arguments.port})")
     advertised = arguments.advertised_address or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}"
     try:
         config = BrokerConfig(
@@ -78,10 +84,11 @@ def run(arguments: argparse.Namespace) -> int:
             auto_topic_creation=not arguments.no_auto_topic_creation,
             default_policies=TopicPolicies.from_dict(policies_from(arguments)),
             retention_check_interval_s=arguments.retention_check_interval / 1000,
+            metrics_port=arguments.metrics_port,
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
-    configure_logging(arguments.log_level, f"broker {config.broker_id}")
+    configure_logging(arguments.log_level, "broker", config.broker_id, arguments.log_format)
     try:
         trio.run(lambda: run_broker(config, arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms))
     except BrokerStartupError as error:

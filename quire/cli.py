@@ -8,7 +8,6 @@ operator can fix.
 from __future__ import annotations
 
 import argparse
-import logging
 import re
 import sys
 from typing import Callable, Sequence
@@ -63,6 +62,13 @@ def port_number(text: str) -> int:
     return value
 
 
+def metrics_port(text: str) -> int:
+    """A port for Prometheus's /metrics, or 0 for none."""
+    if text.strip() == "0":
+        return 0
+    return port_number(text)
+
+
 def nonnegative_int(text: str) -> int:
     return _int_at_least(text, 0, "must not be negative")
 
@@ -92,6 +98,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", default="127.0.0.1:2181", metavar="HOSTS", help="ZooKeeper hosts (default %(default)s)")
     parser.add_argument("--root", default="/quire", metavar="PATH", help="ZooKeeper chroot of the cluster (default %(default)s)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="text", choices=["text", "json"],
+                        help="log lines as text (time level role id logger: message) or as JSON objects")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,14 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def configure_logging(level: str, role: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format=f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # kazoo logs every reconnect attempt at INFO; keep it to warnings.
-    logging.getLogger("kazoo").setLevel(max(logging.WARNING, getattr(logging, level.upper())))
+def configure_logging(level: str, role: str, process_id: str = "", log_format: str = "text") -> None:
+    """Every log line names the process's role and id (see quire.logging_setup)."""
+    from quire import logging_setup
+
+    logging_setup.configure_logging(level, role, process_id, log_format)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

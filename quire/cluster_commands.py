@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quire.cli import UsageError, nonnegative_int, port_number, positive_int
+from quire.cli import UsageError, metrics_port, nonnegative_int, port_number, positive_int
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,10 @@ def add_up(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk-port", type=port_number, default=2181)
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
     parser.add_argument("--broker-base-port", type=port_number, default=6650, help="broker i listens on BASE+i")
+    parser.add_argument(
+        "--metrics-base-port", type=metrics_port, default=8000,
+        help="Prometheus /metrics: bookie i on BASE+i, broker j on BASE+BOOKIES+j (0: no metrics; default %(default)s)",
+    )
 
 
 def up(arguments: argparse.Namespace) -> int:
@@ -35,6 +39,7 @@ def up(arguments: argparse.Namespace) -> int:
             bookie_base_port=arguments.bookie_base_port,
             brokers=arguments.brokers,
             broker_base_port=arguments.broker_base_port,
+            metrics_base_port=arguments.metrics_base_port,
             root=arguments.root,
         )
     except ClusterError as error:
@@ -56,11 +61,11 @@ def status(arguments: argparse.Namespace) -> int:
     if not rows:
         print(f"cluster in {arguments.data_dir} is stopped")
         return 1
-    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}")
+    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}  METRICS")
     for row in rows:
         print(
             f"{row['name']:<12} {row['role']:<10} {row['pid']:>7} {row['address']:<21} "
-            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB"
+            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB  {row['metrics']}"
         )
     return 0 if all(row["state"] != "down" for row in rows) else 1
 

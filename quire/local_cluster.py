@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 STATE_FILE = "cluster.json"
+METRICS_BASE_PORT = 8000  # BookKeeper's prometheusStatsHttpPort
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 
@@ -34,6 +35,7 @@ class ProcessRecord:
     command: list[str]
     log: str
     data_dirs: list[str] = field(default_factory=list)
+    metrics_address: str = ""  # HOST:PORT of its /metrics, if any
 
 
 @dataclass
@@ -134,19 +136,27 @@ def up(
     brokers: int = 1,
     broker_base_port: int = 6650,
     broker_options: list[str] | None = None,
+    metrics_base_port: int = METRICS_BASE_PORT,
     progress=print,
 ) -> ClusterState:
+    """`metrics_base_port`: bookie i serves /metrics on BASE+i, broker j on
+    BASE+bookies+j (0: no metrics)."""
+    from bookie.durable_files import directory_problem
+
     data_dir = Path(data_dir).resolve()
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ClusterError(f"cannot create the data directory {data_dir}: {error.strerror}") from None
+    problem = directory_problem(data_dir, "data directory")
+    if problem is not None:
+        raise ClusterError(problem)
     previous = ClusterState.load(data_dir)
     if previous is not None and any(process_alive(record) for record in previous.processes):
         raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `quire cluster down --data-dir {data_dir}`")
+    metrics_ports = [metrics_base_port + index for index in range(bookies + brokers)] if metrics_base_port else []
     ports = [zk_port] + [bookie_base_port + index for index in range(bookies)] + [broker_base_port + index for index in range(brokers)]
+    ports += metrics_ports
     if len(set(ports)) != len(ports):
-        raise ClusterError(f"the ports of ZooKeeper, bookies and brokers overlap: {sorted(ports)}")
+        raise ClusterError(f"the ports of ZooKeeper, bookies, brokers and metrics overlap: {sorted(ports)}")
+    if max(ports) > 65535:
+        raise ClusterError(f"ports run past 65535: {sorted(ports)}")
     busy = [port for port in ports if port_in_use(port)]
     if busy:
         raise ClusterError(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")
@@ -167,12 +177,14 @@ def up(
             port = bookie_base_port + index
             name = f"bookie-{index + 1}"
             journal_dir, ledger_dir = data_dir / name / "journal", data_dir / name / "ledgers"
+            metrics = _metrics_options(metrics_ports, index)
             _spawn(
                 state,
-                dict(role="bookie", name=name, address=f"127.0.0.1:{port}", data_dirs=[str(journal_dir), str(ledger_dir)]),
+                dict(role="bookie", name=name, address=f"127.0.0.1:{port}", data_dirs=[str(journal_dir), str(ledger_dir)],
+                     metrics_address=_metrics_address(metrics)),
                 quire_command(
                     "bookie", "run", "--zk", zk_hosts, "--root", root, "--port", str(port),
-                    "--journal-dir", str(journal_dir), "--ledger-dir", str(ledger_dir), *(bookie_options or []),
+                    "--journal-dir", str(journal_dir), "--ledger-dir", str(ledger_dir), *metrics, *(bookie_options or []),
                 ),
                 data_dir / "logs" / f"{name}.log",
             )
@@ -183,10 +195,13 @@ def up(
         for index in range(brokers):
             port = broker_base_port + index
             name = f"broker-{index + 1}"
+            metrics = _metrics_options(metrics_ports, bookies + index)
             _spawn(
                 state,
-                dict(role="broker", name=name, address=f"127.0.0.1:{port}"),
-                quire_command("broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *(broker_options or [])),
+                dict(role="broker", name=name, address=f"127.0.0.1:{port}", metrics_address=_metrics_address(metrics)),
+                quire_command(
+                    "broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *metrics, *(broker_options or []),
+                ),
                 data_dir / "logs" / f"{name}.log",
             )
         _wait_for_registrations(state, "broker")
@@ -197,6 +212,14 @@ def up(
         down(data_dir, progress=lambda message: None)
         raise
     return state
+
+
+def _metrics_options(metrics_ports: list[int], index: int) -> list[str]:
+    return ["--metrics-port", str(metrics_ports[index])] if metrics_ports else []
+
+
+def _metrics_address(options: list[str]) -> str:
+    return f"127.0.0.1:{options[1]}" if options else ""
 
 
 def _wait_for_zookeeper(record: ProcessRecord, port: int) -> None:
@@ -341,6 +364,7 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
         rows.append(
             dict(
                 name=record.name, role=record.role, pid=record.pid, address=record.address,
+                metrics=f"http://{record.metrics_address}/metrics" if record.metrics_address else "-",
                 state=process_state, disk_bytes=directory_bytes(record.data_dirs), log=record.log,
             )
         )

@@ -17,11 +17,12 @@ def add_run(parser: argparse.ArgumentParser) -> None:
 def run(arguments: argparse.Namespace) -> int:
     from coordination.zk_launcher import ZooKeeperNotInstalledError, ZooKeeperStartError, run_foreground
 
-    configure_logging(arguments.log_level, f"zookeeper :{arguments.port}")
-    try:
-        arguments.data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise UsageError(f"cannot create {arguments.data_dir}: {error.strerror}") from None
+    configure_logging(arguments.log_level, "zookeeper", f"{arguments.host}:{arguments.port}", arguments.log_format)
+    from bookie.durable_files import directory_problem
+
+    problem = directory_problem(arguments.data_dir, "data directory")
+    if problem is not None:
+        raise UsageError(problem)
     try:
         return run_foreground(arguments.port, arguments.data_dir, host=arguments.host)
     except (ZooKeeperNotInstalledError, ZooKeeperStartError) as error:

@@ -1,0 +1,119 @@
+"""The broker's Prometheus metrics (`quire_broker_*`) and their HTTP endpoint.
+
+Publish results and latencies are observed once per producer batch; message
+counts, topics, producers, consumers, backlogs and storage are read from the
+server when Prometheus scrapes, on the event loop (so that no partition or
+subscription changes under the reader), at no cost to the hot path.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable, Iterator
+
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from broker.errors import BrokerStatus
+
+LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
+
+
+class BrokerMetrics:
+    """Per-batch counts; the rest is collected at scrape time."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.publish_requests = Counter(
+            "quire_broker_publish_requests", "Producer batches answered, by result", ["result"], registry=registry,
+        )
+        self._publish_ok = self.publish_requests.labels("ok")
+        self.publish_latency = Histogram(
+            "quire_broker_publish_latency_seconds", "From a batch's arrival to its receipt, persisted batches",
+            buckets=LATENCY_BUCKETS_S, registry=registry,
+        )
+
+    def receipt(self, status: int, started_s: float | None) -> None:
+        if status == BrokerStatus.OK:
+            self._publish_ok.inc()
+            if started_s is not None:
+                self.publish_latency.observe(time.perf_counter() - started_s)
+        else:
+            self.publish_requests.labels(BrokerStatus(status).name.lower()).inc()
+
+
+def server_families(server) -> list[Metric]:
+    """Families read from a `BrokerServer` (call on its event loop)."""
+    services = list(server.partitions.values())
+    retired = server.retired_stats
+    totals = {
+        name: getattr(retired, name) + sum(getattr(service.stats, name) for service in services)
+        for name in ("messages_in", "bytes_in", "messages_out")
+    }
+    backlog = GaugeMetricFamily("quire_broker_subscription_backlog", "Messages a subscription has not acknowledged",
+                                labels=["topic", "subscription"])
+    storage = GaugeMetricFamily("quire_broker_topic_storage_bytes", "Bytes a partition stores in its ledgers", labels=["topic"])
+    producers = consumers = 0
+    for service in services:
+        storage.add_metric([service.name], service.ml.stored_bytes)
+        producers += len(service.producers)
+        for name, subscription in service.subscriptions.items():
+            backlog.add_metric([service.name, name], subscription.backlog())
+            consumers += len(subscription.consumers)
+    return [
+        CounterMetricFamily("quire_broker_publish_messages", "Messages persisted", value=totals["messages_in"]),
+        CounterMetricFamily("quire_broker_publish_bytes", "Message bytes persisted", value=totals["bytes_in"]),
+        CounterMetricFamily("quire_broker_dispatched_messages", "Messages delivered to consumers", value=totals["messages_out"]),
+        GaugeMetricFamily("quire_broker_topics", "Topic partitions this broker serves", value=len(services)),
+        GaugeMetricFamily("quire_broker_producers", "Producers connected", value=producers),
+        GaugeMetricFamily("quire_broker_consumers", "Consumers connected", value=consumers),
+        GaugeMetricFamily("quire_broker_connections", "Client connections open", value=len(server._connections)),
+        GaugeMetricFamily("quire_broker_entry_cache_bytes", "Entries held in the broker's cache", value=server.context.cache.bytes),
+        backlog,
+        storage,
+    ]
+
+
+class BrokerCollector:
+    """Collects on the server's event loop when Prometheus scrapes."""
+
+    def __init__(self, server, trio_token: trio.lowlevel.TrioToken) -> None:
+        self.server = server
+        self.trio_token = trio_token
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # names are known only by collecting, which needs the event loop
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            yield from trio.from_thread.run_sync(server_families, self.server, trio_token=self.trio_token)
+        except trio.RunFinishedError:
+            return
+
+
+class MetricsEndpoint:
+    """`GET /metrics` on a thread of its own (prometheus_client's server)."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        """Binds at once: raises OSError when the port is taken."""
+        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+def broker_registry() -> tuple[CollectorRegistry, BrokerMetrics]:
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    return registry, BrokerMetrics(registry)
+
+
+def start_broker_metrics(server, registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
+    """Serve the server's metrics on HOST:PORT; call on its event loop."""
+    registry.register(BrokerCollector(server, trio.lowlevel.current_trio_token()))
+    return MetricsEndpoint(registry, host, port)
+
+
+__all__ = ["BrokerMetrics", "MetricsEndpoint", "broker_registry", "start_broker_metrics"]
