@@ -406,9 +406,11 @@ class ManagedLedger:
         assert self.handle is not None and info.ledger_id == self.handle.ledger_id
         return self._open.entries - 1
 
-    async def read(self, position: Position, entries_max: int, bytes_max: int = READ_BYTES_MAX) -> list[StoredEntry]:
+    async def read(self, position: Position, entries_max: int, bytes_max: int = READ_BYTES_MAX, *,
+                   cached_only: bool = False) -> list[StoredEntry]:
         """Persisted entries from `position` on, within its ledger: at most
-        `entries_max`, and no more once `bytes_max` are read (at least one)."""
+        `entries_max`, and no more once `bytes_max` are read (at least one);
+        with `cached_only`, what the entry cache holds of them."""
         info = self._ledger_info(position.ledger_id)
         if info is None:
             return []
@@ -423,7 +425,13 @@ class ManagedLedger:
             entries.append(cached)
             read_bytes += len(cached.data)
             entry_id += 1
-        if entry_id <= last_entry_id and read_bytes < bytes_max:
+        if entry_id <= last_entry_id and read_bytes < bytes_max and not cached_only:
+            # Ask the bookies for about what `bytes_max` holds, not more: the
+            # handle reads ranges ahead, and what it fetched past a stop here
+            # would be read, checked and dropped.
+            entry_bytes = self._mean_entry_bytes(info)
+            if entry_bytes:
+                last_entry_id = min(last_entry_id, entry_id + max(1, -(-(bytes_max - read_bytes) // entry_bytes)) - 1)
             handle = await self._read_handle(info)
             async for entry in handle.read(entry_id, last_entry_id):
                 header, _ = decode_entry(entry.data)
@@ -440,6 +448,15 @@ class ManagedLedger:
         if not entries:
             raise EntryGoneError(f"partition {self.partition} no longer holds entry {position.ledger_id}:{position.entry_id}")
         return entries[0]
+
+    def _mean_entry_bytes(self, info: LedgerInfo) -> int | None:
+        if info.is_closed:
+            entries, stored = info.entries, info.bytes
+        elif self.handle is not None and info.ledger_id == self.handle.ledger_id:
+            entries, stored = self._open.entries, self._open.bytes
+        else:
+            return None
+        return stored // entries if entries and stored else None
 
     def _ledger_info(self, ledger_id: int) -> LedgerInfo | None:
         for info in self.record.ledgers:
