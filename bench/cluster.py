@@ -93,6 +93,10 @@ async def wait_broker_serving(address: str, process: subprocess.Popen, deadline_
             await trio.sleep(0.1)
 
 
+def _metrics_options(metrics: bool) -> list[str]:
+    return ["--metrics-port", str(free_port())] if metrics else []
+
+
 @dataclass
 class BenchCluster:
     directory: Path
@@ -112,10 +116,11 @@ class BenchCluster:
 
 @contextlib.contextmanager
 def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/bench", bookie_options: list[str] = (),
-                  broker_count: int = 0, broker_options: list[str] = ()) -> Iterator[BenchCluster]:
+                  broker_count: int = 0, broker_options: list[str] = (), metrics: bool = False) -> Iterator[BenchCluster]:
     """ZooKeeper, `bookie_count` bookies and `broker_count` brokers, serving,
     in a new directory under `base` (default ./.bench); everything stopped
-    and removed after."""
+    and removed after. With `metrics`, each bookie and broker serves
+    Prometheus /metrics on a port of its own (and so measures itself)."""
     base = base or Path(".bench")
     base.mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="cluster-", dir=base))
@@ -125,7 +130,7 @@ def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/
         zk.start()
         for index in range(bookie_count):
             port = free_port()
-            process = start_bookie(zk, root, directory / f"bookie-{index + 1}", port, list(bookie_options))
+            process = start_bookie(zk, root, directory / f"bookie-{index + 1}", port, list(bookie_options) + _metrics_options(metrics))
             cluster.bookies.append((f"127.0.0.1:{port}", process))
 
         async def all_serving() -> None:
@@ -137,7 +142,8 @@ def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/
         for index in range(broker_count):
             port = free_port()
             process = start_process("broker", directory / f"broker-{index + 1}",
-                                    ["--zk", zk.address, "--root", root, "--port", str(port), *broker_options])
+                                    ["--zk", zk.address, "--root", root, "--port", str(port), *broker_options,
+                                     *_metrics_options(metrics)])
             cluster.brokers.append((f"127.0.0.1:{port}", process))
         for address, process in cluster.brokers:
             trio.run(wait_broker_serving, address, process)

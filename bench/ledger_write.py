@@ -235,13 +235,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ledgers", type=int, default=1000, help="ledgers open at once in the many-ledgers run")
     parser.add_argument("--entry-bytes", type=int, default=1024)
     parser.add_argument("--skip-jetstream", action="store_true")
+    parser.add_argument("--bookie-metrics", choices=["on", "off"], default="off",
+                        help="bookies serve Prometheus /metrics (and measure every request), as `--metrics-port` does")
     arguments = parser.parse_args(argv)
     if arguments.window < 1 or arguments.ledgers < 1 or arguments.seconds <= 0:
         parser.error("--window, --ledgers and --seconds must be positive")
-    with bench_cluster(3) as cluster:
+    with bench_cluster(3, metrics=arguments.bookie_metrics == "on") as cluster:
         window_1, window_n, many = trio.run(run_quire, cluster.zk_hosts, cluster.root, arguments)
     summary: dict = {
         "name": "ledger_write_summary",
+        "bookie_metrics": arguments.bookie_metrics,
         "window_1_latency_ms_p50": window_1["latency_ms_p50"],
         "window_n_entries_per_s": window_n["entries_per_s"],
         "many_ledgers_entries_per_s": many["entries_per_s"],

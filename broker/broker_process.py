@@ -10,7 +10,7 @@ import signal
 
 import trio
 
-from broker.metrics import broker_registry, start_broker_metrics
+from broker.metrics import MetricsEndpoint, broker_registry, register_collector
 from broker.server import BrokerConfig, BrokerServer
 from coordination.store import MetadataError
 from coordination.async_store import connect_zookeeper
@@ -32,35 +32,42 @@ async def run_broker(
     handle_signals: bool = True,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
+    """Run one broker until SIGTERM/SIGINT (or cancellation). Its ports are
+    bound first, so that a busy one is reported at once, not after waiting
+    for ZooKeeper and bookies."""
     try:
-        sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
-    except MetadataError as error:
-        raise BrokerStartupError(str(error)) from None
-    except ValueError as error:
-        raise BrokerStartupError(f"bad ZooKeeper address {zk_hosts!r}: {error}") from None
-    config.session_timeout_ms = session_timeout_ms
-    async with BookKeeper.open(sync_store) as bk:
-        registry, metrics = broker_registry() if config.metrics_port else (None, None)
-        server = BrokerServer(config, bk, bk.store, metrics)
-        try:
-            await server.listen()
-        except OSError as error:
-            raise BrokerStartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
-        endpoint = None
-        if registry is not None:
+        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+    except OSError as error:
+        raise BrokerStartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    registry, metrics, endpoint = None, None, None
+    try:
+        if config.metrics_port:
+            registry, metrics = broker_registry()
             try:
-                endpoint = start_broker_metrics(server, registry, config.host, config.metrics_port)
+                endpoint = MetricsEndpoint(registry, config.host, config.metrics_port)
             except OSError as error:
-                await server.close_listeners()
                 raise BrokerStartupError(
                     f"cannot serve metrics on {config.host}:{config.metrics_port}: {error.strerror or error}"
                 ) from None
         try:
+            sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
+        except MetadataError as error:
+            raise BrokerStartupError(str(error)) from None
+        except ValueError as error:
+            raise BrokerStartupError(f"bad ZooKeeper address {zk_hosts!r}: {error}") from None
+        config.session_timeout_ms = session_timeout_ms
+        async with BookKeeper.open(sync_store) as bk:
+            server = BrokerServer(config, bk, bk.store, metrics)
+            await server.listen(listeners)
+            if registry is not None:
+                register_collector(registry, server)
             await _serve(server, handle_signals, task_status)
-        finally:
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
             if endpoint is not None:
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(endpoint.close)
+                await trio.to_thread.run_sync(endpoint.close)
 
 
 async def _serve(server: BrokerServer, handle_signals: bool, task_status) -> None:

@@ -110,10 +110,9 @@ def broker_registry() -> tuple[CollectorRegistry, BrokerMetrics]:
     return registry, BrokerMetrics(registry)
 
 
-def start_broker_metrics(server, registry: CollectorRegistry, host: str, port: int) -> MetricsEndpoint:
-    """Serve the server's metrics on HOST:PORT; call on its event loop."""
+def register_collector(registry: CollectorRegistry, server) -> None:
+    """Add the server's families to what the registry serves; call on the server's event loop."""
     registry.register(BrokerCollector(server, trio.lowlevel.current_trio_token()))
-    return MetricsEndpoint(registry, host, port)
 
 
-__all__ = ["BrokerMetrics", "MetricsEndpoint", "broker_registry", "start_broker_metrics"]
+__all__ = ["BrokerMetrics", "MetricsEndpoint", "broker_registry", "register_collector"]

@@ -161,21 +161,15 @@ class BrokerServer:
 
     # --- lifetime --------------------------------------------------------------------------
 
-    async def listen(self) -> int:
-        """Bind the port (0 picks one); returns it."""
-        self._listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+    async def listen(self, listeners: list[trio.SocketListener] | None = None) -> int:
+        """Bind the port (0 picks one), or take `listeners` bound by the caller; returns it."""
+        self._listeners = listeners or await trio.open_tcp_listeners(self.config.port, host=self.config.host)
         port = self._listeners[0].socket.getsockname()[1]
         if self.config.port == 0:
             self.config.port = port
             self.info = BrokerInfo(self.config.broker_id, self.config.advertised_address or f"{self.config.host}:{port}")
             self.ownership.info = self.info
         return port
-
-    async def close_listeners(self) -> None:
-        """Give the port back when the broker stops before `run()`."""
-        for listener in self._listeners:
-            await listener.aclose()
-        self._listeners = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if not self._listeners:

@@ -4,6 +4,7 @@ never shows a traceback."""
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -235,3 +236,123 @@ def test_cluster_up_with_a_busy_broker_port(tmp_path, busy_port):
     result = quire("cluster", "up", "--data-dir", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port(),
                    "--broker-base-port", busy_port)
     error_line(result, "quire cluster up: error: ", str(busy_port))
+
+
+# --- every process command: bookie, broker, zk, cluster up ---------------------
+
+PROCESS_COMMANDS = {
+    "bookie run": ["bookie", "run", "--journal-dir", "{tmp}/journal", "--ledger-dir", "{tmp}/ledgers"],
+    "broker run": ["broker", "run"],
+    "zk run": ["zk", "run", "--data-dir", "{tmp}/zookeeper"],
+    "cluster up": ["cluster", "up", "--data-dir", "{tmp}/cluster"],
+}
+
+
+def process_command(name: str, tmp_path: Path, *extra) -> list[str]:
+    return [part.format(tmp=tmp_path) for part in PROCESS_COMMANDS[name]] + [str(part) for part in extra]
+
+
+def only_line(result: subprocess.CompletedProcess, *key_words: str) -> str:
+    """The error is the one line the command printed."""
+    line = error_line(result, *key_words)
+    assert [text for text in result.stderr.splitlines() if text.strip()] == [line], result.stderr
+    return line
+
+
+def read_only_directory() -> str:
+    """An existing directory that even root cannot write in."""
+    for candidate in ("/proc/sys", "/sys"):
+        probe = Path(candidate) / f"quire-probe-{os.getpid()}"
+        try:
+            probe.write_bytes(b"")
+        except OSError:
+            return candidate
+        probe.unlink()
+    pytest.skip("no read-only directory on this machine")
+
+
+@pytest.mark.parametrize("command", PROCESS_COMMANDS)
+def test_unknown_flag_of_every_process_command(tmp_path, command):
+    only_line(quire(*process_command(command, tmp_path, "--bogus")), "unrecognized arguments", "--bogus")
+
+
+@pytest.mark.parametrize("command", ["bookie run", "broker run"])
+@pytest.mark.parametrize("hosts", ["127.0.0.1:port", "127.0.0.1:99999"], ids=["port-not-a-number", "port-out-of-range"])
+def test_unparsable_zookeeper_address(tmp_path, command, hosts):
+    only_line(quire(*process_command(command, tmp_path, "--zk", hosts)), f"quire {command}: error: ", "ZooKeeper", repr(hosts))
+
+
+def test_broker_names_an_unreachable_zookeeper_within_the_connect_timeout(tmp_path, dead_zookeeper):
+    started = time.monotonic()
+    result = quire(*process_command("broker run", tmp_path, "--zk", dead_zookeeper), timeout_s=30)
+    only_line(result, "quire broker run: error: ", "could not reach ZooKeeper", dead_zookeeper)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize("which", ["--journal-dir", "--ledger-dir"])
+def test_bookie_directory_without_write_permission(tmp_path, dead_zookeeper, which):
+    directory = read_only_directory()
+    directories = {"--journal-dir": tmp_path / "journal", "--ledger-dir": tmp_path / "ledgers", which: directory}
+    result = quire("bookie", "run", "--zk", dead_zookeeper, *[str(part) for pair in directories.items() for part in pair])
+    only_line(result, "quire bookie run: error: ", directory, "not writable")
+
+
+def test_bookie_directory_that_cannot_be_made_in_a_read_only_place(tmp_path, dead_zookeeper):
+    journal = f"{read_only_directory()}/quire-journal"
+    result = quire("bookie", "run", "--zk", dead_zookeeper, "--journal-dir", journal, "--ledger-dir", tmp_path / "ledgers")
+    only_line(result, "quire bookie run: error: ", f"cannot create the journal directory {journal}")
+
+
+@pytest.mark.parametrize("command", ["zk run", "cluster up"])
+def test_data_directory_without_write_permission(tmp_path, command):
+    directory = read_only_directory()
+    arguments = [part if not part.startswith(str(tmp_path)) else directory for part in process_command(command, tmp_path)]
+    only_line(quire(*arguments, "--zk-port" if command == "cluster up" else "--port", free_port()),
+              f"quire {command}: error: ", f"data directory {directory}", "not writable")
+
+
+def test_zookeeper_data_directory_under_a_file(tmp_path):
+    (tmp_path / "afile").write_text("not a directory\n")
+    data_dir = tmp_path / "afile" / "zookeeper"
+    only_line(quire("zk", "run", "--port", free_port(), "--data-dir", data_dir),
+              "quire zk run: error: ", f"cannot create the data directory {data_dir}", "Not a directory")
+
+
+def test_zookeeper_port_in_use(tmp_path, busy_port):
+    only_line(quire(*process_command("zk run", tmp_path, "--port", busy_port)), "quire zk run: error: ", str(busy_port), "in use")
+
+
+def test_broker_port_in_use(tmp_path, zk_hosts, zk_root, busy_port):
+    result = quire("broker", "run", "--zk", zk_hosts, "--root", zk_root, "--port", busy_port)
+    error_line(result, "quire broker run: error: ", f"cannot listen on 127.0.0.1:{busy_port}", "in use")
+
+
+@pytest.mark.parametrize("command", ["bookie run", "broker run"])
+def test_metrics_port_that_is_the_service_port(tmp_path, dead_zookeeper, command):
+    result = quire(*process_command(command, tmp_path, "--zk", dead_zookeeper, "--port", "7000", "--metrics-port", "7000"))
+    only_line(result, f"quire {command}: error: ", "metrics", "7000")
+
+
+@pytest.mark.parametrize("command", ["bookie run", "broker run"])
+def test_metrics_port_that_is_not_a_port(tmp_path, command):
+    only_line(quire(*process_command(command, tmp_path, "--metrics-port", "x")), "--metrics-port", "'x'")
+
+
+def test_cluster_up_with_a_busy_bookie_port(tmp_path, busy_port):
+    result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", busy_port,
+                                    "--metrics-base-port", 0))
+    only_line(result, "quire cluster up: error: ", str(busy_port), "in use")
+    assert not (tmp_path / "cluster" / "zookeeper").exists()  # nothing started
+
+
+def test_cluster_up_with_a_busy_metrics_port(tmp_path, busy_port):
+    result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port(),
+                                    "--broker-base-port", free_port(), "--metrics-base-port", busy_port))
+    only_line(result, "quire cluster up: error: ", str(busy_port), "in use")
+
+
+def test_cluster_up_with_metrics_ports_overlapping_the_bookies(tmp_path):
+    base = free_port()
+    result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", base,
+                                    "--metrics-base-port", base + 1))
+    only_line(result, "quire cluster up: error: ", "overlap", str(base + 1))
