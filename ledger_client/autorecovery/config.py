@@ -26,7 +26,7 @@ class AutoRecoveryConfig:
     audit_interval_ms: float = AUDIT_INTERVAL_MS_DEFAULT
     open_ledger_grace_ms: float = OPEN_LEDGER_GRACE_MS_DEFAULT
     ledgers_in_flight_max: int = 2
-    entries_in_flight_max: int = 64
+    entries_in_flight_max: int = 256
     passwords: tuple[bytes, ...] = (b"",)
     retry_delay_ms_initial: float = 1_000.0
     retry_delay_ms_max: float = 60_000.0

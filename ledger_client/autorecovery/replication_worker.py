@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING
 import trio
 
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError, master_key
-from bookie.protocol.wire import AddFlag, AddRequest, ListEntriesRequest, ReadFlag, ReadRequest, Status
+from bookie.protocol.wire import (
+    AddFlag,
+    AddRequest,
+    BatchReadRequest,
+    ListEntriesRequest,
+    ReadFlag,
+    ReadRequest,
+    Status,
+    encode_add_tail,
+)
 from coordination.cluster_layout import ClusterLayout
 from coordination.store import MetadataError
 from ledger_client.autorecovery import underreplication
@@ -41,6 +50,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 10.0  # a bookie that takes a request and never answers
+BATCH_BYTES_MAX = 4 * 1024 * 1024  # a batch read's answer
 RECOVERY_TIMEOUT_S = 120.0  # fencing and closing an open ledger
 ROUNDS_MAX = 8  # plan-copy-update rounds for one ledger in one attempt
 LOCKED_RECHECK_MS = 5_000.0  # another worker holds the lock: look again after this
@@ -205,10 +215,15 @@ class ReplicationWorker:
         entry_ids = fragment.entry_ids(metadata.write_quorum)
         if not entry_ids:
             return  # an ensemble that never held an entry: only the metadata changes
+        remaining = entry_ids
+        if metadata.write_quorum == metadata.ensemble_size:
+            # Every surviving member holds every entry of the fragment: read
+            # runs of entries with batch reads instead of one read each.
+            remaining = await self._copy_by_batches(metadata, fragment, entry_ids, new_bookie, lost, digest, key)
         slots = trio.Semaphore(self._config.entries_in_flight_max)
         errors: list[Exception] = []
         async with trio.open_nursery() as nursery:
-            for entry_id in entry_ids:
+            for entry_id in remaining:
                 await slots.acquire()
                 if errors:
                     break
@@ -230,6 +245,73 @@ class ReplicationWorker:
             raise ReplicationError(
                 f"ledger {metadata.ledger_id}: {new_bookie} lacks {len(missing)} copied entries (first {missing[0]})"
             )
+
+    async def _copy_by_batches(
+        self, metadata, fragment: Fragment, entry_ids: list[int], new_bookie: str, lost: frozenset[str],
+        digest: DigestManager, key: bytes,
+    ) -> list[int]:
+        """Copy consecutive `entry_ids` a batch read at a time (at most
+        `entries_in_flight_max` entries a batch, their adds pipelined);
+        returns the entries left for one-by-one copying when no source
+        answers a batch with an intact run."""
+        sources = fragment.sources(entry_ids[0], metadata.write_quorum, lost)
+        next_entry_id, last_entry_id = entry_ids[0], entry_ids[-1]
+        batch = 0
+        while next_entry_id <= last_entry_id and sources:
+            wanted = min(self._config.entries_in_flight_max, last_entry_id - next_entry_id + 1)
+            entries = []
+            for attempt in range(len(sources)):
+                source = sources[(batch + attempt) % len(sources)]
+                entries = await self._read_batch(source, metadata.ledger_id, next_entry_id, wanted, digest)
+                if entries:
+                    break
+            if not entries:
+                break
+            await self._add_all(metadata.ledger_id, next_entry_id, entries, new_bookie, key)
+            next_entry_id += len(entries)
+            batch += 1
+        return [entry_id for entry_id in entry_ids if entry_id >= next_entry_id]
+
+    async def _read_batch(self, bookie_id: str, ledger_id: int, first_entry_id: int, wanted: int, digest: DigestManager) -> list[bytes]:
+        """The intact run of entries from `first_entry_id` (at most `wanted`)
+        that `bookie_id` returns to a batch read; empty when it fails."""
+        try:
+            response = await self._call(bookie_id, functools.partial(
+                _batch_read, ledger_id, first_entry_id, wanted, BATCH_BYTES_MAX
+            ))
+        except (BookieConnectionError, trio.TooSlowError):
+            return []
+        if response.status is not Status.OK:
+            return []
+        entries = response.entries[:wanted]
+        intact = len(digest.decode_range(entries, first_entry_id))
+        return entries[:intact]
+
+    async def _add_all(self, ledger_id: int, first_entry_id: int, entries: list[bytes], new_bookie: str, key: bytes) -> None:
+        """Recovery-add `entries` (consecutive from `first_entry_id`) to
+        `new_bookie`, pipelined, and wait for every answer."""
+        answered = trio.Event()
+        statuses: dict[int, object] = {}
+
+        def on_answer(entry_id: int, response) -> None:
+            statuses[entry_id] = response if isinstance(response, BookieConnectionError) else response.status
+            if len(statuses) == len(entries):
+                answered.set()
+
+        for offset, entry in enumerate(entries):
+            self._bk.pool.send_add_tail(
+                new_bookie, encode_add_tail(AddFlag.RECOVERY_ADD, key, entry),
+                functools.partial(on_answer, first_entry_id + offset),
+            )
+        with trio.fail_after(REQUEST_TIMEOUT_S):
+            await answered.wait()
+        failed = sorted(entry_id for entry_id, status in statuses.items() if status is not Status.OK)
+        if failed:
+            raise ReplicationError(
+                f"ledger {ledger_id}: {new_bookie} did not take {len(failed)} entries "
+                f"(entry {failed[0]}: {statuses[failed[0]]})"
+            )
+        self.entries_copied += len(entries)
 
     async def _copy_entry(
         self, metadata, fragment: Fragment, entry_id: int, new_bookie: str, lost: frozenset[str],
@@ -284,6 +366,10 @@ class ReplicationWorker:
 
 def _read(ledger_id: int, entry_id: int, request_id: int) -> ReadRequest:
     return ReadRequest(request_id, ReadFlag.NONE, ledger_id, entry_id, None, None, None)
+
+
+def _batch_read(ledger_id: int, first_entry_id: int, entries_max: int, bytes_max: int, request_id: int) -> BatchReadRequest:
+    return BatchReadRequest(request_id, ledger_id, first_entry_id, entries_max, bytes_max)
 
 
 def _recovery_add(key: bytes, entry: bytes, request_id: int) -> AddRequest:

@@ -1,9 +1,9 @@
-"""Auto-recovery against a real ZooKeeper and real bookie processes, each
-running the embedded auto-recovery daemon (auditor candidate and
-replication worker): a bookie killed -9 for good has every ledger it held
-re-replicated (closed ones, and an open one fenced after its grace period)
-to full write quorum on the others, byte for byte; switched off,
-auto-recovery leaves the ledgers alone until it is switched on again."""
+"""Auto-recovery against a real ZooKeeper and real bookie processes: with
+the daemon embedded in every bookie, a bookie killed -9 for good has every
+ledger it held re-replicated (closed ones, and an open one fenced after its
+grace period) to full write quorum on the others, byte for byte; with
+bookies run `--no-autorecovery` and a standalone `quire autorecovery run`,
+switched off, auto-recovery leaves the ledgers alone until switched on."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import trio
 
 from bookie.protocol.wire import Status
@@ -19,6 +20,7 @@ from ledger_client.bookie_client import BookieClient
 from ledger_client.bookkeeper import BookKeeper
 from ledger_client.metadata import LedgerState
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
+from tests.integration.processes import QuireProcess, print_logs
 
 PASSWORD = b"autorecovery"
 AUTORECOVERY_OPTIONS = (
@@ -28,8 +30,25 @@ AUTORECOVERY_OPTIONS = (
 REPAIR_DEADLINE_S = 60.0
 
 
-async def start_bookies(bookies, count: int) -> list:
-    started = [bookies.new(*AUTORECOVERY_OPTIONS) for _ in range(count)]
+class AutoRecoveryProcess(QuireProcess):
+    role = "autorecovery"
+
+    def arguments(self) -> list[str]:
+        return ["autorecovery", "run", "--zk", self.zk_hosts, "--root", self.root, "--name", "standalone"]
+
+
+@pytest.fixture
+def standalone_autorecovery(zk_hosts, zk_root, tmp_path):
+    process = AutoRecoveryProcess(zk_hosts, zk_root, tmp_path / "autorecovery", 0, list(AUTORECOVERY_OPTIONS))
+    try:
+        yield process
+    finally:
+        process.kill()
+        print_logs([process])
+
+
+async def start_bookies(bookies, count: int, *options: str) -> list:
+    started = [bookies.new(*(options or AUTORECOVERY_OPTIONS)) for _ in range(count)]
     for bookie in started:
         bookie.start()
     async with trio.open_nursery() as nursery:
@@ -125,16 +144,18 @@ async def test_a_bookie_lost_for_good_has_every_ledger_re_replicated(bookies, zk
         assert report["enabled"] and report["auditor"] is not None and report["under_replicated"] == []
 
 
-async def test_switched_off_nothing_moves_until_switched_on(bookies, zk_hosts, zk_root):
-    processes = await start_bookies(bookies, 4)
+async def test_switched_off_nothing_moves_until_switched_on(bookies, standalone_autorecovery, zk_hosts, zk_root):
+    processes = await start_bookies(bookies, 4, "--no-autorecovery")
+    standalone_autorecovery.start()
     async with BookKeeper.connect(zk_hosts, zk_root) as bk:
         written = {}
         for quorums in ((3, 3, 2), (3, 2, 2), (3, 3, 2)):
             lh = await write_ledger(bk, 100, quorums)
             written[lh.ledger_id] = lh.metadata
-        with trio.fail_after(30):  # an auditor is elected among the bookies
-            while (await status(zk_hosts, zk_root))["auditor"] is None:
+        with trio.fail_after(30):  # the standalone daemon is the only candidate
+            while (await status(zk_hosts, zk_root))["auditor"] != "standalone":
                 await trio.sleep(0.2)
+        assert (await status(zk_hosts, zk_root))["candidates"] == ["standalone"]  # none in the bookies
         await trio.to_thread.run_sync(autorecovery_cli, zk_hosts, zk_root, "disable")
         assert (await status(zk_hosts, zk_root))["enabled"] is False
 
