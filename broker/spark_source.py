@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
@@ -365,6 +366,8 @@ def spark_session(master: str = "local[2]", app_name: str = "quire", config: dic
     they import quire's packages), with the data source registered."""
     from pyspark.sql import SparkSession
 
+    # PySpark warns about pandas 3 on every session; the data source uses Arrow only.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (SparkSession.builder.master(master).appName(app_name)

@@ -1,0 +1,223 @@
+"""Benchmark: `spark.read.format("quire")` written to Parquet on local[2],
+against the two limits that bound it on the same machine in the same run:
+
+(a) a synthetic Python data source that yields as many rows of the same
+    shape, as Arrow batches of the same size, without reading anything: the
+    ceiling of Spark's Python-to-JVM path here;
+(b) Spark rewriting the exported Parquet as Parquet: the engine's own limit.
+
+3 bookies and a broker on loopback (E=3 WQ=3 AQ=2), a topic of `--gib` GiB
+of 1 KiB messages, batched by the producer (no compression: the payloads are
+random), closed ledgers of `--ledger-mib` MiB.
+
+    .venv/bin/python -m bench.spark_export [--gib 1] [--partitions 2]
+
+Prints one JSON object per result, then a summary with the ratios; the
+issue's target is >= 0.7 x reference (a).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import trio
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from bench.cluster import bench_cluster
+from broker.client import Client
+from broker.export_plan import plan_splits
+from broker.spark_source import ARROW_SCHEMA, BATCH_BYTES, SCHEMA, read_topic_ledgers, spark_session
+from quire.progress import Progress
+
+TOPIC = "bench-export"
+MESSAGE_BYTES = 1024
+TARGET_RATIO = 0.7
+
+
+# --- the topic ------------------------------------------------------------------------------------
+
+
+async def produce(zk_hosts: str, root: str, partitions: int, messages: int, ledger_bytes: int) -> float:
+    """Fill the topic, then close its ledgers (unload); returns seconds taken."""
+    blob = os.urandom(1 << 20)
+    began = time.perf_counter()
+    async with Client.connect(zk_hosts, root) as client:
+        await client.create_topic(TOPIC, partitions=partitions, rollover_bytes=ledger_bytes, rollover_min_time_ms=0,
+                                  ensemble_size=3, write_quorum=3, ack_quorum=2)
+        producer = await client.create_producer(TOPIC, "bench", batching=True, pending_messages_max=20_000)
+        with Progress("produce", total=messages / 1e6, unit="M messages") as bar:
+            for number in range(messages):
+                start = (number * 4099) % (len(blob) - MESSAGE_BYTES)
+                await producer.send_async(blob[start:start + MESSAGE_BYTES], key=f"k{number % 100}",
+                                          properties={"n": str(number % 10)} if number % 4 == 0 else None)
+                if number % 10_000 == 0:
+                    bar.update(number / 1e6)
+            await producer.flush()
+        await client.unload(TOPIC)  # closes every partition's last ledger: all of it is exportable
+    return time.perf_counter() - began
+
+
+# --- reference (a): rows of the same shape, read from nowhere -------------------------------------
+
+
+def synthetic_batch(rows: int) -> pa.RecordBatch:
+    """Rows like the topic's: distinct random 1 KiB payloads (so that
+    Parquet has as much to write: no dictionary, nothing to compress), 100
+    keys, properties on every fourth message."""
+    payloads = pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(
+        b"".join((MESSAGE_BYTES * number).to_bytes(4, "little") for number in range(rows + 1))),
+        pa.py_buffer(os.urandom(rows * MESSAGE_BYTES))])
+    property_offsets = [0]
+    for number in range(rows):
+        property_offsets.append(property_offsets[-1] + (1 if number % 4 == 0 else 0))
+    properties = pa.MapArray.from_arrays(pa.array(property_offsets, pa.int32()), pa.array(["n"] * property_offsets[-1]),
+                                         pa.array(["1"] * property_offsets[-1]))
+    columns = [
+        pa.array([TOPIC] * rows, pa.string()),
+        pa.array([0] * rows, pa.int32()),
+        pa.array(range(rows), pa.int64()),
+        pa.array([1] * rows, pa.int64()),
+        pa.array([number // 1000 for number in range(rows)], pa.int64()),
+        pa.array([number % 1000 for number in range(rows)], pa.int32()),
+        pa.array([1_700_000_000_000_000] * rows, pa.timestamp("us", tz="UTC")),
+        pa.array(["bench"] * rows, pa.string()),
+        pa.array(range(rows), pa.int64()),
+        pa.array([f"k{number % 100}" for number in range(rows)], pa.string()),
+        properties,
+        payloads,
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+
+
+class SyntheticSource(DataSource):
+    """Yields `rows` rows per input partition in batches of `batch_rows`:
+    one batch built once and yielded again and again, reading nothing."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "quire_synthetic"
+
+    def schema(self):
+        return SCHEMA
+
+    def reader(self, schema):
+        return SyntheticReader(int(self.options["partitions"]), int(self.options["rows"]), int(self.options["batch_rows"]))
+
+
+class SyntheticReader(DataSourceReader):
+    def __init__(self, partitions: int, rows: int, batch_rows: int) -> None:
+        self.partitions_count, self.rows, self.batch_rows = partitions, rows, batch_rows
+
+    def partitions(self):
+        return [InputPartition(index) for index in range(self.partitions_count)]
+
+    def read(self, partition):
+        batch = synthetic_batch(self.batch_rows)
+        left = self.rows
+        while left > 0:
+            count = min(left, self.batch_rows)
+            yield batch if count == self.batch_rows else batch.slice(0, count)
+            left -= count
+
+
+# --- measuring ------------------------------------------------------------------------------------
+
+
+def timed_write(frame, path: Path) -> float:
+    began = time.perf_counter()
+    frame.write.mode("overwrite").parquet(str(path))
+    return time.perf_counter() - began
+
+
+def result(name: str, parameters: dict, rows: int, payload_bytes: int, elapsed_s: float) -> dict:
+    return {
+        "name": name,
+        "parameters": parameters,
+        "rows": rows,
+        "elapsed_s": round(elapsed_s, 2),
+        "rows_per_s": round(rows / elapsed_s, 1),
+        "mb_per_s": round(payload_bytes / elapsed_s / 1e6, 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=float, default=1.0, help="payload in the topic (default %(default)s GiB)")
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--ledger-mib", type=int, default=128, help="rollover size of the topic's ledgers")
+    parser.add_argument("--master", default="local[2]")
+    arguments = parser.parse_args()
+    messages = int(arguments.gib * (1 << 30)) // MESSAGE_BYTES
+    payload_bytes = messages * MESSAGE_BYTES
+    parameters = {"gib": arguments.gib, "message_bytes": MESSAGE_BYTES, "partitions": arguments.partitions,
+                  "ledger_mib": arguments.ledger_mib, "master": arguments.master}
+    scratch = Path(tempfile.mkdtemp(prefix="spark-export-", dir=Path(".bench").resolve() if Path(".bench").exists() else None))
+    try:
+        with bench_cluster(3, broker_count=1, root="/bench") as cluster:
+            produce_s = trio.run(produce, cluster.zk_hosts, cluster.root, arguments.partitions, messages,
+                                 arguments.ledger_mib << 20)
+            print(json.dumps(result("produce (setup)", parameters, messages, payload_bytes, produce_s)), flush=True)
+            chains = read_topic_ledgers(cluster.zk_hosts, cluster.root, TOPIC)
+            splits = plan_splits(chains)
+            spark = spark_session(arguments.master, "bench-spark-export")
+            spark.dataSource.register(SyntheticSource)
+            try:
+                # Warm up first (Python workers started, modules imported,
+                # the JVM's code compiled): a small read of each source.
+                first_ledger = str(splits[0].ledger_id)
+                for frame in (spark.read.format("quire").option("zk", cluster.zk_hosts).option("root", cluster.root)
+                              .option("topic", TOPIC).option("ledgers", first_ledger).load(),
+                              spark.read.format("quire_synthetic").option("partitions", "2").option("rows", "20000")
+                              .option("batch_rows", "8192").load()):
+                    frame.write.format("noop").mode("overwrite").save()
+                exported = (spark.read.format("quire").option("zk", cluster.zk_hosts).option("root", cluster.root)
+                            .option("topic", TOPIC).load())
+                quire_s = timed_write(exported, scratch / "export")
+                rows = spark.read.parquet(str(scratch / "export")).count()
+                assert rows == messages, f"exported {rows} rows of {messages}"
+                quire = result("quire source -> parquet", {**parameters, "input_partitions": len(splits)}, rows, payload_bytes, quire_s)
+                print(json.dumps(quire), flush=True)
+
+                # The same number of rows and input partitions, batches of
+                # the size the quire source yields (BATCH_BYTES of entries).
+                batch_rows = BATCH_BYTES // MESSAGE_BYTES
+                base, extra = divmod(messages, len(splits))
+                synthetic = (spark.read.format("quire_synthetic").option("partitions", str(len(splits)))
+                             .option("rows", str(base + (1 if extra else 0))).option("batch_rows", str(batch_rows)).load())
+                synthetic_s = timed_write(synthetic, scratch / "synthetic")
+                synthetic_rows = (base + (1 if extra else 0)) * len(splits)
+                reference_a = result("reference (a): synthetic python source -> parquet",
+                                     {**parameters, "input_partitions": len(splits), "batch_rows": batch_rows},
+                                     synthetic_rows, synthetic_rows * MESSAGE_BYTES, synthetic_s)
+                print(json.dumps(reference_a), flush=True)
+
+                rewrite_s = timed_write(spark.read.parquet(str(scratch / "export")), scratch / "rewrite")
+                reference_b = result("reference (b): parquet -> parquet", parameters, rows, payload_bytes, rewrite_s)
+                print(json.dumps(reference_b), flush=True)
+            finally:
+                spark.stop()
+        ratio_a = quire["mb_per_s"] / reference_a["mb_per_s"]
+        ratio_b = quire["mb_per_s"] / reference_b["mb_per_s"]
+        print(json.dumps({
+            "name": "summary",
+            "quire_mb_per_s": quire["mb_per_s"],
+            "reference_a_mb_per_s": reference_a["mb_per_s"],
+            "reference_b_mb_per_s": reference_b["mb_per_s"],
+            "ratio_to_reference_a": round(ratio_a, 3),
+            "ratio_to_reference_b": round(ratio_b, 3),
+            "target": f">= {TARGET_RATIO} x reference (a)",
+            "target_met": ratio_a >= TARGET_RATIO,
+        }), flush=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
