@@ -66,6 +66,12 @@ def run(arguments: argparse.Namespace) -> int:
     configure_logging(arguments.log_level, f"autorecovery {name}")
 
     async def main() -> None:
+        from quire.metadata_access import open_metadata
+
+        # Unreachable or malformed --zk: one line and exit 2 now, rather
+        # than a daemon that retries for ever (it does, once it ran).
+        async with open_metadata(arguments.zk, arguments.root):
+            pass
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(lambda task_status: run_autorecovery(

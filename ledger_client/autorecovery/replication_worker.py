@@ -101,9 +101,15 @@ class ReplicationWorker:
     async def _work(self) -> None:
         store, layout = self._bk.store, self._layout
         slots = trio.Semaphore(self._config.ledgers_in_flight_max)
+        changed: trio.Event | None = None
         async with trio.open_nursery() as nursery:
             while True:
-                names, changed = await store.children_watch(layout.underreplicated_ledgers)
+                if changed is None or changed.is_set():
+                    names, changed = await store.children_watch(layout.underreplicated_ledgers)
+                else:
+                    # The watch set before has not fired: a new one each
+                    # round would pile up callbacks in the ZooKeeper client.
+                    names = await store.children(layout.underreplicated_ledgers)
                 marked = [int(name) for name in names if name.isascii() and name.isdigit()]
                 ready = [ledger_id for ledger_id in self._backoff.ready(marked, wall_ms()) if ledger_id not in self._in_progress]
                 # Workers in every bookie look at the same list: start at

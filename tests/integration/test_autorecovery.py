@@ -174,3 +174,4 @@ async def test_switched_off_nothing_moves_until_switched_on(bookies, standalone_
         metadata = await wait_until_repaired(bk, list(written), victim_id, zk_hosts, zk_root)
         for ledger_id in written:
             await check_every_replica(metadata[ledger_id], expected_payloads(ledger_id, 100))
+    assert standalone_autorecovery.terminate(deadline_s=15) == 0  # SIGTERM stops it cleanly
