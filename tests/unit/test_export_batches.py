@@ -1,0 +1,87 @@
+"""The export's rows from entries, without Spark or a cluster: the columnar
+body decoder agrees with the consumer's (`body_items`) and refuses what it
+refuses, and a record batch holds every message of its entries with its id,
+offset, key, properties and payload; a malformed entry is skipped."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from bookie.protocol.entry_format import Entry
+from broker.export_plan import LedgerSplit, Selection
+from broker.message_format import (
+    BatchHeader,
+    Codec,
+    MalformedEntryError,
+    body_columns,
+    body_items,
+    compress,
+    encode_body,
+    encode_entry,
+)
+from broker.spark_source import ARROW_SCHEMA, entries_to_batch
+
+
+def entry(entry_id: int, first_offset: int, messages: list, codec: Codec = Codec.NONE, keys=None, append_ms: int = 1_000) -> Entry:
+    header = BatchHeader("producer-1", messages[0][0], messages[-1][0], first_offset, len(messages), append_ms, codec, keys)
+    return Entry(7, entry_id, entry_id, 0, encode_entry(header, encode_body(messages, codec)))
+
+
+def header_of(count: int, codec: Codec = Codec.NONE) -> BatchHeader:
+    return BatchHeader("p", 0, count - 1, 0, count, 0, codec, None)
+
+
+@pytest.mark.parametrize("codec", list(Codec))
+def test_columns_agree_with_the_consumer_s_decoder(codec):
+    messages = [(5, 100, {"a": "1"}, b"x"), (6, 101, None, b""), (7, 102, {"b": "2", "c": "3"}, b"\x00" * 300)]
+    body = encode_body(messages, codec)
+    items = body_items(header_of(3, codec), body)
+    columns = body_columns(header_of(3, codec), body)
+    assert list(zip(columns.sequence_ids, columns.publish_times_ms, [item or {} for item in columns.properties],
+                    columns.payloads)) == items
+
+
+@pytest.mark.parametrize("messages", [
+    [[1, 2, None]],  # three fields
+    ["abcd"],  # not an array
+    [[1, 2, None, "text"]],  # payload not bytes
+    [[True, 2, None, b""]],  # a bool is not a sequence id
+    [[1, 2, {"k": 1}, b""]],  # property value not a string
+    [[1, 2, [["k", "v"]], b""]],  # properties not a map
+])
+def test_columns_refuse_what_the_consumer_refuses(messages):
+    body = compress(Codec.NONE, msgpack.packb(messages, use_bin_type=True))
+    for decode in (body_items, body_columns):
+        with pytest.raises(MalformedEntryError):
+            decode(header_of(len(messages)), body)
+
+
+def test_a_batch_holds_every_message_of_its_entries_with_ids_and_offsets():
+    split = LedgerSplit("orders", "orders-partition-1", 1, 7, 0, 2, 40, 3, 1_000)
+    entries = [
+        entry(0, 40, [(0, 10, {"k": "v"}, b"a"), (1, 11, None, b"b")], Codec.ZSTD, keys=("x", None)),
+        Entry(7, 1, 1, 0, b"\x09not an entry"),
+        entry(2, 42, [(2, 12, None, b"c")], Codec.GZIP),
+    ]
+    batch = entries_to_batch(split, entries)
+    assert batch.schema == ARROW_SCHEMA
+    rows = batch.to_pylist()
+    assert [(row["offset"], row["entry_id"], row["batch_index"], row["key"], row["properties"], row["payload"]) for row in rows] == [
+        (40, 0, 0, "x", [("k", "v")], b"a"), (41, 0, 1, None, [], b"b"), (42, 2, 0, None, [], b"c")]
+    assert {(row["topic"], row["partition"], row["ledger_id"], row["producer_id"]) for row in rows} == {("orders", 1, 7, "producer-1")}
+    assert [row["sequence_id"] for row in rows] == [0, 1, 2]
+    assert [row["publish_time"].timestamp() * 1000 for row in rows] == [10, 11, 12]
+
+
+def test_a_ledger_whose_first_entry_disagrees_with_its_record_is_refused():
+    split = LedgerSplit("orders", "orders", -1, 7, 0, 0, 40, 1, 100)
+    with pytest.raises(RuntimeError, match="starts at offset 39"):
+        entries_to_batch(split, [entry(0, 39, [(0, 10, None, b"a")])])
+
+
+def test_entries_outside_the_time_range_are_left_out():
+    split = LedgerSplit("orders", "orders", -1, 7, 0, 1, 0, 2, 100)
+    entries = [entry(0, 0, [(0, 10, None, b"a")], append_ms=1_000), entry(1, 1, [(1, 10, None, b"b")], append_ms=2_000)]
+    assert entries_to_batch(split, entries, Selection(start_time_ms=1_500)).column("payload").to_pylist() == [b"b"]
+    assert entries_to_batch(split, entries, Selection(end_time_ms=1_000)) is None
