@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from broker.client import Client, Codec
+from ledger_client import BookKeeper
 from broker.spark_source import read_topic_ledgers, spark_session
 from quire.cli import build_parser
 from quire.export_commands import PENDING_PREFIX, RUN_PREFIX, run_export
@@ -228,7 +229,26 @@ async def test_a_producer_writing_during_the_export_is_never_fenced(shared_clust
         assert (result.message_id.ledger_id, result.message_id.entry_id) == key[1:3]
     # Fenced, the partition would have failed a write, been unloaded and
     # opened again (the client resending quietly): it was opened once.
-    lines = [line for broker in shared_cluster.brokers for line in broker.log_path.read_text(errors="replace").splitlines()
-             if topic in line]
-    assert len([line for line in lines if f"partition {topic} open" in line]) == 1, lines
-    assert not [line for line in lines if " WARNING " in line or " ERROR " in line], lines
+    assert opened_count(shared_cluster, topic) == 1
+    assert not [line for line in topic_log(shared_cluster, topic) if " WARNING " in line or " ERROR " in line]
+
+    # The control: a reader that does fence the open ledger (recovery)
+    # makes the next write fail and the partition open again.
+    [chain] = read_topic_ledgers(shared_cluster.zk_hosts, shared_cluster.root, topic)
+    assert not chain.ledgers[-1].is_closed
+    async with BookKeeper.connect(shared_cluster.zk_hosts, shared_cluster.root) as bk:
+        await bk.open_ledger(chain.ledgers[-1].ledger_id, b"", recovery=True)
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        producer = await client.create_producer(topic, "live")
+        with trio.fail_after(30):
+            await (await producer.send_async(b"after")).wait()
+    assert opened_count(shared_cluster, topic) == 2
+
+
+def topic_log(cluster, topic: str) -> list[str]:
+    return [line for broker in cluster.brokers for line in broker.log_path.read_text(errors="replace").splitlines()
+            if topic in line]
+
+
+def opened_count(cluster, topic: str) -> int:
+    return len([line for line in topic_log(cluster, topic) if f"partition {topic} open" in line])
