@@ -211,7 +211,10 @@ def test_cluster_up_gives_every_process_a_metrics_port(tmp_path):
             if record.role not in ("bookie", "broker"):
                 continue  # ZooKeeper's own (Java) lines share its log
             lines = [line for line in Path(record.log).read_text().splitlines() if line[:1].isdigit()]
-            assert lines and all(LOG_LINE.match(line).group(2) == record.role for line in lines), record.log
+            assert lines, record.log
+            for line in lines:
+                match = LOG_LINE.match(line)
+                assert match is not None and match.group(2) == record.role, (record.log, line)
     finally:
         assert quire("cluster", "down", "--data-dir", data_dir).returncode == 0
 

@@ -1,0 +1,90 @@
+"""Benchmark: what Prometheus metrics cost the bookies, on the workload of
+bench/ledger_write.py (3 bookies, E=3 WQ=3 AQ=2, 1 KiB entries, fsync on).
+
+Each round starts three fresh bookies with metrics off (`--metrics-port 0`:
+no endpoint, nothing measured) and then with metrics on (an endpoint each,
+every add and journal batch measured), and runs window 1 and window 1000 on
+one ledger. Besides entries/s and latency, which move with whatever else
+the machine runs, it reports the bookies' CPU time per entry (user +
+system, read from /proc over the phase), the steadier figure on a shared
+VM. Prints one JSON object per phase, then the medians and ratios.
+
+    .venv/bin/python -m bench.metrics_overhead [--rounds 3] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import trio
+
+from bench.cluster import bench_cluster
+from bench.ledger_write import write_ledgers
+from ledger_client.bookkeeper import BookKeeper
+
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User + system time of the processes so far."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / CLOCK_TICKS_PER_S
+
+
+async def measure(zk_hosts: str, root: str, pids: list[int], metrics: str, seconds: float) -> list[dict]:
+    results = []
+    async with BookKeeper.connect(zk_hosts, root, pending_adds_max=1000) as bk:
+        for window in (1, 1000):
+            # No warm-up: every add of the phase counts, so that the CPU time
+            # it took divides by all of them.
+            cpu_before = cpu_seconds(pids)
+            result = await write_ledgers(bk, window=window, ledgers=1, entry_bytes=1024, seconds=seconds, warmup_s=0,
+                                         label=f"metrics {metrics}, window {window}")
+            cpu_s = cpu_seconds(pids) - cpu_before
+            results.append({
+                "name": "metrics_overhead", "bookie_metrics": metrics, "window": window,
+                "entries_per_s": result["entries_per_s"], "latency_ms_p50": result["latency_ms_p50"],
+                "latency_ms_p99": result["latency_ms_p99"],
+                "bookie_cpu_us_per_entry": round(cpu_s / max(result["entries"], 1) * 1e6, 1),
+            })
+            print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/metrics_overhead.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    arguments = parser.parse_args(argv)
+    if arguments.rounds < 1 or arguments.seconds <= 0:
+        parser.error("--rounds and --seconds must be positive")
+    results = []
+    for _ in range(arguments.rounds):
+        for metrics in ("off", "on"):
+            with bench_cluster(3, metrics=metrics == "on") as cluster:
+                pids = [process.pid for _, process in cluster.bookies]
+                results += trio.run(measure, cluster.zk_hosts, cluster.root, pids, metrics, arguments.seconds)
+    summary: dict = {"name": "metrics_overhead_summary", "rounds": arguments.rounds}
+    for window in (1, 1000):
+        for key in ("entries_per_s", "latency_ms_p50", "bookie_cpu_us_per_entry"):
+            medians = {
+                metrics: statistics.median(result[key] for result in results
+                                           if result["window"] == window and result["bookie_metrics"] == metrics)
+                for metrics in ("off", "on")
+            }
+            summary[f"window_{window}_{key}"] = medians
+            summary[f"window_{window}_{key}_ratio_on_to_off"] = round(medians["on"] / medians["off"], 3) if medians["off"] else None
+    print(json.dumps(summary), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
