@@ -20,7 +20,7 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 EXIT_USAGE = 2
 # "quire bookie run: error: ..." from a command, "quire: error: ..." from the
 # top-level parser (which reports unrecognised arguments).
-ERROR_LINE = re.compile(r"^quire(?: [a-z]+)*: error: ")
+ERROR_LINE = re.compile(r"^quire(?: [a-z-]+)*: error: ")
 
 
 def quire(*arguments: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
@@ -356,3 +356,28 @@ def test_cluster_up_with_metrics_ports_overlapping_the_bookies(tmp_path):
     result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", base,
                                     "--metrics-base-port", base + 1))
     only_line(result, "quire cluster up: error: ", "overlap", str(base + 1))
+
+
+def every_command() -> list[list[str]]:
+    """Every command line the parser knows, as its words (`bookie run`, `produce`, ...)."""
+    from quire.cli import build_parser
+
+    def walk(parser, words):
+        actions = [action for action in parser._actions if action.__class__.__name__ == "_SubParsersAction"]
+        if not actions:
+            return [words]
+        return [found for name, sub in actions[0].choices.items() for found in walk(sub, words + [name])]
+
+    return walk(build_parser(), [])
+
+
+@pytest.mark.parametrize("words", every_command(), ids=" ".join)
+def test_unknown_flag_of_every_command_is_a_usage_error(words, capsys):
+    # In-process: the parser alone decides, before any handler runs.
+    from quire.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*words, "--bogus"])
+    assert exit_info.value.code == EXIT_USAGE
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and ERROR_LINE.match(lines[0]) and "Traceback" not in lines[0], lines
