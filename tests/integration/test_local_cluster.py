@@ -26,7 +26,9 @@ def quire(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
 def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
     data_dir = tmp_path / "cluster"
     zk_port, bookie_port, broker_port = free_port(), free_port(), free_port()
-    ports = ("--zk-port", zk_port, "--bookie-base-port", bookie_port, "--broker-base-port", broker_port)
+    # No metrics endpoints: their default ports (8000 and up) may be taken on
+    # a shared machine; tests/integration/test_metrics.py covers them.
+    ports = ("--zk-port", zk_port, "--bookie-base-port", bookie_port, "--broker-base-port", broker_port, "--metrics-base-port", 0)
     up = quire("cluster", "up", "--data-dir", data_dir, *ports)
     state = ClusterState.load(data_dir)
     try:
