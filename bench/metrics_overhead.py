@@ -2,9 +2,9 @@
 bench/ledger_write.py (3 bookies, E=3 WQ=3 AQ=2, 1 KiB entries, fsync on).
 
 Each round starts three fresh bookies with metrics off (`--metrics-port 0`:
-no endpoint, nothing measured) and then with metrics on (an endpoint each,
-every add and journal batch measured), and runs window 1 and window 1000 on
-one ledger. Besides entries/s and latency, which move with whatever else
+no endpoint, nothing measured) and three with metrics on (an endpoint each,
+every add and journal batch measured), in alternating order, and runs
+window 1 and window 1000 on one ledger (or `--ledgers N` in turn). Besides entries/s and latency, which move with whatever else
 the machine runs, it reports the bookies' CPU time per entry (user +
 system, read from /proc over the phase), the steadier figure on a shared
 VM. Prints one JSON object per phase, then the medians and ratios.
@@ -39,18 +39,18 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / CLOCK_TICKS_PER_S
 
 
-async def measure(zk_hosts: str, root: str, pids: list[int], metrics: str, seconds: float) -> list[dict]:
+async def measure(zk_hosts: str, root: str, pids: list[int], metrics: str, seconds: float, ledgers: int) -> list[dict]:
     results = []
     async with BookKeeper.connect(zk_hosts, root, pending_adds_max=1000) as bk:
         for window in (1, 1000):
             # No warm-up: every add of the phase counts, so that the CPU time
             # it took divides by all of them.
             cpu_before = cpu_seconds(pids)
-            result = await write_ledgers(bk, window=window, ledgers=1, entry_bytes=1024, seconds=seconds, warmup_s=0,
+            result = await write_ledgers(bk, window=window, ledgers=ledgers, entry_bytes=1024, seconds=seconds, warmup_s=0,
                                          label=f"metrics {metrics}, window {window}")
             cpu_s = cpu_seconds(pids) - cpu_before
             results.append({
-                "name": "metrics_overhead", "bookie_metrics": metrics, "window": window,
+                "name": "metrics_overhead", "bookie_metrics": metrics, "window": window, "ledgers": ledgers,
                 "entries_per_s": result["entries_per_s"], "latency_ms_p50": result["latency_ms_p50"],
                 "latency_ms_p99": result["latency_ms_p99"],
                 "bookie_cpu_us_per_entry": round(cpu_s / max(result["entries"], 1) * 1e6, 1),
@@ -63,16 +63,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/metrics_overhead.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--ledgers", type=int, default=1, help="ledgers written in turn (ledger_write's many-ledgers run: 1000)")
     arguments = parser.parse_args(argv)
-    if arguments.rounds < 1 or arguments.seconds <= 0:
-        parser.error("--rounds and --seconds must be positive")
+    if arguments.rounds < 1 or arguments.seconds <= 0 or arguments.ledgers < 1:
+        parser.error("--rounds, --seconds and --ledgers must be positive")
     results = []
-    for _ in range(arguments.rounds):
-        for metrics in ("off", "on"):
+    for round_index in range(arguments.rounds):
+        # Off-on, then on-off: a machine that slows down (or speeds up) during
+        # the run does not favour one side.
+        for metrics in ("off", "on") if round_index % 2 == 0 else ("on", "off"):
             with bench_cluster(3, metrics=metrics == "on") as cluster:
                 pids = [process.pid for _, process in cluster.bookies]
-                results += trio.run(measure, cluster.zk_hosts, cluster.root, pids, metrics, arguments.seconds)
-    summary: dict = {"name": "metrics_overhead_summary", "rounds": arguments.rounds}
+                results += trio.run(measure, cluster.zk_hosts, cluster.root, pids, metrics, arguments.seconds, arguments.ledgers)
+    summary: dict = {"name": "metrics_overhead_summary", "rounds": arguments.rounds, "ledgers": arguments.ledgers}
     for window in (1, 1000):
         for key in ("entries_per_s", "latency_ms_p50", "bookie_cpu_us_per_entry"):
             medians = {
