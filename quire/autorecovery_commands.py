@@ -173,7 +173,8 @@ def status(arguments: argparse.Namespace) -> int:
             marker, _ = found
             ledgers.append({
                 "ledger_id": ledger_id, "lost_bookies": sorted(marker.lost_bookies),
-                "marked_ms": marker.marked_ms, "locked_by": locks.get(ledger_id),
+                "marked_ms": marker.marked_ms, "lost_since_ms": dict(sorted(marker.lost_since_ms.items())),
+                "locked_by": locks.get(ledger_id),
             })
         return {
             "enabled": underreplication.is_enabled(store, layout),

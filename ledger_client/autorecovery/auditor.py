@@ -1,10 +1,12 @@
 """The auditor's trio driver: stands in the election (ephemeral sequential
 nodes; the lowest is the auditor, the next takes over when its session
-ends), and while elected follows the bookie registry and marks the ledgers
-of lost bookies under-replicated, as an `AuditCore` decides."""
+ends; a lost connection keeps the node), and while elected follows the
+bookie registry and marks the ledgers of lost bookies under-replicated, as
+an `AuditCore` decides."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from typing import TYPE_CHECKING
@@ -12,7 +14,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from coordination.cluster_layout import ClusterLayout
-from coordination.store import MetadataError
+from coordination.store import MetadataError, NoNodeError
 from ledger_client.autorecovery import underreplication
 from ledger_client.autorecovery.audit_core import AuditCore, ledgers_to_mark, referenced_bookies
 from ledger_client.autorecovery.config import AutoRecoveryConfig
@@ -31,23 +33,25 @@ class Auditor:
         self.name = name
         self._layout = layout or ClusterLayout()
         self.is_auditor = False
+        self._node: str | None = None  # our candidate node's name
         self.scans = 0  # completed scans while elected
         self.marked = 0  # markers created or extended
 
     async def run(self) -> None:
         """Stand for election until cancelled; a metadata store failure
-        (session lost, ZooKeeper unreachable) means standing again."""
-        await repeat_after_store_errors("auditor election", self._stand)
+        (ZooKeeper unreachable) means standing again with the same candidate
+        node, the end of the session with a new one."""
+        try:
+            await repeat_after_store_errors("auditor election", self._stand)
+        finally:
+            self.is_auditor = False
+            await self._withdraw()
 
     async def _stand(self) -> None:
         store, layout = self._bk.store, self._layout
         await trio.to_thread.run_sync(underreplication.ensure_paths, store.store, layout, abandon_on_cancel=True)
         losses = store.session_losses
-        path = await store.create(
-            f"{layout.auditor_election}/{underreplication.CANDIDATE_PREFIX}", self.name.encode(),
-            ephemeral=True, sequential=True,
-        )
-        node = path.rsplit("/", 1)[1]
+        node = await self._candidate()
         try:
             async with trio.open_nursery() as nursery:
                 while True:
@@ -65,12 +69,46 @@ class Auditor:
                 nursery.cancel_scope.cancel()
         finally:
             self.is_auditor = False
-            with trio.move_on_after(5) as scope:
-                scope.shield = True
-                try:
-                    await store.delete(path)
-                except MetadataError:
-                    pass  # gone with the session, or ZooKeeper is away: it goes with the session
+
+    async def _candidate(self) -> str:
+        """Our candidate node's name: the one made before while it is still
+        our session's (a lost connection keeps it; only the session's end
+        takes it away), else a new one. Other nodes of our session (a create
+        whose answer was lost, sent again) are removed: the lower one would
+        otherwise stay first while we wait behind it, and nobody would audit."""
+        store, election = self._bk.store, self._layout.auditor_election
+        session_id = store.session_id
+        if self._node is not None:
+            stat = await store.exists(f"{election}/{self._node}")
+            if stat is None or stat.ephemeral_owner != session_id:
+                self._node = None
+        if self._node is None:
+            path = await store.create(
+                f"{election}/{underreplication.CANDIDATE_PREFIX}", self.name.encode(), ephemeral=True, sequential=True
+            )
+            self._node = path.rsplit("/", 1)[1]
+        for name in await store.children(election):
+            if name == self._node or not name.startswith(underreplication.CANDIDATE_PREFIX):
+                continue
+            stat = await store.exists(f"{election}/{name}")
+            if stat is not None and stat.ephemeral_owner == session_id:
+                log.info("%s removes its extra candidate node %s", self.name, name)
+                with contextlib.suppress(NoNodeError):
+                    await store.delete(f"{election}/{name}", stat.version)
+        return self._node
+
+    async def _withdraw(self) -> None:
+        """Delete our candidate node, even in a cancelled scope, so that the
+        next candidate takes over at once."""
+        node, self._node = self._node, None
+        if node is None:
+            return
+        with trio.move_on_after(5) as scope:
+            scope.shield = True
+            try:
+                await self._bk.store.delete(f"{self._layout.auditor_election}/{node}")
+            except MetadataError:
+                pass  # gone with the session, or ZooKeeper is away: it goes with the session
 
     async def _audit_while_enabled(self) -> None:
         core = AuditCore(self._config.lost_bookie_delay_ms, self._config.audit_interval_ms)

@@ -16,6 +16,7 @@ import trio
 from ledger_client.autorecovery.auditor import Auditor
 from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.autorecovery.replication_worker import ReplicationWorker
+from ledger_client.autorecovery.waits import jittered
 from ledger_client.bookkeeper import BookKeeper
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ async def run_autorecovery(
         except Exception as error:  # noqa: BLE001  (ExceptionGroups too; never trio.Cancelled)
             # Whatever broke (ZooKeeper gone for good, a bug), the bookie that
             # embeds this must keep serving: log it and start over later.
-            log.error("auto-recovery stopped (%r); restarting in %.0fs", error, delay_s, exc_info=error)
-        await trio.sleep(delay_s)
+            log.error("auto-recovery stopped (%r); restarting in about %.0fs", error, delay_s, exc_info=error)
+        await trio.sleep(jittered(delay_s, rng))
         delay_s = min(delay_s * 2, RESTART_DELAY_S_MAX)
 
 

@@ -2,7 +2,8 @@
 sit on lost bookies, which entries each lost bookie held there (the write-set
 rule of DESIGN.md section 6), which bookie replaces it, how the metadata
 changes once the copies are made, whether an open ledger must first wait
-out its grace period or be fenced, and when to try a failed ledger again.
+out its grace period or be fenced (and whether fencing could close it at all
+without the lost bookies), and when to try a failed ledger again.
 The trio driver is `ledger_client.autorecovery.replication_worker`."""
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ class Step(enum.Enum):
     REPLICATE = "replicate"  # copy `fragments`, then replace them in the metadata
     WAIT = "wait"  # an open (or recovering) ledger's last fragment: wait until `wait_until_ms`
     RECOVER = "recover"  # the grace period is over: fence and close the ledger first
+    # Recovery could not close the ledger without the lost bookies
+    # `blocked_by`: leave it (and its writer) alone, look again at `wait_until_ms`.
+    BLOCKED = "blocked"
+
+
+BLOCKED_RECHECK_MS_MIN = 1_000.0  # a blocked ledger is looked at again at most this often
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,7 @@ class Plan:
     step: Step
     fragments: tuple[Fragment, ...] = ()
     wait_until_ms: float | None = None
+    blocked_by: frozenset[str] = frozenset()
 
 
 def fragments_on(metadata: LedgerMetadata, lost: Collection[str]) -> list[tuple[int, Fragment]]:
@@ -79,33 +87,75 @@ def fragments_on(metadata: LedgerMetadata, lost: Collection[str]) -> list[tuple[
     return found
 
 
+def recovery_blocked_by(metadata: LedgerMetadata, lost: Collection[str]) -> frozenset[str]:
+    """The lost bookies of the last ensemble without which recovery (DESIGN.md
+    section 6) cannot close the ledger; empty when it can without them.
+
+    Recovery fences the last ensemble until E - AQ + 1 bookies answered,
+    then decides every entry from the largest LAC the bookies know + 1 up to
+    the first absent one: present at AQ copies of its write set, absent at
+    WQ - AQ + 1 NO_ENTRY answers. Which entries those are is known only to
+    the bookies, and past the LAC they may reach any write set of the last
+    ensemble, so every write set must keep max(AQ, WQ - AQ + 1) live
+    members. With WQ = AQ (2/2/2, 3/2/2) that is every member: an entry the
+    writer wrote to the lost bookie can never be found again, the ledger
+    would stay IN_RECOVERY for ever and its writer be fenced for nothing."""
+    first_entry_id, ensemble = metadata.last_ensemble
+    down = frozenset(ensemble) & frozenset(lost)
+    if not down:
+        return frozenset()
+    size, write_quorum, ack_quorum = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
+    if size - len(down) < size - ack_quorum + 1:
+        return down  # fencing never reaches its coverage
+    live_needed = max(ack_quorum, write_quorum - ack_quorum + 1)
+    for start in range(size):
+        write_set = [ensemble[(start + offset) % size] for offset in range(write_quorum)]
+        if sum(bookie_id not in down for bookie_id in write_set) < live_needed:
+            return down
+    return frozenset()
+
+
 def plan_replication(
-    metadata: LedgerMetadata, lost: Collection[str], *, marked_ms: float, now_ms: float, grace_ms: float
+    metadata: LedgerMetadata,
+    lost: Collection[str],
+    *,
+    lost_since_ms: Mapping[str, float],
+    now_ms: float,
+    grace_ms: float,
 ) -> Plan:
     """What to do next with a marked ledger whose lost bookies are `lost`
-    (the marker's bookies that are still not registered).
+    (the marker's bookies that are still not registered); `lost_since_ms`
+    says since when each is known lost (a bookie missing from it: since now).
 
     A closed ledger's fragments are final: copy them all. So are the
     fragments before the last of an open ledger: copy those now. The last
     fragment of an open ledger is its writer's: a live writer replaces a
     bookie that fails its adds itself, so it is left alone until
-    `grace_ms` after the ledger was marked (BookKeeper's
-    openLedgerRereplicationGracePeriod); after that the ledger is fenced
-    and closed (its writer is gone or idle) and copied as a closed one. A
-    ledger in recovery is its recoverer's until the grace period ends too."""
+    `grace_ms` after the last of its lost bookies was known lost
+    (BookKeeper's openLedgerRereplicationGracePeriod); after that the
+    ledger is fenced and closed (its writer is gone or idle) and copied as a
+    closed one, unless recovery could not close it without the lost
+    bookies (`recovery_blocked_by`): then it is BLOCKED, looked at again a
+    grace period later (the writer's next add replaces the bookie, or the
+    bookie comes back). A ledger in recovery is its recoverer's until the
+    grace period ends too."""
     found = fragments_on(metadata, lost)
     if not found:
         return Plan(Step.DONE)
-    grace_over_ms = marked_ms + grace_ms
-    if metadata.state is LedgerState.IN_RECOVERY:
-        return Plan(Step.RECOVER) if now_ms >= grace_over_ms else Plan(Step.WAIT, wait_until_ms=grace_over_ms)
     if metadata.state is LedgerState.CLOSED:
         return Plan(Step.REPLICATE, tuple(fragment for _, fragment in found))
-    last_position = len(metadata.ensembles) - 1
-    final = tuple(fragment for position, fragment in found if position < last_position)
-    if final:
-        return Plan(Step.REPLICATE, final)
-    return Plan(Step.RECOVER) if now_ms >= grace_over_ms else Plan(Step.WAIT, wait_until_ms=grace_over_ms)
+    if metadata.state is LedgerState.OPEN:
+        last_position = len(metadata.ensembles) - 1
+        final = tuple(fragment for position, fragment in found if position < last_position)
+        if final:
+            return Plan(Step.REPLICATE, final)
+    grace_over_ms = max(lost_since_ms.get(fragment.bookie_id, now_ms) for _, fragment in found) + grace_ms
+    if now_ms < grace_over_ms:
+        return Plan(Step.WAIT, wait_until_ms=grace_over_ms)
+    blocked_by = recovery_blocked_by(metadata, lost)
+    if blocked_by:
+        return Plan(Step.BLOCKED, wait_until_ms=now_ms + max(grace_ms, BLOCKED_RECHECK_MS_MIN), blocked_by=blocked_by)
+    return Plan(Step.RECOVER)
 
 
 def choose_replacements(
@@ -203,6 +253,12 @@ class RetryBackoff:
     def wait_until(self, ledger_id: int, when_ms: float) -> None:
         self._not_before_ms[ledger_id] = when_ms
 
+    def started(self, ledger_id: int) -> None:
+        """An attempt starts: its retry time is spent (the failures in a
+        row are kept, for the next delay). A ledger being worked on thus
+        never holds a time already past, which would wake the loop at once."""
+        self._not_before_ms.pop(ledger_id, None)
+
     def succeeded(self, ledger_id: int) -> None:
         self._failures.pop(ledger_id, None)
         self._not_before_ms.pop(ledger_id, None)
@@ -217,11 +273,51 @@ class RetryBackoff:
         return [ledger_id for ledger_id in sorted(marked) if self._not_before_ms.get(ledger_id, -1.0) <= now_ms]
 
     def next_ready_ms(self) -> float | None:
+        """The earliest retry time held (ledgers whose attempt started hold
+        none)."""
         return min(self._not_before_ms.values(), default=None)
 
 
+class GraceClock:
+    """When this worker first saw each lost bookie in each marked ledger's
+    marker, on its own clock: an open ledger's grace period counts from
+    there, so a skewed clock elsewhere (the auditor's) never shortens it,
+    and a bookie added to a marker later gets a grace period of its own.
+    Holds records only for the ledgers `forget_except` was last given."""
+
+    def __init__(self) -> None:
+        self._seen_ms: dict[int, dict[str, float]] = {}
+
+    def lost_since_ms(self, ledger_id: int, lost: Iterable[str], now_ms: float) -> dict[str, float]:
+        seen = self._seen_ms.setdefault(ledger_id, {})
+        lost = set(lost)
+        for bookie_id in list(seen):
+            if bookie_id not in lost:
+                del seen[bookie_id]  # back, or replaced: a new loss starts anew
+        return {bookie_id: seen.setdefault(bookie_id, now_ms) for bookie_id in sorted(lost)}
+
+    def forget_except(self, ledger_ids: Iterable[int]) -> None:
+        keep = set(ledger_ids)
+        for ledger_id in [ledger_id for ledger_id in self._seen_ms if ledger_id not in keep]:
+            del self._seen_ms[ledger_id]
+
+
+def next_list_start(first_entry_id: int, last_entry_id: int, ranges: Iterable[tuple[int, int]]) -> int | None:
+    """Where to continue a LIST_ENTRIES check of `first_entry_id`..
+    `last_entry_id` after a page answered `ranges`: a bookie lists at most
+    its `list_entries_ids_max` ids (the lowest), so a page that ends short
+    of `last_entry_id` is asked again past its highest id; None when the
+    page reached the end or held nothing in the range (the rest is missing)."""
+    highest = max((last for first, last in ranges if last >= first_entry_id and first <= last_entry_id), default=None)
+    if highest is None or highest >= last_entry_id:
+        return None
+    return highest + 1
+
+
 __all__ = [
+    "BLOCKED_RECHECK_MS_MIN",
     "Fragment",
+    "GraceClock",
     "Plan",
     "Replacement",
     "RetryBackoff",
@@ -229,6 +325,8 @@ __all__ = [
     "apply_replacements",
     "choose_replacements",
     "fragments_on",
+    "next_list_start",
     "password_for",
     "plan_replication",
+    "recovery_blocked_by",
 ]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import random
 from typing import TYPE_CHECKING
 
@@ -31,18 +30,22 @@ from coordination.store import MetadataError
 from ledger_client.autorecovery import underreplication
 from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.autorecovery.replication_core import (
+    BLOCKED_RECHECK_MS_MIN,
     Fragment,
+    GraceClock,
     Replacement,
     RetryBackoff,
     Step,
     apply_replacements,
     choose_replacements,
+    next_list_start,
     password_for,
     plan_replication,
 )
 from ledger_client.autorecovery.waits import run_while_enabled, wait_any, wall_ms
 from ledger_client.bookie_client import BookieConnectionError
 from ledger_client.errors import BKError, NoSuchLedgerError
+from ledger_client.metadata import LedgerState
 
 if TYPE_CHECKING:
     from ledger_client.bookkeeper import BookKeeper
@@ -55,6 +58,8 @@ RECOVERY_TIMEOUT_S = 120.0  # fencing and closing an open ledger
 ROUNDS_MAX = 8  # plan-copy-update rounds for one ledger in one attempt
 LOCKED_RECHECK_MS = 5_000.0  # another worker holds the lock: look again after this
 MARKERS_RELIST_MS = 30_000.0  # list the markers this often even without a watch event
+UNLOCK_RETRY_MS = 1_000.0  # a lock whose release failed (store unreachable) is released again this often
+UNLOCK_TIMEOUT_S = 5.0
 
 
 class ReplicationError(BKError):
@@ -82,11 +87,15 @@ class ReplicationWorker:
         )
         self._in_progress: set[int] = set()
         self._finished = trio.Event()
+        self._grace = GraceClock()
+        self._unlocks_pending: set[int] = set()  # locks of ours whose release failed
+        self._blocked_warned: set[int] = set()  # blocked ledgers already warned about
         # Counters for status and tests.
         self.ledgers_replicated = 0
         self.fragments_replicated = 0
         self.entries_copied = 0
         self.ledgers_recovered = 0
+        self.ledgers_blocked = 0  # times a ledger was found blocked (see Step.BLOCKED)
         self.failures = 0
 
     # --- the loop -----------------------------------------------------------------------
@@ -104,6 +113,11 @@ class ReplicationWorker:
         changed: trio.Event | None = None
         async with trio.open_nursery() as nursery:
             while True:
+                # A new event before looking: an attempt that ends from now
+                # on wakes the wait below; one that ended before is seen by
+                # this pass (its retry time, its free slot).
+                finished = self._finished = trio.Event()
+                await self._release_pending_locks()
                 if changed is None or changed.is_set():
                     names, changed = await store.children_watch(layout.underreplicated_ledgers)
                 else:
@@ -111,6 +125,8 @@ class ReplicationWorker:
                     # round would pile up callbacks in the ZooKeeper client.
                     names = await store.children(layout.underreplicated_ledgers)
                 marked = [int(name) for name in names if name.isascii() and name.isdigit()]
+                self._grace.forget_except(marked)
+                self._blocked_warned.intersection_update(marked)
                 ready = [ledger_id for ledger_id in self._backoff.ready(marked, wall_ms()) if ledger_id not in self._in_progress]
                 # Workers in every bookie look at the same list: start at
                 # different places so that they rarely meet on one lock.
@@ -121,10 +137,16 @@ class ReplicationWorker:
                     except trio.WouldBlock:
                         break
                     self._in_progress.add(ledger_id)
+                    self._backoff.started(ledger_id)
                     nursery.start_soon(self._attempt, ledger_id, slots)
-                finished, self._finished = self._finished, trio.Event()
-                next_ready_ms = self._backoff.next_ready_ms()
-                deadline_ms = min(wall_ms() + MARKERS_RELIST_MS, math.inf if next_ready_ms is None else next_ready_ms)
+                deadline_ms = wall_ms() + MARKERS_RELIST_MS
+                # Retry times matter only when a slot is free to use them;
+                # otherwise the end of an attempt wakes the loop.
+                next_ready_ms = self._backoff.next_ready_ms() if slots.value > 0 else None
+                if next_ready_ms is not None:
+                    deadline_ms = min(deadline_ms, next_ready_ms)
+                if self._unlocks_pending - self._in_progress:
+                    deadline_ms = min(deadline_ms, wall_ms() + UNLOCK_RETRY_MS)
                 await wait_any(changed.wait, finished.wait, deadline_ms=deadline_ms)
 
     async def _attempt(self, ledger_id: int, slots: trio.Semaphore) -> None:
@@ -136,9 +158,7 @@ class ReplicationWorker:
             try:
                 wait_until_ms = await self._replicate(ledger_id)
             finally:
-                with trio.move_on_after(5) as scope:
-                    scope.shield = True
-                    await trio.to_thread.run_sync(underreplication.unlock, store.store, layout, ledger_id)
+                await self._unlock(ledger_id)
             if wait_until_ms is None:
                 self._backoff.succeeded(ledger_id)
                 self.ledgers_replicated += 1
@@ -152,6 +172,29 @@ class ReplicationWorker:
             self._in_progress.discard(ledger_id)
             slots.release()
             self._finished.set()
+
+    async def _unlock(self, ledger_id: int) -> bool:
+        """Release our lock on the ledger, even in a cancelled scope; when
+        the store cannot be reached the lock is kept for a later try (left
+        alone, it would stay with our session, and no other worker could
+        take the ledger while it lasts). Returns whether it was released."""
+        with trio.move_on_after(UNLOCK_TIMEOUT_S) as scope:
+            scope.shield = True
+            try:
+                await trio.to_thread.run_sync(
+                    underreplication.unlock, self._bk.store.store, self._layout, ledger_id, abandon_on_cancel=True
+                )
+                self._unlocks_pending.discard(ledger_id)
+                return True
+            except MetadataError as error:
+                log.info("ledger %d: lock not released yet (%s); trying again", ledger_id, error)
+        self._unlocks_pending.add(ledger_id)
+        return False
+
+    async def _release_pending_locks(self) -> None:
+        for ledger_id in sorted(self._unlocks_pending - self._in_progress):
+            if not await self._unlock(ledger_id):
+                return  # the store is still away: the next pass tries again
 
     # --- one ledger ---------------------------------------------------------------------
 
@@ -174,15 +217,21 @@ class ReplicationWorker:
             registered = set(bk.registry.writable_bookies) | set(bk.registry.readonly_bookies)
             suspects = marker.lost_bookies or metadata.all_bookies()
             lost = frozenset(suspects - registered)
+            now_ms = wall_ms()
             plan = plan_replication(
-                metadata, lost, marked_ms=marker.marked_ms, now_ms=wall_ms(), grace_ms=self._config.open_ledger_grace_ms
+                metadata, lost, lost_since_ms=self._grace.lost_since_ms(ledger_id, lost, now_ms),
+                now_ms=now_ms, grace_ms=self._config.open_ledger_grace_ms,
             )
             if plan.step is Step.DONE:
                 if await trio.to_thread.run_sync(underreplication.unmark, sync_store, layout, ledger_id, marker_version):
                     log.info("ledger %d is fully replicated again", ledger_id)
+                    self._blocked_warned.discard(ledger_id)
                     return None
                 continue  # the auditor added a bookie meanwhile: look again
             if plan.step is Step.WAIT:
+                return plan.wait_until_ms
+            if plan.step is Step.BLOCKED:
+                self._warn_blocked(metadata, plan.blocked_by)
                 return plan.wait_until_ms
             password = password_for(metadata, self._config.passwords)
             if password is None:
@@ -195,6 +244,23 @@ class ReplicationWorker:
                 continue
             await self._replicate_fragments(metadata, plan.fragments, lost, password)
         raise ReplicationError(f"ledger {ledger_id}: still under-replicated after {ROUNDS_MAX} rounds")
+
+    def _warn_blocked(self, metadata, blocked_by: frozenset[str]) -> None:
+        self.ledgers_blocked += 1
+        if metadata.ledger_id in self._blocked_warned:
+            return
+        self._blocked_warned.add(metadata.ledger_id)
+        bookies = ", ".join(sorted(blocked_by))
+        resolved_by = f"bookie {bookies} back" if metadata.state is not LedgerState.OPEN else (
+            f"bookie {bookies} back or the writer's next add to replace it"
+        )
+        log.warning(
+            "ledger %d (%s, E=%d WQ=%d AQ=%d): its last ensemble keeps too few live bookies for recovery to "
+            "decide its last entries without %s, so it is not fenced; it needs %s (looking again every %.0fs)",
+            metadata.ledger_id, metadata.state.value, metadata.ensemble_size, metadata.write_quorum,
+            metadata.ack_quorum, bookies, resolved_by,
+            max(self._config.open_ledger_grace_ms, BLOCKED_RECHECK_MS_MIN) / 1000,
+        )
 
     async def _replicate_fragments(self, metadata, fragments: tuple[Fragment, ...], lost: frozenset[str], password: bytes) -> None:
         bk = self._bk
@@ -240,12 +306,16 @@ class ReplicationWorker:
             raise errors[0]
         # Check that the replacement holds every entry before the metadata
         # names it: an add it acknowledged is durable there (journal fsync).
-        response = await self._call(new_bookie, functools.partial(
-            _list_entries, metadata.ledger_id, entry_ids[0], entry_ids[-1]
-        ))
         held = set()
-        for first, last in response.ranges if response.status is Status.OK else ():
-            held.update(range(max(first, entry_ids[0]), min(last, entry_ids[-1]) + 1))
+        next_first: int | None = entry_ids[0]
+        while next_first is not None:
+            response = await self._call(new_bookie, functools.partial(
+                _list_entries, metadata.ledger_id, next_first, entry_ids[-1]
+            ))
+            ranges = response.ranges if response.status is Status.OK else []
+            for first, last in ranges:
+                held.update(range(max(first, next_first), min(last, entry_ids[-1]) + 1))
+            next_first = next_list_start(next_first, entry_ids[-1], ranges)
         missing = [entry_id for entry_id in entry_ids if entry_id not in held]
         if missing:
             raise ReplicationError(

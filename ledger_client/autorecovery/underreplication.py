@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from coordination.cluster_layout import ClusterLayout
 from coordination.store import BadVersionError, MetadataStore, NodeExistsError, NoNodeError
@@ -22,23 +23,35 @@ MARK_ATTEMPTS_MAX = 5  # compare-and-set rounds to add bookies to an existing ma
 @dataclass(frozen=True)
 class Marker:
     """An under-replicated ledger: the lost bookies its fragments are on,
-    when it was first marked (wall clock, ms) and by which auditor."""
+    since when each was marked lost (`lost_since_ms`, the auditor's wall
+    clock, ms), when the ledger was first marked and by which auditor.
+    Workers time an open ledger's grace period on their own clocks
+    (`replication_core.GraceClock`); these times are for operators."""
 
     ledger_id: int
     lost_bookies: frozenset[str]
     marked_ms: float
     auditor: str = ""
+    lost_since_ms: Mapping[str, float] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
-        document = {"lost_bookies": sorted(self.lost_bookies), "marked_ms": self.marked_ms, "auditor": self.auditor}
+        since = {bookie_id: self.lost_since_ms.get(bookie_id, self.marked_ms) for bookie_id in sorted(self.lost_bookies)}
+        document = {
+            "lost_bookies": sorted(self.lost_bookies), "lost_since_ms": since,
+            "marked_ms": self.marked_ms, "auditor": self.auditor,
+        }
         return json.dumps(document, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, ledger_id: int, data: bytes) -> "Marker":
         try:
             document = json.loads(data)
-            return cls(ledger_id, frozenset(document["lost_bookies"]), float(document["marked_ms"]), document.get("auditor", ""))
-        except (ValueError, KeyError, TypeError):
+            lost = frozenset(document["lost_bookies"])
+            marked_ms = float(document["marked_ms"])
+            since = document.get("lost_since_ms", {})  # absent in markers of the first version
+            lost_since_ms = {bookie_id: float(since.get(bookie_id, marked_ms)) for bookie_id in lost}
+            return cls(ledger_id, lost, marked_ms, document.get("auditor", ""), lost_since_ms)
+        except (ValueError, KeyError, TypeError, AttributeError):
             # An unreadable marker still says the ledger needs a look; the
             # worker then treats every bookie missing from the registry as lost.
             return cls(ledger_id, frozenset(), 0.0)
@@ -54,8 +67,8 @@ def ensure_paths(store: MetadataStore, layout: ClusterLayout) -> None:
 
 def mark(store: MetadataStore, layout: ClusterLayout, ledger_id: int, lost: frozenset[str], now_ms: float, auditor: str) -> bool:
     """Mark the ledger under-replicated by `lost`, or add them to its marker
-    (keeping the first marking time, from which an open ledger's grace
-    period counts). Returns whether anything changed."""
+    (keeping the first marking time, and each bookie's own: a bookie added
+    later is lost since now). Returns whether anything changed."""
     path = layout.underreplicated_ledger(ledger_id)
     for _ in range(MARK_ATTEMPTS_MAX):
         try:
@@ -70,7 +83,8 @@ def mark(store: MetadataStore, layout: ClusterLayout, ledger_id: int, lost: froz
         marker = Marker.from_bytes(ledger_id, data)
         if lost <= marker.lost_bookies:
             return False
-        updated = Marker(ledger_id, marker.lost_bookies | lost, marker.marked_ms or now_ms, auditor)
+        since = {**{bookie_id: now_ms for bookie_id in lost}, **marker.lost_since_ms}
+        updated = Marker(ledger_id, marker.lost_bookies | lost, marker.marked_ms or now_ms, auditor, since)
         try:
             store.set(path, updated.to_bytes(), stat.version)
             return True
@@ -114,18 +128,34 @@ def unmark(store: MetadataStore, layout: ClusterLayout, ledger_id: int, version:
 
 def try_lock(store: MetadataStore, layout: ClusterLayout, ledger_id: int, owner: str) -> bool:
     """Take the ledger's replication lock (an ephemeral node: it goes with
-    the worker's session)."""
+    the worker's session). A lock node of our own session is ours already:
+    an unlock that failed with the connection lost leaves it (the session
+    lives on), and so can a create whose answer was lost."""
+    path = layout.replication_lock(ledger_id)
     try:
-        store.create(layout.replication_lock(ledger_id), owner.encode(), ephemeral=True, make_parents=True)
+        store.create(path, owner.encode(), ephemeral=True, make_parents=True)
         return True
     except NodeExistsError:
-        return False
+        pass
+    stat = store.exists(path)
+    return stat is not None and stat.ephemeral_owner == store.session_id
 
 
 def unlock(store: MetadataStore, layout: ClusterLayout, ledger_id: int) -> None:
+    """Release the ledger's replication lock if our session holds it (after
+    our session ended, the node may be another worker's). Raises
+    MetadataError when the store cannot be reached: try again later.
+    ZooKeeper cannot make a delete conditional on the node's owner: should
+    our session end between the two calls and another worker lock at once,
+    its lock would go, which costs at most two workers copying the same
+    fragments (the compare-and-set keeps one replacement), never data."""
+    path = layout.replication_lock(ledger_id)
+    stat = store.exists(path)
+    if stat is None or stat.ephemeral_owner != store.session_id:
+        return
     try:
-        store.delete(layout.replication_lock(ledger_id))
-    except NoNodeError:
+        store.delete(path, stat.version)
+    except (NoNodeError, BadVersionError):
         pass
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import random
 import time
 from typing import Awaitable, Callable
 
@@ -19,6 +20,7 @@ from coordination.store import MetadataError
 log = logging.getLogger(__name__)
 STORE_RETRY_DELAY_S_INITIAL = 0.2
 STORE_RETRY_DELAY_S_MAX = 10.0
+JITTER_RATIO = 0.2
 
 
 def wall_ms() -> float:
@@ -59,19 +61,38 @@ async def wait_disabled(store: AsyncMetadataStore, layout: ClusterLayout) -> Non
         await changed.wait()
 
 
-async def repeat_after_store_errors(name: str, step: Callable[[], Awaitable[object]]) -> None:
+def jittered(delay_s: float, rng: random.Random) -> float:
+    """`delay_s` scaled by a random factor in [1 - JITTER_RATIO, 1 + JITTER_RATIO],
+    so that the daemons of every bookie, failing together, retry apart."""
+    return delay_s * rng.uniform(1 - JITTER_RATIO, 1 + JITTER_RATIO)
+
+
+async def repeat_after_store_errors(
+    name: str, step: Callable[[], Awaitable[object]], rng: random.Random | None = None
+) -> None:
     """Run `step` over and over until cancelled; after a metadata store
     failure (session lost, ZooKeeper unreachable) wait first, doubling the
-    wait up to STORE_RETRY_DELAY_S_MAX while failures keep coming."""
+    wait up to STORE_RETRY_DELAY_S_MAX while failures keep coming (with
+    jitter)."""
+    rng = rng or random.Random()
     delay_s = STORE_RETRY_DELAY_S_INITIAL
     while True:
+        failure: BaseException | None = None
         try:
             await step()
+        except* MetadataError as group:
+            # Raised inside a nursery (wait_any, the worker's attempts) the
+            # error comes wrapped in exception groups.
+            failure = group
+            while isinstance(failure, BaseExceptionGroup):
+                failure = failure.exceptions[0]
+        if failure is None:
             delay_s = STORE_RETRY_DELAY_S_INITIAL
-        except MetadataError as error:
-            log.warning("%s: %s; again in %.1fs", name, error, delay_s)
-            await trio.sleep(delay_s)
-            delay_s = min(delay_s * 2, STORE_RETRY_DELAY_S_MAX)
+            continue
+        wait_s = jittered(delay_s, rng)
+        log.warning("%s: %s; again in %.1fs", name, failure, wait_s)
+        await trio.sleep(wait_s)
+        delay_s = min(delay_s * 2, STORE_RETRY_DELAY_S_MAX)
 
 
 async def run_while_enabled(name: str, store: AsyncMetadataStore, layout: ClusterLayout, duty: Callable[[], Awaitable[object]]) -> None:
@@ -86,4 +107,4 @@ async def run_while_enabled(name: str, store: AsyncMetadataStore, layout: Cluste
     await repeat_after_store_errors(name, step)
 
 
-__all__ = ["repeat_after_store_errors", "run_while_enabled", "wait_any", "wait_disabled", "wait_enabled", "wall_ms"]
+__all__ = ["jittered", "repeat_after_store_errors", "run_while_enabled", "wait_any", "wait_disabled", "wait_enabled", "wall_ms"]

@@ -88,3 +88,40 @@ async def test_the_auditor_marks_a_lost_bookies_ledgers_and_hands_over_when_its_
             await wait_for(lambda: marked(admin) == {first: {"b1"}, second: {"b4"}})
             nursery.cancel_scope.cancel()
     admin.close()
+
+
+async def test_a_lost_connection_keeps_the_auditors_candidate_node():
+    # ZooKeeper is unreachable for a moment, shorter than the session: the
+    # auditor keeps its node (so its place in the election) and audits
+    # again once back. A node of its own session left by a create sent
+    # twice would stay first for ever: it is removed.
+    server = InMemoryMetadataServer()
+    admin = server.connect(session_timeout_ms=SESSION_MS)
+    ensure_cluster_layout(admin, LAYOUT)
+    underreplication.ensure_paths(admin, LAYOUT)
+    one_store = server.connect(session_timeout_ms=SESSION_MS)
+    one_store.create(f"{LAYOUT.auditor_election}/{underreplication.CANDIDATE_PREFIX}", b"one", ephemeral=True, sequential=True)
+    async with BookKeeper.open(one_store) as bk_one, BookKeeper.open(server.connect(session_timeout_ms=SESSION_MS)) as bk_two:
+        one, two = Auditor(bk_one, CONFIG, "one"), Auditor(bk_two, CONFIG, "two")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one.run)
+            await wait_for(lambda: one.is_auditor)
+            nodes = [node for node, _ in underreplication.auditor_candidates(admin, LAYOUT)]
+            assert len(nodes) == 1
+            nursery.start_soon(two.run)
+            await wait_for(lambda: [name for _, name in underreplication.auditor_candidates(admin, LAYOUT)] == ["one", "two"])
+
+            one_store.suspend()
+            await wait_for(lambda: not one.is_auditor)
+            with trio.move_on_after(0.5):  # a few of its retries fail meanwhile
+                await wait_for(lambda: two.is_auditor)
+            assert not two.is_auditor
+            one_store.resume(server.now_ms)
+            await wait_for(lambda: one.is_auditor)
+            assert [node for node, _ in underreplication.auditor_candidates(admin, LAYOUT)][0] == nodes[0]
+            assert [name for _, name in underreplication.auditor_candidates(admin, LAYOUT)] == ["one", "two"]
+            assert not two.is_auditor
+            nursery.cancel_scope.cancel()
+        # Stopped, it withdraws: nothing of either is left.
+        assert underreplication.auditor_candidates(admin, LAYOUT) == []
+    admin.close()

@@ -15,18 +15,23 @@ from hypothesis import strategies as st
 
 from coordination.cluster_layout import ClusterLayout
 from coordination.memory_store import InMemoryMetadataServer
+from coordination.store import ConnectionLossError
 from ledger_client.autorecovery import underreplication
 from ledger_client.autorecovery.audit_core import AuditCore, ledgers_to_mark
 from ledger_client.autorecovery.replication_core import (
+    BLOCKED_RECHECK_MS_MIN,
     Fragment,
+    GraceClock,
     Replacement,
     RetryBackoff,
     Step,
     apply_replacements,
     choose_replacements,
     fragments_on,
+    next_list_start,
     password_for,
     plan_replication,
+    recovery_blocked_by,
 )
 from ledger_client.errors import LedgerStateError, NotEnoughBookiesError
 from ledger_client.ledger_store import LedgerStore
@@ -37,10 +42,11 @@ DELAY_MS = 1_000
 GRACE_MS = 5_000
 
 
-def ledger(ensembles, *, state=LedgerState.CLOSED, last_entry_id=9, size=3, write_quorum=2) -> LedgerMetadata:
+def ledger(ensembles, *, state=LedgerState.CLOSED, last_entry_id=9, size=3, write_quorum=2, ack_quorum=None) -> LedgerMetadata:
     base = ledger_metadata_for(7)
     return replace(
-        base, ensemble_size=size, write_quorum=write_quorum, ack_quorum=min(2, write_quorum),
+        base, ensemble_size=size, write_quorum=write_quorum,
+        ack_quorum=min(2, write_quorum) if ack_quorum is None else ack_quorum,
         ensembles=tuple((first, tuple(bookies)) for first, bookies in ensembles), state=state,
         last_entry_id=last_entry_id if state is LedgerState.CLOSED else -1,
     )
@@ -131,27 +137,104 @@ def test_fragments_end_where_the_next_ensemble_starts_or_at_the_last_entry():
 
 def test_a_closed_ledger_is_copied_at_once_and_done_when_no_fragment_is_on_a_lost_bookie():
     metadata = ledger([(0, "abc"), (5, "dbc")])
-    plan = plan_replication(metadata, {"b"}, marked_ms=0, now_ms=0, grace_ms=GRACE_MS)
+    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=0, grace_ms=GRACE_MS)
     assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0, 5]
-    assert plan_replication(metadata, {"z"}, marked_ms=0, now_ms=0, grace_ms=GRACE_MS).step is Step.DONE
+    assert plan_replication(metadata, {"z"}, lost_since_ms={"z": 0}, now_ms=0, grace_ms=GRACE_MS).step is Step.DONE
 
 
 def test_an_open_ledger_copies_final_fragments_then_waits_then_is_fenced():
-    # The writer moved on from "a" once; "b" is in both ensembles.
-    metadata = ledger([(0, "abc"), (5, "dbc")], state=LedgerState.OPEN)
-    plan = plan_replication(metadata, {"b"}, marked_ms=1_000, now_ms=1_000, grace_ms=GRACE_MS)
+    # The writer moved on from "a" once; "b" is in both ensembles (3/3/2:
+    # recovery can close the ledger without one bookie).
+    metadata = ledger([(0, "abc"), (5, "dbc")], state=LedgerState.OPEN, write_quorum=3)
+    since = {"b": 1_000}
+    plan = plan_replication(metadata, {"b"}, lost_since_ms=since, now_ms=1_000, grace_ms=GRACE_MS)
     assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0]
     copied = metadata.with_bookie_replaced(0, 1, "b", "e")
-    plan = plan_replication(copied, {"b"}, marked_ms=1_000, now_ms=2_000, grace_ms=GRACE_MS)
+    plan = plan_replication(copied, {"b"}, lost_since_ms=since, now_ms=2_000, grace_ms=GRACE_MS)
     assert plan.step is Step.WAIT and plan.wait_until_ms == 1_000 + GRACE_MS
-    plan = plan_replication(copied, {"b"}, marked_ms=1_000, now_ms=1_000 + GRACE_MS, grace_ms=GRACE_MS)
+    plan = plan_replication(copied, {"b"}, lost_since_ms=since, now_ms=1_000 + GRACE_MS, grace_ms=GRACE_MS)
     assert plan.step is Step.RECOVER
 
 
 def test_a_ledger_in_recovery_is_left_to_its_recoverer_for_the_grace_period():
-    metadata = ledger([(0, "abc")], state=LedgerState.OPEN).with_recovery_started()
-    assert plan_replication(metadata, {"a"}, marked_ms=0, now_ms=1, grace_ms=GRACE_MS).step is Step.WAIT
-    assert plan_replication(metadata, {"a"}, marked_ms=0, now_ms=GRACE_MS, grace_ms=GRACE_MS).step is Step.RECOVER
+    metadata = ledger([(0, "abc")], state=LedgerState.OPEN, write_quorum=3).with_recovery_started()
+    assert plan_replication(metadata, {"a"}, lost_since_ms={"a": 0}, now_ms=1, grace_ms=GRACE_MS).step is Step.WAIT
+    assert plan_replication(metadata, {"a"}, lost_since_ms={"a": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS).step is Step.RECOVER
+
+
+def test_each_lost_bookie_has_its_own_grace_period():
+    # "c" joined the marker later than "a": the writer gets a full grace
+    # period for it too, not what was left of a's.
+    metadata = ledger([(0, "abcde")], state=LedgerState.OPEN, size=5, write_quorum=3)
+    since = {"a": 0, "c": 4_000}
+    plan = plan_replication(metadata, {"a", "c"}, lost_since_ms=since, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.WAIT and plan.wait_until_ms == 4_000 + GRACE_MS
+    # A bookie the worker has not seen marked before counts from now.
+    plan = plan_replication(metadata, {"a", "e"}, lost_since_ms={"a": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.WAIT and plan.wait_until_ms == 2 * GRACE_MS
+
+
+@pytest.mark.parametrize(
+    "quorums, lost, blocked",
+    [
+        ((3, 3, 2), "a", False),  # every write set keeps AQ = 2 = WQ - AQ + 1 live bookies
+        ((3, 2, 2), "a", True),  # an entry on (a, b) or (c, a) can never be found at 2 copies
+        ((2, 2, 2), "a", True),
+        ((3, 2, 1), "a", True),  # fencing needs all E - AQ + 1 = 3 bookies
+        ((5, 3, 2), "a", False),
+        ((5, 3, 2), "ad", True),  # 3 live bookies, fencing needs 4
+        ((5, 4, 3), "c", False),
+        ((5, 4, 3), "ae", True),  # fencing is covered, but (e, a, b, c) keeps 2 < AQ
+    ],
+)
+def test_recovery_is_blocked_when_a_write_set_of_the_last_ensemble_cannot_be_decided(quorums, lost, blocked):
+    size, write_quorum, ack_quorum = quorums
+    bookies = "abcde"[:size]
+    metadata = ledger([(0, "xyzvw"[:size]), (4, bookies)], state=LedgerState.OPEN, size=size,
+                      write_quorum=write_quorum, ack_quorum=ack_quorum)
+    assert recovery_blocked_by(metadata, set(lost) | {"x"}) == (frozenset(lost) if blocked else frozenset())
+
+
+def test_an_open_ledger_that_recovery_could_not_close_is_left_to_its_writer():
+    # E3/WQ2/AQ2, b lost: fencing would leave the ledger IN_RECOVERY for ever.
+    metadata = ledger([(0, "abc")], state=LedgerState.OPEN, write_quorum=2, ack_quorum=2)
+    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=1_000, grace_ms=GRACE_MS)
+    assert plan.step is Step.WAIT  # the grace period first, as for any open ledger
+    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.BLOCKED and plan.blocked_by == {"b"} and plan.wait_until_ms == 2 * GRACE_MS
+    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=0)
+    assert plan.wait_until_ms == GRACE_MS + BLOCKED_RECHECK_MS_MIN  # never a busy loop
+    # The writer's next add replaced b: the first ensemble is final and copied.
+    moved_on = replace(metadata, ensembles=((0, ("a", "b", "c")), (3, ("a", "d", "c"))))
+    plan = plan_replication(moved_on, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0]
+    # A ledger someone began to recover is blocked the same way (only b's
+    # return helps then); a lost bookie outside the last ensemble is not in the way.
+    recovering = metadata.with_recovery_started()
+    plan = plan_replication(recovering, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.BLOCKED
+    recovering = moved_on.with_recovery_started()
+    plan = plan_replication(recovering, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.RECOVER
+
+
+def test_the_grace_clock_counts_from_when_this_worker_first_saw_each_bookie():
+    clock = GraceClock()
+    assert clock.lost_since_ms(7, {"a"}, 100) == {"a": 100}
+    assert clock.lost_since_ms(7, {"a", "b"}, 900) == {"a": 100, "b": 900}
+    assert clock.lost_since_ms(7, {"b"}, 1_000) == {"b": 900}  # a is back
+    assert clock.lost_since_ms(7, {"a", "b"}, 2_000) == {"a": 2_000, "b": 900}  # and lost again
+    clock.forget_except([8])
+    assert clock.lost_since_ms(7, {"b"}, 3_000) == {"b": 3_000}
+
+
+def test_a_long_listing_is_checked_page_by_page():
+    # A bookie lists at most its list_entries_ids_max lowest ids.
+    assert next_list_start(0, 9, [(0, 4)]) == 5
+    assert next_list_start(5, 9, [(5, 9)]) is None
+    assert next_list_start(0, 9, [(0, 2), (4, 6)]) == 7  # a gap, then more past it
+    assert next_list_start(7, 9, []) is None  # nothing more: the rest is missing
+    assert next_list_start(0, 9, [(0, 12)]) is None
 
 
 # --- replacements and the metadata change ---------------------------------------------
@@ -217,6 +300,9 @@ def test_backoff_doubles_to_its_ceiling_and_forgets_unmarked_ledgers():
     assert backoff.next_ready_ms() == 400
     assert backoff.ready([1], 0) == []  # 2 is no longer marked: forgotten
     assert backoff.next_ready_ms() == 400
+    backoff.started(1)  # an attempt began: its time is spent, its failures kept
+    assert backoff.next_ready_ms() is None and backoff.ready([1], 0) == [1]
+    assert backoff.failed(1, 0, rng) == 400
     backoff.succeeded(1)
     assert backoff.failed(1, 0, rng) == 100
 
@@ -239,6 +325,7 @@ def test_markers_keep_their_first_time_and_gather_bookies(store):
     assert underreplication.mark(store, layout, 12, frozenset({"b"}), 3_000, "auditor-2")
     marker, version = underreplication.read_marker(store, layout, 12)
     assert marker.lost_bookies == {"a", "b"} and marker.marked_ms == 1_000
+    assert marker.lost_since_ms == {"a": 1_000, "b": 3_000}  # each bookie since its own marking
     assert store.exists("/underreplication/ledgers/12") is not None  # the layout others count
     assert underreplication.marked_ledgers(store, layout) == [12]
     # A worker that read an older version does not delete a newer marking.
@@ -259,6 +346,38 @@ def test_locks_are_exclusive_and_ephemeral():
         assert underreplication.try_lock(second, layout, 5, "worker-2")
         underreplication.unlock(second, layout, 5)
         assert underreplication.locks(second, layout) == {}
+
+
+def test_markers_of_the_first_version_read_with_the_marking_time_for_every_bookie():
+    marker = underreplication.Marker.from_bytes(3, b'{"lost_bookies": ["a", "b"], "marked_ms": 5.0, "auditor": "x"}')
+    assert marker.lost_since_ms == {"a": 5.0, "b": 5.0}
+    assert underreplication.Marker.from_bytes(3, b"garbage").lost_bookies == frozenset()
+
+
+def test_a_lock_left_by_a_failed_unlock_is_still_ours_and_released_later():
+    # ZooKeeper unreachable for a moment (shorter than the session): the
+    # unlock fails, the ephemeral lock stays with our live session.
+    server = InMemoryMetadataServer()
+    layout = ClusterLayout()
+    ours = server.connect(session_timeout_ms=10_000)
+    with server.connect(session_timeout_ms=10_000) as other:
+        assert underreplication.try_lock(ours, layout, 5, "worker-1")
+        ours.suspend()
+        with pytest.raises(ConnectionLossError):
+            underreplication.unlock(ours, layout, 5)
+        ours.resume(0)
+        assert underreplication.try_lock(ours, layout, 5, "worker-1")  # ours: taken again
+        assert not underreplication.try_lock(other, layout, 5, "worker-2")
+        underreplication.unlock(other, layout, 5)  # not its lock: left alone
+        assert underreplication.locks(other, layout) == {5: "worker-1"}
+        underreplication.unlock(ours, layout, 5)  # the later try
+        assert underreplication.try_lock(other, layout, 5, "worker-2")
+        # Our session ended meanwhile and another worker holds it: our
+        # pending unlock must not take its lock away.
+        server.expire_session(ours.session_id)
+        underreplication.unlock(ours, layout, 5)
+        assert underreplication.locks(other, layout) == {5: "worker-2"}
+    ours.close()
 
 
 def test_the_switch_is_one_node(store):
