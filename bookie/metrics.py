@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from bookie.protocol.wire import Status
+from coordination.cluster_layout import ClusterLayout
 from coordination.store import MetadataError, MetadataStore
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,6 @@ LATENCY_BUCKETS_S = (
 )
 BATCH_ENTRIES_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, INF)
 BATCH_BYTES_BUCKETS = tuple(1024 * 4**power for power in range(9)) + (INF,)  # 1 KiB .. 64 MiB
-# Markers of the auto-recovery daemon: one child per under-replicated ledger.
-UNDER_REPLICATED_PATH = "/underreplication/ledgers"
 UNDER_REPLICATED_CACHE_S = 5.0
 REJECTIONS = {Status.TOO_MANY_REQUESTS: "too_many_requests", Status.READ_ONLY: "read_only"}
 
@@ -152,6 +151,8 @@ class UnderReplicatedCount:
 
     def __init__(self, store: MetadataStore, cache_s: float = UNDER_REPLICATED_CACHE_S) -> None:
         self.store = store
+        # The auto-recovery auditor's markers: one child per under-replicated ledger.
+        self.path = ClusterLayout().underreplicated_ledgers
         self.cache_s = cache_s
         self._value: int | None = None
         self._read_at = float("-inf")
@@ -160,7 +161,7 @@ class UnderReplicatedCount:
         now = time.monotonic()
         if now - self._read_at >= self.cache_s:
             try:
-                stat = self.store.exists(UNDER_REPLICATED_PATH)
+                stat = self.store.exists(self.path)
                 self._value = 0 if stat is None else stat.children_count
             except MetadataError as error:
                 log.debug("cannot count under-replicated ledgers: %s", error)
