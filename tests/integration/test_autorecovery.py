@@ -1,7 +1,9 @@
 """Auto-recovery against a real ZooKeeper and real bookie processes: with
 the daemon embedded in every bookie, a bookie killed -9 for good has every
-ledger it held re-replicated (closed ones, and an open one fenced after its
-grace period) to full write quorum on the others, byte for byte; with
+ledger it held re-replicated (closed ones, an open one fenced after its
+grace period, and an open 3/2/2 one that recovery could not close without
+the lost bookie once its writer replaced it) to full write quorum on the
+others, byte for byte; with
 bookies run `--no-autorecovery` and a standalone `quire autorecovery run`,
 switched off, auto-recovery leaves the ledgers alone until switched on."""
 
@@ -96,6 +98,12 @@ async def wait_until_repaired(bk, ledger_ids, lost: str, zk_hosts: str, zk_root:
             await trio.sleep(0.25)
 
 
+async def wait_for_log(processes, text: str) -> None:
+    with trio.fail_after(REPAIR_DEADLINE_S):
+        while not any(text in process.log_path.read_text(errors="replace") for process in processes):
+            await trio.sleep(0.25)
+
+
 async def check_every_replica(metadata, payloads: dict[int, bytes]) -> None:
     """Every entry reads back from every bookie of its write set, all the
     copies byte-identical and carrying the payload written."""
@@ -125,12 +133,34 @@ async def test_a_bookie_lost_for_good_has_every_ledger_re_replicated(bookies, zk
         # left to it for the grace period, then fenced, closed and copied.
         open_handle = await write_ledger(bk, 100, (3, 3, 2), close=False)
         written[open_handle.ledger_id] = 100
-        victim_id = open_handle.metadata.ensembles[0][1][0]
+        # Another with WQ = AQ: without the lost bookie, recovery could never
+        # find its last entry at AQ copies, so fencing would leave it
+        # IN_RECOVERY for ever. It is left to its writer.
+        blocked_handle = await write_ledger(bk, 50, (3, 2, 2), close=False)
+        # The victim: in both open ledgers' ensembles (two of four bookies
+        # at least are), the one holding the most ledgers.
+        bookies_of = {
+            ledger_id: (await bk.ledger_metadata(ledger_id)).all_bookies()
+            for ledger_id in [*written, blocked_handle.ledger_id]
+        }
+        shared = bookies_of[open_handle.ledger_id] & bookies_of[blocked_handle.ledger_id]
+        victim_id = max(sorted(shared), key=lambda bookie_id: sum(bookie_id in bookies for bookies in bookies_of.values()))
         victim = next(process for process in processes if process.address == victim_id)
-        held = [ledger_id for ledger_id in written if victim_id in (await bk.ledger_metadata(ledger_id)).all_bookies()]
+        held = [ledger_id for ledger_id in written if victim_id in bookies_of[ledger_id]]
         assert open_handle.ledger_id in held and len(held) >= 3
 
         victim.kill()
+        # Past its grace period the blocked ledger is reported, not fenced.
+        await wait_for_log(processes, f"ledger {blocked_handle.ledger_id} (OPEN, E=3 WQ=2 AQ=2)")
+        blocked = await bk.ledger_metadata(blocked_handle.ledger_id)
+        assert blocked.state is LedgerState.OPEN and victim_id in blocked.ensembles[-1][1]
+        # Its writer was not fenced: its next adds replace the lost bookie
+        # (two adds touch every position of a 3/2 ensemble), after which
+        # its fragments are final and copied like the others'.
+        for index in range(50, 52):
+            await (await blocked_handle.submit_add(b"ledger-%d-entry-%d" % (blocked_handle.ledger_id, index) + bytes(index % 200))).wait()
+        await blocked_handle.close()
+        written[blocked_handle.ledger_id] = 52
         metadata = await wait_until_repaired(bk, list(written), victim_id, zk_hosts, zk_root)
 
         for ledger_id, count in written.items():
