@@ -35,6 +35,7 @@ from pathlib import Path
 import trio
 
 from bench.cluster import bench_cluster
+from bookie.disk_usage import tree_bytes
 from ledger_client import BookKeeper
 from ledger_client.bookie_client import BookieClient
 from quire.progress import Progress
@@ -49,17 +50,6 @@ SETTLED_S = 3.0  # disk use unchanged this long: garbage collection is done
 def payload(ledger_id: int, entry_id: int, entry_bytes: int) -> bytes:
     head = struct.pack(">qq", ledger_id, entry_id)
     return head + FILLER[: entry_bytes - len(head)]
-
-
-def disk_bytes(directory: Path) -> int:
-    total = 0
-    for root, _, files in os.walk(directory):
-        for name in files:
-            try:
-                total += os.stat(os.path.join(root, name)).st_blocks * 512
-            except FileNotFoundError:
-                pass  # removed while we looked (a log compacted, a RocksDB file merged)
-    return total
 
 
 async def write_ledgers(bk: BookKeeper, count: int, entries: int, entry_bytes: int) -> list[int]:
@@ -108,12 +98,12 @@ async def gc_info(addresses: list[str]) -> list[dict]:
 async def settle(directories: list[Path], deadline_s: float) -> tuple[int, float]:
     """Wait until the directories' disk use has not changed for SETTLED_S;
     return it and when it last changed (perf_counter)."""
-    last = sum(disk_bytes(directory) for directory in directories)
+    last = sum(tree_bytes(directory) for directory in directories)
     changed_at = time.perf_counter()
     ends = changed_at + deadline_s
     while time.perf_counter() < ends:
         await trio.sleep(0.25)
-        now = sum(disk_bytes(directory) for directory in directories)
+        now = sum(tree_bytes(directory) for directory in directories)
         if now != last:
             last, changed_at = now, time.perf_counter()
         elif time.perf_counter() - changed_at >= SETTLED_S:
@@ -151,7 +141,7 @@ async def run(cluster, arguments: argparse.Namespace) -> list[dict]:
         # Everything written reaches the entry logs (a checkpoint) first.
         await settle(directories, deadline_s=120)
         for name, what, doomed in rounds:
-            before = sum(disk_bytes(directory) for directory in directories)
+            before = sum(tree_bytes(directory) for directory in directories)
             info_before = await gc_info(cluster.bookie_addresses)
             began = time.perf_counter()
             for ledger_id in doomed:

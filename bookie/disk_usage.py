@@ -35,11 +35,12 @@ def measure(directories: list[Path], *, count_own_bytes: bool) -> DiskUsage:
         if device not in seen_devices:
             seen_devices.add(device)
             total_bytes += total
-    own_bytes = sum(_tree_bytes(directory) for directory in directories) if count_own_bytes else 0
+    own_bytes = sum(tree_bytes(directory) for directory in directories) if count_own_bytes else 0
     return DiskUsage(used_fraction, free_bytes or 0, total_bytes, own_bytes)
 
 
-def _tree_bytes(directory: Path) -> int:
+def tree_bytes(directory: Path) -> int:
+    """Disk space the files under `directory` take (allocated blocks)."""
     total = 0
     for root, _, files in os.walk(directory):
         for name in files:
