@@ -15,14 +15,16 @@ ids), `exclude_ledgers`, `split_bytes` (default 128 MiB).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import sys
+import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -77,8 +79,11 @@ ARROW_SCHEMA = to_arrow_schema(SCHEMA, timezone="UTC")
 # A record batch is cut once its entries hold this much: big enough that
 # the per-batch costs vanish, small enough for a worker's memory.
 BATCH_BYTES = 8 * 1024 * 1024
+# Entries may expand 16x and more when decompressed: a record batch is also
+# cut at this many payload bytes, far below pa.binary()'s 2 GiB per array.
+BATCH_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 CHUNKS_AHEAD_MAX = 2  # chunks of BATCH_BYTES read ahead of the Arrow building, per split
-METADATA_TIMEOUT_MS = 10_000
+METADATA_TIMEOUT_MS = 5_000  # to connect to ZooKeeper, as every command
 
 
 @dataclass(frozen=True)
@@ -118,41 +123,118 @@ class SourceOptions:
 # --- planning (on the driver) -----------------------------------------------------------
 
 
-def read_topic_ledgers(zk: str, root: str, topic: str) -> list[PartitionLedgers]:
-    """Every partition's chain of ledgers, from the brokers' records in
-    ZooKeeper (no broker is asked)."""
-    from coordination.store import NoNodeError
-    from coordination.zk_store import KazooMetadataStore
+class WrongPasswordError(ValueError):
+    """The password given does not open the topic's ledgers."""
 
-    store = KazooMetadataStore.connect(zk, root, connect_timeout_ms=METADATA_TIMEOUT_MS)
-    try:
+
+class LedgerDeletedError(ValueError):
+    """A ledger of the plan is gone (retention deleted it since the topic's
+    record was read)."""
+
+    def __init__(self, ledger_id: int, partition: str) -> None:
+        super().__init__(f"ledger {ledger_id} of {partition} was deleted by retention during the export; run it again")
+        self.ledger_id = ledger_id
+
+
+class ClusterMetadata:
+    """Read-only access to a cluster's records in ZooKeeper for planning.
+    It connects to the whole tree, not through the chroot (which kazoo would
+    create), so that a mistyped --root is reported and never created."""
+
+    def __init__(self, zk: str, root: str) -> None:
+        from coordination.zk_store import KazooMetadataStore
+
+        self.zk, self.root = zk, root
+        self.store = KazooMetadataStore.connect(zk, "/", connect_timeout_ms=METADATA_TIMEOUT_MS)
         try:
-            data, _ = store.get(topic_path(topic))
+            if self.store.exists(root) is None:
+                raise ValueError(f"no quire cluster under {root} at {zk}")
+        except BaseException:
+            self.store.close()
+            raise
+
+    def __enter__(self) -> "ClusterMetadata":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.store.close()
+
+    def _path(self, path: str) -> str:
+        return path if self.root == "/" else self.root + path
+
+    def _get(self, path: str) -> bytes:
+        return self.store.get(self._path(path))[0]
+
+    def topic_ledgers(self, topic: str) -> list[PartitionLedgers]:
+        """Every partition's chain of ledgers, from the brokers' records (no
+        broker is asked)."""
+        from coordination.store import NoNodeError
+
+        check_name(topic)
+        try:
+            record = TopicRecord.from_bytes(self._get(topic_path(topic)))
         except NoNodeError:
-            raise ValueError(f"no topic {topic!r} in the cluster at {zk}{root}") from None
-        record = TopicRecord.from_bytes(data)
+            raise ValueError(f"no topic {topic!r} in the cluster at {self.zk}{self.root}") from None
         chains = []
         for index, partition in enumerate(record.partition_names(topic)):
             try:
-                data, _ = store.get(managed_ledger_path(partition))
-                ledgers = ManagedLedgerRecord.from_bytes(data).ledgers
+                ledgers = ManagedLedgerRecord.from_bytes(self._get(managed_ledger_path(partition))).ledgers
             except NoNodeError:  # never loaded by a broker: no ledger yet
                 ledgers = ()
             chains.append(PartitionLedgers(topic, partition, index if record.partitions else -1, ledgers))
         return chains
-    finally:
-        store.close()
+
+    def check_ledgers(self, splits: Sequence[LedgerSplit], password: bytes) -> None:
+        """Check on the driver what each worker would find out alone, one
+        failed task at a time: every planned ledger still exists, opens with
+        `password`, and is closed with the entry count of its partition's
+        record."""
+        from coordination.cluster_layout import ledger_path
+        from coordination.store import NoNodeError
+        from ledger_client.metadata import LedgerMetadata
+
+        checked = set()
+        for split in splits:
+            if split.ledger_id in checked:
+                continue
+            checked.add(split.ledger_id)
+            try:
+                metadata = LedgerMetadata.from_bytes(self._get(ledger_path(split.ledger_id)))
+            except NoNodeError:
+                raise LedgerDeletedError(split.ledger_id, split.partition) from None
+            if not metadata.check_password(password):
+                raise WrongPasswordError(f"the password does not open ledger {split.ledger_id} of {split.partition}: "
+                                         f"give the brokers' --ledger-password")
+            if not metadata.is_closed or metadata.last_entry_id != split.ledger_entries - 1:
+                raise ValueError(f"ledger {split.ledger_id} of {split.partition} is not closed with "
+                                 f"{split.ledger_entries} entries as its partition's record says")
+
+    def missing_ledgers(self, ledger_ids: Iterable[int]) -> list[int]:
+        """Which of `ledger_ids` have no metadata any more."""
+        from coordination.cluster_layout import ledger_path
+
+        return [ledger_id for ledger_id in sorted(set(ledger_ids))
+                if self.store.exists(self._path(ledger_path(ledger_id))) is None]
+
+
+def read_topic_ledgers(zk: str, root: str, topic: str) -> list[PartitionLedgers]:
+    """Every partition's chain of ledgers, from the brokers' records in
+    ZooKeeper (no broker is asked)."""
+    with ClusterMetadata(zk, root) as cluster:
+        return cluster.topic_ledgers(topic)
 
 
 def plan(options: SourceOptions) -> list[LedgerSplit]:
-    chains = read_topic_ledgers(options.zk, options.root, options.topic)
-    splits = plan_splits(chains, options.selection, options.split_bytes)
-    wanted = options.selection.ledger_ids
-    if wanted is not None:
-        missing = wanted - {split.ledger_id for split in splits}
-        if missing:
-            raise ValueError(f"ledgers {sorted(missing)} are not closed ledgers of topic {options.topic!r} "
-                             f"(deleted by retention since, or not closed yet)")
+    with ClusterMetadata(options.zk, options.root) as cluster:
+        chains = cluster.topic_ledgers(options.topic)
+        splits = plan_splits(chains, options.selection, options.split_bytes)
+        wanted = options.selection.ledger_ids
+        if wanted is not None:
+            missing = wanted - {split.ledger_id for split in splits}
+            if missing:
+                raise ValueError(f"ledgers {sorted(missing)} are not closed ledgers of topic {options.topic!r} "
+                                 f"(deleted by retention since, or not closed yet)")
+        cluster.check_ledgers(splits, options.password)
     return splits
 
 
@@ -247,28 +329,22 @@ class LedgerRangeReader:
                         pass
 
 
-def entries_to_batch(split: LedgerSplit, entries: Sequence, selection: Selection = Selection()) -> pa.RecordBatch | None:
-    """The rows of `entries` (one ledger's, in order) as one record batch:
+def entries_to_batches(split: LedgerSplit, entries: Sequence, selection: Selection = Selection(),
+                       payload_bytes_max: int = BATCH_PAYLOAD_BYTES_MAX) -> Iterator[pa.RecordBatch]:
+    """The rows of `entries` (one ledger's, in order) as record batches:
     every message of each entry, decompressed, as a consumer receives it.
-    A malformed entry is skipped, as a consumer's client skips it. Columns
-    are gathered per entry (C-level extends) and per-row numbers made by
-    numpy: no Python object per row besides what msgpack makes."""
-    entry_ids: list[int] = []  # one per entry kept, with its message count
-    counts: list[int] = []
-    first_offsets: list[int] = []
-    producer_ids: list[str] = []
-    publish_ms: list[int] = []
-    sequence_ids: list[int] = []
-    keys: list[str | None] = []
-    properties: list[dict[str, str] | None] = []
-    payloads: list[bytes] = []
+    A batch is cut once its payloads hold `payload_bytes_max` decompressed
+    bytes (an entry is never cut), so that a chunk of well-compressed
+    entries cannot make one huge batch. A malformed entry is skipped, as a
+    consumer's client skips it."""
+    columns = _Columns()
     timed = selection.start_time_ms is not None or selection.end_time_ms is not None
     for entry in entries:
         try:
             header, body = decode_entry(entry.data)
             if timed and not selection.keeps_entry(header.publish_time_ms):
                 continue
-            columns = body_columns(header, body)
+            body_data = body_columns(header, body)
         except MalformedEntryError as error:
             log.error("ledger %d entry %d of %s is malformed and skipped (as consumers skip it): %s",
                       split.ledger_id, entry.entry_id, split.partition, error)
@@ -276,44 +352,71 @@ def entries_to_batch(split: LedgerSplit, entries: Sequence, selection: Selection
         if entry.entry_id == 0 and header.first_offset != split.ledger_first_offset:
             raise RuntimeError(f"ledger {split.ledger_id} of {split.partition} starts at offset {header.first_offset}, "
                                f"its partition's record says {split.ledger_first_offset}")
+        columns.add(entry.entry_id, header, body_data)
+        if columns.payload_bytes >= payload_bytes_max:
+            yield columns.to_batch(split)
+            columns = _Columns()
+    if columns.entry_ids:
+        yield columns.to_batch(split)
+
+
+class _Columns:
+    """The columns of one record batch being gathered, per entry (C-level
+    extends); per-row numbers are made by numpy at the end: no Python
+    object per row besides what msgpack makes."""
+
+    def __init__(self) -> None:
+        self.entry_ids: list[int] = []  # one per entry kept, with its message count
+        self.counts: list[int] = []
+        self.first_offsets: list[int] = []
+        self.producer_ids: list[str] = []
+        self.publish_ms: list[int] = []
+        self.sequence_ids: list[int] = []
+        self.keys: list[str | None] = []
+        self.properties: list[dict[str, str] | None] = []
+        self.payloads: list[bytes] = []
+        self.payload_bytes = 0
+
+    def add(self, entry_id: int, header: Any, body: Any) -> None:
         count = header.message_count
-        entry_ids.append(entry.entry_id)
-        counts.append(count)
-        first_offsets.append(header.first_offset)
-        producer_ids.append(header.producer_id)
-        sequence_ids.extend(columns.sequence_ids)
-        publish_ms.extend(columns.publish_times_ms)
-        properties.extend(columns.properties)
-        payloads.extend(columns.payloads)
-        keys.extend(header.keys if header.keys is not None else (None,) * count)
-    rows = len(payloads)
-    if rows == 0:
-        return None
-    counts_array = np.array(counts, dtype=np.int64)
-    entry_starts = np.cumsum(counts_array) - counts_array  # row of each entry's first message
-    batch_indexes = np.arange(rows, dtype=np.int64) - np.repeat(entry_starts, counts_array)
-    offsets = np.repeat(np.array(first_offsets, dtype=np.int64), counts_array) + batch_indexes
-    entry_index = np.repeat(np.arange(len(counts), dtype=np.int32), counts_array)
-    property_counts = np.fromiter(map(_map_size, properties), dtype=np.int32, count=rows)
-    property_offsets = np.concatenate(([0], np.cumsum(property_counts, dtype=np.int32)))
-    present = [item for item in properties if item]
-    columns = [
-        pa.repeat(pa.scalar(split.topic, pa.string()), rows),
-        pa.repeat(pa.scalar(split.partition_index, pa.int32()), rows),
-        pa.array(offsets, pa.int64()),
-        pa.repeat(pa.scalar(split.ledger_id, pa.int64()), rows),
-        pa.array(np.repeat(np.array(entry_ids, dtype=np.int64), counts_array), pa.int64()),
-        pa.array(batch_indexes.astype(np.int32), pa.int32()),
-        pa.array(publish_ms, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
-        pa.DictionaryArray.from_arrays(pa.array(entry_index), pa.array(producer_ids, pa.string())).cast(pa.string()),
-        pa.array(sequence_ids, pa.int64()),
-        pa.array(keys, pa.string()),
-        pa.MapArray.from_arrays(pa.array(property_offsets, pa.int32()),
-                                pa.array(list(itertools.chain.from_iterable(present)), pa.string()),
-                                pa.array(list(itertools.chain.from_iterable(map(dict.values, present))), pa.string())),
-        pa.array(payloads, pa.binary()),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
+        self.entry_ids.append(entry_id)
+        self.counts.append(count)
+        self.first_offsets.append(header.first_offset)
+        self.producer_ids.append(header.producer_id)
+        self.sequence_ids.extend(body.sequence_ids)
+        self.publish_ms.extend(body.publish_times_ms)
+        self.properties.extend(body.properties)
+        self.payloads.extend(body.payloads)
+        self.payload_bytes += sum(map(len, body.payloads))
+        self.keys.extend(header.keys if header.keys is not None else (None,) * count)
+
+    def to_batch(self, split: LedgerSplit) -> pa.RecordBatch:
+        rows = len(self.payloads)
+        counts_array = np.array(self.counts, dtype=np.int64)
+        entry_starts = np.cumsum(counts_array) - counts_array  # row of each entry's first message
+        batch_indexes = np.arange(rows, dtype=np.int64) - np.repeat(entry_starts, counts_array)
+        offsets = np.repeat(np.array(self.first_offsets, dtype=np.int64), counts_array) + batch_indexes
+        entry_index = np.repeat(np.arange(len(self.counts), dtype=np.int32), counts_array)
+        property_counts = np.fromiter(map(_map_size, self.properties), dtype=np.int32, count=rows)
+        property_offsets = np.concatenate(([0], np.cumsum(property_counts, dtype=np.int32)))
+        present = [item for item in self.properties if item]
+        columns = [
+            pa.repeat(pa.scalar(split.topic, pa.string()), rows),
+            pa.repeat(pa.scalar(split.partition_index, pa.int32()), rows),
+            pa.array(offsets, pa.int64()),
+            pa.repeat(pa.scalar(split.ledger_id, pa.int64()), rows),
+            pa.array(np.repeat(np.array(self.entry_ids, dtype=np.int64), counts_array), pa.int64()),
+            pa.array(batch_indexes.astype(np.int32), pa.int32()),
+            pa.array(self.publish_ms, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+            pa.DictionaryArray.from_arrays(pa.array(entry_index), pa.array(self.producer_ids, pa.string())).cast(pa.string()),
+            pa.array(self.sequence_ids, pa.int64()),
+            pa.array(self.keys, pa.string()),
+            pa.MapArray.from_arrays(pa.array(property_offsets, pa.int32()),
+                                    pa.array(list(itertools.chain.from_iterable(present)), pa.string()),
+                                    pa.array(list(itertools.chain.from_iterable(map(dict.values, present))), pa.string())),
+            pa.array(self.payloads, pa.binary()),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)
 
 
 def _map_size(item: dict | None) -> int:
@@ -323,9 +426,7 @@ def _map_size(item: dict | None) -> int:
 def read_split(split: LedgerSplit, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     loop = _Clients.get(options.zk, options.root)
     for chunk in LedgerRangeReader(loop, split, options.password).chunks():
-        batch = entries_to_batch(split, chunk, options.selection)
-        if batch is not None:
-            yield batch
+        yield from entries_to_batches(split, chunk, options.selection)
 
 
 # --- the Spark data source -----------------------------------------------------------------
@@ -371,27 +472,88 @@ def register(spark: "SparkSession") -> None:
     spark.dataSource.register(QuireDataSource)
 
 
-def spark_session(master: str = "local[2]", app_name: str = "quire", config: dict[str, str] | None = None) -> "SparkSession":
-    """A Spark session whose Python workers run this interpreter (so that
-    they import quire's packages), with the data source registered."""
+# Spark's own log, for a command line: nothing (a failed job is reported in
+# one line by the caller). The root level stays WARN, as the one PySpark's
+# start-up assumes, so that it does not announce the level it sets.
+QUIET_LOG4J2 = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+appender.console.filter.threshold.type = ThresholdFilter
+appender.console.filter.threshold.level = off
+"""
+# What the JVM itself prints at start, before any log configuration.
+JVM_NOISE = ("WARNING: Using incubator modules",)
+
+
+def spark_session(master: str = "local[2]", app_name: str = "quire", config: dict[str, str] | None = None,
+                  *, quiet: bool = False) -> "SparkSession":
+    """A Spark session with the data source registered. With a local
+    master, its Python workers run this interpreter (so that they import
+    quire's packages) and everything binds to loopback; a real cluster's
+    executors need quire installed (see the README). `quiet` silences
+    Spark's log and the JVM's start-up lines (the command line's choice)."""
     from pyspark.sql import SparkSession
 
     # PySpark warns about pandas 3 on every session; the data source uses Arrow only.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    config = dict(config or {})
+    local = master.startswith("local")
+    if local:
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.ui.showConsoleProgress", "false"))
-    if master.startswith("local"):
+    if local:
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    for name, value in (config or {}).items():
-        builder = builder.config(name, value)
-    spark = builder.getOrCreate()
+    with contextlib.ExitStack() as stack:
+        if quiet:
+            log_config = stack.enter_context(tempfile.NamedTemporaryFile("w", prefix="quire-log4j2-", suffix=".properties"))
+            log_config.write(QUIET_LOG4J2)
+            log_config.flush()
+            option = f"-Dlog4j2.configurationFile=file:{log_config.name}"
+            java_options = config.get("spark.driver.extraJavaOptions")
+            config["spark.driver.extraJavaOptions"] = f"{java_options} {option}" if java_options else option
+            stack.enter_context(_children_stderr_filtered(JVM_NOISE))
+        for name, value in config.items():
+            builder = builder.config(name, value)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+@contextlib.contextmanager
+def _children_stderr_filtered(noise: Sequence[str]) -> Iterator[None]:
+    """Processes started meanwhile (the JVM, and through it Python workers)
+    write their standard error through a pipe that drops lines starting
+    with `noise`; this process's own standard error is restored after."""
+    read_fd, write_fd = os.pipe()
+    original_fd = os.dup(2)  # where the thread forwards to, for as long as the children live
+    restore_fd = os.dup(2)
+
+    def forward() -> None:
+        with os.fdopen(read_fd, "rb") as lines, os.fdopen(original_fd, "wb", buffering=0) as target:
+            for line in lines:
+                if not line.decode(errors="replace").startswith(tuple(noise)):
+                    target.write(line)
+
+    threading.Thread(target=forward, name="jvm-stderr", daemon=True).start()
+    sys.stderr.flush()
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(restore_fd, 2)
+        os.close(restore_fd)
 
 
 __all__ = [
@@ -400,7 +562,7 @@ __all__ = [
     "SCHEMA",
     "QuireDataSource",
     "SourceOptions",
-    "entries_to_batch",
+    "entries_to_batches",
     "plan",
     "read_split",
     "read_topic_ledgers",

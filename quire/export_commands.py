@@ -1,27 +1,59 @@
 """`quire export TOPIC --out DIR`: a Spark job that writes a topic's closed
 ledgers (read straight from the bookies by the `quire` data source) as
-Parquet or JSON. `--incremental` adds only the ledgers that closed since the
-last run: each run is written under `DIR/_pending-<n>`, its manifest (the
-ledgers it holds) is written into it once Spark committed, and a rename to
-`DIR/run=<n>` commits the run. A crash before the rename leaves a pending
-directory that the next run deletes and writes again; nothing is written twice.
+Parquet or JSON. ZooKeeper is read, the ledgers checked and a local output
+directory prepared before Spark starts, so that a mistake is one line at
+once. `--incremental` adds only the ledgers that closed since the last run,
+under an exclusive lock on DIR: each run is written under `DIR/_pending-<n>`,
+its manifest (the ledgers it holds) is written into it once Spark committed,
+and a rename to `DIR/run=<n>` commits the run. A pending directory left by a
+crash is committed by the next run when its manifest is there, else deleted
+and written again: nothing is written twice.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import fcntl
 import json
+import os
+import re
+import shutil
+import sys
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from quire.cli import UsageError, byte_size, nonnegative_int
 
 MANIFEST = "_quire_manifest.json"
 RUN_PREFIX = "run="
 PENDING_PREFIX = "_pending-"
+LOCK = "_lock"  # held (flock) by the incremental run writing to the directory
 PROGRESS_POLL_S = 0.5
+EXIT_FAILED = 1  # the job failed at run time (not the operator's input)
+
+
+class ExportFailed(Exception):
+    """The Spark job failed; the message is the one line to print."""
+
+
+def positive_byte_size(text: str) -> int:
+    value = byte_size(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
+    return value
+
+
+def spark_setting(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key.strip():
+        raise argparse.ArgumentTypeError(f"a Spark setting is KEY=VALUE, got {text!r}")
+    return key.strip(), value
 
 
 def add_export(parser: argparse.ArgumentParser) -> None:
@@ -32,20 +64,93 @@ def add_export(parser: argparse.ArgumentParser) -> None:
                         help="write only ledgers closed since the last incremental run into DIR (one run=<n> folder per run)")
     parser.add_argument("--overwrite", action="store_true", help="without --incremental: replace DIR if it exists")
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
+    parser.add_argument("--conf", action="append", type=spark_setting, default=[], metavar="KEY=VALUE",
+                        help="a Spark setting (repeat the flag for more), e.g. spark.archives=quire-env.tar.gz#env")
     parser.add_argument("--password", default="", help="the brokers' --ledger-password")
     parser.add_argument("--from-ledger", type=nonnegative_int, metavar="ID", help="only ledgers from this id on")
     parser.add_argument("--start-time", metavar="TIME", help="only entries the brokers appended at or after TIME (ms or ISO 8601)")
     parser.add_argument("--end-time", metavar="TIME", help="only entries appended before TIME")
-    parser.add_argument("--split-bytes", type=byte_size, default=None, metavar="SIZE",
+    parser.add_argument("--split-bytes", type=positive_byte_size, default=None, metavar="SIZE",
                         help="cut ledgers larger than this into several input partitions (default 128MiB)")
     parser.add_argument("--show", type=nonnegative_int, default=0, metavar="N",
                         help="afterwards, read DIR back with Spark and print N rows")
 
 
+# --- the output directory -------------------------------------------------------------------
+
+
+def local_path(out: str, master: str) -> Path | None:
+    """The local directory `out` names, or None for a Hadoop URI (and for a
+    bare path under a real cluster, whose default file system decides)."""
+    if out.startswith("file:"):
+        return Path(urllib.parse.urlparse(out).path)
+    if re.match(r"^[A-Za-z][\w+.-]*://", out):
+        return None
+    return Path(out) if master.startswith("local") else None
+
+
 @dataclass
-class OutputDirectory:
-    """The output directory through Hadoop's FileSystem (so that a real
-    cluster's HDFS works as a local path does): listing, renames, manifests."""
+class LocalDirectory:
+    """The output directory on this machine: checked and prepared before
+    Spark starts; the manifest is fsynced, and its directory, before the
+    commit rename."""
+
+    path: Path
+
+    @property
+    def uri(self) -> str:
+        # Not Path.as_uri(): it would escape the "=" of run=<n>.
+        return f"file:{self.path.absolute()}"
+
+    def child(self, name: str) -> str:
+        return f"file:{(self.path / name).absolute()}"
+
+    def exists(self, name: str | None = None) -> bool:
+        return (self.path if name is None else self.path / name).exists()
+
+    def names(self) -> list[str]:
+        return sorted(os.listdir(self.path)) if self.path.is_dir() else []
+
+    def folders(self) -> list[str]:
+        return [name for name in self.names() if (self.path / name).is_dir()]
+
+    def delete(self, name: str) -> None:
+        shutil.rmtree(self.path / name, ignore_errors=True)
+
+    def rename(self, source: str, target: str) -> None:
+        from bookie.durable_files import fsync_directory
+
+        os.rename(self.path / source, self.path / target)
+        fsync_directory(self.path)
+
+    def read(self, name: str) -> bytes:
+        return (self.path / name).read_bytes()
+
+    def write_durably(self, name: str, data: bytes) -> None:
+        """Write, fsync, rename into place, fsync the directory."""
+        from bookie.durable_files import write_file_atomically
+
+        write_file_atomically(self.path / name, data)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path / LOCK, "a")
+        except OSError as error:
+            raise UsageError(f"cannot write to {self.path}: {error.strerror}") from None
+        with handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise UsageError(f"another export is writing to {self.path}") from None
+            yield  # the lock goes with the file's close
+
+
+@dataclass
+class HadoopDirectory:
+    """The output directory through Hadoop's FileSystem (a real cluster's
+    HDFS or object store), reached once Spark has started."""
 
     spark: Any
     uri: str
@@ -63,8 +168,10 @@ class OutputDirectory:
     def exists(self, name: str | None = None) -> bool:
         return bool(self.fs.exists(self.path if name is None else self._Path(self.path, name)))
 
-    def is_empty(self) -> bool:
-        return not self.exists() or len(self.fs.listStatus(self.path)) == 0
+    def names(self) -> list[str]:
+        if not self.exists():
+            return []
+        return sorted(status.getPath().getName() for status in self.fs.listStatus(self.path))
 
     def folders(self) -> list[str]:
         if not self.exists():
@@ -85,17 +192,35 @@ class OutputDirectory:
         finally:
             stream.close()
 
-    def write_atomically(self, name: str, data: bytes) -> None:
-        """Write a file under a temporary name, then rename it into place."""
+    def write_durably(self, name: str, data: bytes) -> None:
+        """Write a file under a temporary name, hsync it, rename it into place."""
         temporary = f"{name}.tmp"
         stream = self.fs.create(self._Path(self.path, temporary), True)
         try:
             stream.write(bytearray(data))
+            stream.hsync()
         finally:
             stream.close()
         if self.exists(name):
             self.delete(name)
         self.rename(temporary, name)
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """A lock file created exclusively (Hadoop has no flock): a run that
+        died holding it leaves it behind, and the message says so."""
+        from py4j.protocol import Py4JJavaError
+
+        lock_path = self._Path(self.path, LOCK)
+        try:
+            self.fs.create(lock_path, False).close()
+        except Py4JJavaError:
+            raise UsageError(f"another export is writing to {self.uri} (if none is, one that died left "
+                             f"{self.child(LOCK)}: delete it)") from None
+        try:
+            yield
+        finally:
+            self.fs.delete(lock_path, False)
 
 
 def run_number(folder: str) -> int | None:
@@ -105,13 +230,54 @@ def run_number(folder: str) -> int | None:
     return None
 
 
-def committed_runs(output: OutputDirectory) -> list[dict]:
+def read_manifest(output: LocalDirectory | HadoopDirectory, folder: str) -> dict:
+    """A run's manifest; ValueError says why it cannot be read."""
+    try:
+        manifest = json.loads(output.read(f"{folder}/{MANIFEST}"))
+        if not isinstance(manifest, dict) or manifest.get("run") != run_number(folder):
+            raise ValueError("it is not the manifest of this run")
+        [int(ledger["ledger_id"]) for ledger in manifest["ledgers"]]
+        manifest["topic"], manifest["format"]
+        return manifest
+    except Exception as error:  # missing, unreadable, not JSON, wrong shape: all the same here
+        raise ValueError(f"{type(error).__name__}: {error}") from None
+
+
+def committed_runs(output: LocalDirectory | HadoopDirectory) -> list[dict]:
     """The manifests of the committed runs (run=<n> folders), oldest first."""
     manifests = []
     for folder in output.folders():
         if folder.startswith(RUN_PREFIX) and run_number(folder) is not None:
-            manifests.append(json.loads(output.read(f"{folder}/{MANIFEST}")))
+            try:
+                manifests.append(read_manifest(output, folder))
+            except ValueError as error:
+                raise UsageError(f"the manifest of the committed run {output.child(folder)} cannot be read ({error}); "
+                                 f"move that run away to export its ledgers again") from None
     return sorted(manifests, key=lambda manifest: manifest["run"])
+
+
+def prepare_incremental(output: LocalDirectory | HadoopDirectory, arguments: argparse.Namespace) -> tuple[int, list[dict]]:
+    """Under the lock: finish or discard the runs that died before their
+    commit, check DIR holds this topic's incremental export; returns the
+    next run's number and the committed runs' manifests."""
+    numbered = [name for name in output.names() if run_number(name) is not None]
+    if not numbered and [name for name in output.names() if name != LOCK]:
+        raise UsageError(f"{arguments.out} is not empty and holds no {RUN_PREFIX}<n> runs: --incremental needs "
+                         f"a directory of its own (a new one, or one an incremental export wrote)")
+    for folder in output.folders():
+        if folder.startswith(PENDING_PREFIX) and run_number(folder) is not None:
+            try:  # Spark committed it and its manifest was written: only the rename was missing
+                read_manifest(output, folder)
+                output.rename(folder, f"{RUN_PREFIX}{run_number(folder)}")
+            except ValueError:  # died before its manifest: its ledgers were never recorded
+                output.delete(folder)
+    runs = committed_runs(output)
+    for manifest in runs:
+        if manifest["format"] != arguments.format or manifest["topic"] != arguments.topic:
+            raise UsageError(f"{arguments.out} holds an incremental export of {manifest['topic']!r} as "
+                             f"{manifest['format']}; export {arguments.topic!r} as {arguments.format} elsewhere")
+    run = max((run_number(folder) or 0 for folder in output.folders()), default=0) + 1
+    return run, runs
 
 
 class StageProgress:
@@ -153,15 +319,42 @@ class StageProgress:
         self.bar.__exit__()
 
 
-def export(arguments: argparse.Namespace) -> int:
-    from broker.spark_source import spark_session
+class LazySession:
+    """The command's Spark session, started the first time it is needed:
+    an export with nothing to write never starts Spark."""
 
+    def __init__(self, arguments: argparse.Namespace) -> None:
+        self.arguments = arguments
+        self.session: Any = None
+
+    def __call__(self) -> Any:
+        from broker.spark_source import spark_session
+
+        if self.session is None:
+            # --log-level debug keeps Spark's own log, for finding out more.
+            self.session = spark_session(self.arguments.master, f"quire export {self.arguments.topic}",
+                                         dict(getattr(self.arguments, "conf", None) or ()),
+                                         quiet=self.arguments.log_level != "debug")
+        return self.session
+
+    def stop(self) -> None:
+        if self.session is not None:
+            self.session.stop()
+
+
+def export(arguments: argparse.Namespace) -> int:
     check_arguments(arguments)
-    spark = spark_session(arguments.master, f"quire export {arguments.topic}")
+    spark = LazySession(arguments)
     try:
-        run_export(spark, arguments)
+        result = run_export(spark, arguments)
         if arguments.show:
-            show(spark, arguments.out, arguments.format, arguments.show)
+            if result["readable"]:
+                show(spark(), result["out"], arguments.format, arguments.show)
+            else:
+                print(f"nothing exported to {arguments.out}: nothing to show")
+    except ExportFailed as error:
+        print(f"quire export: error: {error}", file=sys.stderr)
+        return EXIT_FAILED
     finally:
         spark.stop()
     return 0
@@ -185,73 +378,146 @@ def check_arguments(arguments: argparse.Namespace) -> None:
     arguments.selection = selection
 
 
-def run_export(spark: Any, arguments: argparse.Namespace) -> dict:
-    """Export with `spark`; returns what was written: the ledgers, the
-    input partitions, the run (incremental) and where."""
-    from broker.export_plan import SPLIT_BYTES_DEFAULT, Selection, plan_splits
-    from broker.spark_source import NAME, read_topic_ledgers
+def read_plan(arguments: argparse.Namespace) -> list:
+    """The topic's chains of ledgers from ZooKeeper, with every ledger the
+    selection takes checked (exists, opens with --password, closed): an
+    operator's mistake is one line here, before Spark starts."""
+    from broker.export_plan import SPLIT_BYTES_DEFAULT, plan_splits
+    from broker.spark_source import ClusterMetadata, LedgerDeletedError
+    from coordination.store import MetadataError
 
+    try:
+        with ClusterMetadata(arguments.zk, arguments.root) as cluster:
+            chains = cluster.topic_ledgers(arguments.topic)
+            splits = plan_splits(chains, arguments.selection, arguments.split_bytes or SPLIT_BYTES_DEFAULT)
+            cluster.check_ledgers(splits, arguments.password.encode())
+    except LedgerDeletedError as error:
+        raise ExportFailed(str(error)) from None
+    except (MetadataError, ValueError) as error:
+        raise UsageError(str(error)) from None
+    return chains
+
+
+def run_export(spark: Any, arguments: argparse.Namespace) -> dict:
+    """Export with `spark` (a session, or a function that starts one when
+    it is needed); returns what was written: the ledgers, the input
+    partitions, the run (incremental), the rows, and where."""
+    from broker.export_plan import SPLIT_BYTES_DEFAULT, plan_splits
+
+    session: Callable[[], Any] = spark if callable(spark) else (lambda: spark)
     if not hasattr(arguments, "selection"):
         check_arguments(arguments)
-    selection = arguments.selection
     split_bytes = arguments.split_bytes or SPLIT_BYTES_DEFAULT
-    try:
-        chains = read_topic_ledgers(arguments.zk, arguments.root, arguments.topic)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-
-    output = OutputDirectory(spark, arguments.out)
-    run, target = None, arguments.out
-    if arguments.incremental:
-        runs = committed_runs(output)
-        for manifest in runs:
-            if manifest["format"] != arguments.format or manifest["topic"] != arguments.topic:
-                raise UsageError(f"{arguments.out} holds an incremental export of {manifest['topic']!r} as "
-                                 f"{manifest['format']}; export {arguments.topic!r} as {arguments.format} elsewhere")
-        for folder in output.folders():  # runs that crashed before their commit
-            if folder.startswith(PENDING_PREFIX):
-                output.delete(folder)
-        written = frozenset(ledger["ledger_id"] for manifest in runs for ledger in manifest["ledgers"])
-        selection = Selection(from_ledger=selection.from_ledger, exclude_ledger_ids=written)
-        run = max((run_number(folder) or 0 for folder in output.folders()), default=0) + 1
-        target = output.child(f"{PENDING_PREFIX}{run}")
-    elif not arguments.overwrite and not output.is_empty():
-        raise UsageError(f"{arguments.out} exists and is not empty (--overwrite replaces it, --incremental adds to it)")
-
-    splits = plan_splits(chains, selection, split_bytes)
-    ledgers = {}
-    for split in splits:
-        ledgers.setdefault(split.ledger_id, split)
-    began = time.monotonic()
-    if not splits:
-        print(f"nothing to export: topic {arguments.topic} has no {'new ' if arguments.incremental else ''}closed ledgers")
-    else:
-        reader = (spark.read.format(NAME).option("zk", arguments.zk).option("root", arguments.root)
-                  .option("topic", arguments.topic).option("password", arguments.password)
-                  .option("split_bytes", str(split_bytes))
-                  .option("ledgers", ",".join(str(ledger_id) for ledger_id in sorted(ledgers))))
-        for name, value in (("start_time", selection.start_time_ms), ("end_time", selection.end_time_ms)):
-            if value is not None:
-                reader = reader.option(name, str(value))
-        group = f"quire-export-{time.time_ns()}"
-        spark.sparkContext.setJobGroup(group, f"quire export {arguments.topic}")
-        with StageProgress(spark, group, len(ledgers), len(splits)):
-            reader.load().write.mode("overwrite" if arguments.overwrite else "errorifexists").format(arguments.format).save(target)
+    chains = read_plan(arguments)
+    result = {"ledgers": [], "splits": 0, "run": None, "messages": 0, "out": arguments.out, "readable": False}
+    with contextlib.ExitStack() as stack:
+        path = local_path(arguments.out, arguments.master)
+        output = LocalDirectory(path) if path is not None else HadoopDirectory(session(), arguments.out)
+        result["out"] = output.uri
+        selection, run, runs = arguments.selection, None, []
+        if arguments.incremental:
+            stack.enter_context(output.lock())
+            run, runs = prepare_incremental(output, arguments)
+            written = frozenset(ledger["ledger_id"] for manifest in runs for ledger in manifest["ledgers"])
+            selection = dataclasses.replace(selection, exclude_ledger_ids=written)
+        elif not arguments.overwrite and output.names():
+            raise UsageError(f"{arguments.out} exists and is not empty (--overwrite replaces it, --incremental adds to it)")
+        result["readable"] = any(manifest.get("messages", 1) for manifest in runs)
+        splits = plan_splits(chains, selection, split_bytes)
+        if not splits:
+            print(f"nothing to export: topic {arguments.topic} has no {'new ' if arguments.incremental else ''}closed ledgers")
+            return result
+        ledgers = {}
+        for split in splits:
+            ledgers.setdefault(split.ledger_id, split)
+        began = time.monotonic()
+        folder = f"{PENDING_PREFIX}{run}" if run is not None else None
+        target = output.child(folder) if folder is not None else output.uri
+        # The directory exists only if it is empty (or --overwrite): Spark's
+        # "errorifexists" would refuse an empty one.
+        mode = "overwrite" if arguments.overwrite or (run is None and output.exists()) else "errorifexists"
+        try:
+            messages = write(session(), arguments, selection, split_bytes, sorted(ledgers), len(splits), mode, target)
+        except ExportFailed:
+            if folder is not None:
+                output.delete(folder)  # nothing of it was recorded: the next run writes its ledgers
+            raise
         if run is not None:
             manifest = {
                 "run": run, "topic": arguments.topic, "format": arguments.format, "written_ms": int(time.time() * 1000),
+                "messages": messages,
                 "ledgers": [{"partition": split.partition, "ledger_id": split.ledger_id, "entries": split.ledger_entries,
                              "first_offset": split.ledger_first_offset} for split in ledgers.values()],
             }
-            output.write_atomically(f"{PENDING_PREFIX}{run}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
-            output.rename(f"{PENDING_PREFIX}{run}", f"{RUN_PREFIX}{run}")  # the commit
+            output.write_durably(f"{folder}/{MANIFEST}", json.dumps(manifest, indent=1).encode())
+            output.rename(folder, f"{RUN_PREFIX}{run}")  # the commit
         elapsed_s = time.monotonic() - began
-        messages = sum(info.messages or 0 for chain in chains for info in chain.ledgers if info.ledger_id in ledgers)
         size = sum(split.bytes for split in splits)
-        where = output.child(f"{RUN_PREFIX}{run}") if run is not None else arguments.out
+        where = output.child(f"{RUN_PREFIX}{run}") if run is not None else output.uri
         print(f"exported {len(ledgers)} ledgers ({len(splits)} input partitions, {messages} messages, "
               f"{size / 1e6:.1f} MB stored) of {arguments.topic} to {where} in {elapsed_s:.1f}s")
-    return {"ledgers": sorted(ledgers), "splits": len(splits), "run": run if splits else None}
+        result.update(ledgers=sorted(ledgers), splits=len(splits), run=run, messages=messages,
+                      readable=result["readable"] or messages > 0)
+        return result
+
+
+def write(spark: Any, arguments: argparse.Namespace, selection: Any, split_bytes: int, ledger_ids: list[int],
+          splits: int, mode: str, target: str) -> int:
+    """Run the Spark job that writes `ledger_ids` to `target`; returns the
+    rows written, counted from the output (a time range leaves out some of
+    a ledger's messages). A failed job is one line: ExportFailed."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    from broker.spark_source import NAME, SCHEMA
+
+    reader = (spark.read.format(NAME).option("zk", arguments.zk).option("root", arguments.root)
+              .option("topic", arguments.topic).option("password", arguments.password)
+              .option("split_bytes", str(split_bytes))
+              .option("ledgers", ",".join(map(str, ledger_ids))))
+    for name, value in (("start_time", selection.start_time_ms), ("end_time", selection.end_time_ms)):
+        if value is not None:
+            reader = reader.option(name, str(value))
+    group = f"quire-export-{time.time_ns()}"
+    spark.sparkContext.setJobGroup(group, f"quire export {arguments.topic}")
+    try:
+        with StageProgress(spark, group, len(ledger_ids), splits):
+            reader.load().write.mode(mode).format(arguments.format).save(target)
+        # Parquet counts from its footers; JSON is read again.
+        return spark.read.schema(SCHEMA).format(arguments.format).load(target).count()
+    except (PySparkException, Py4JJavaError) as error:
+        raise ExportFailed(diagnose(error, arguments, ledger_ids)) from None
+
+
+def diagnose(error: BaseException, arguments: argparse.Namespace, ledger_ids: list[int]) -> str:
+    """One line for a failed job: a planned ledger that retention deleted
+    meanwhile, else the root cause Spark reports."""
+    from broker.spark_source import ClusterMetadata
+    from coordination.store import MetadataError
+
+    try:
+        with ClusterMetadata(arguments.zk, arguments.root) as cluster:
+            present = {info.ledger_id for chain in cluster.topic_ledgers(arguments.topic) for info in chain.ledgers}
+            gone = sorted(set(ledger_ids) - present | set(cluster.missing_ledgers(ledger_ids)))
+    except (MetadataError, ValueError):
+        gone = []
+    if gone:
+        return f"ledger {gone[0]} was deleted by retention during the export; run it again"
+    return f"the Spark job failed: {root_cause(error)}"
+
+
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): ?(.*)$")
+
+
+def root_cause(error: BaseException) -> str:
+    """The last exception a (Python worker's) traceback in `error`'s message
+    names, as `Name: message`; else the message's first line."""
+    lines = str(error).splitlines()
+    for line in reversed(lines):
+        match = _EXCEPTION_LINE.match(line.strip())
+        if match and not line.startswith(" "):
+            return f"{match.group(1)}: {match.group(2)}".rstrip(": ")
+    return next((line.strip() for line in lines if line.strip()), type(error).__name__)
 
 
 def show(spark: Any, directory: str, format_: str, rows: int) -> None:

@@ -7,16 +7,23 @@ writing meanwhile is never fenced."""
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
+import time
+import uuid
 
 import pytest
 import trio
 
 from broker.client import Client, Codec
-from ledger_client import BookKeeper
 from broker.spark_source import read_topic_ledgers, spark_session
+from coordination.zk_store import KazooMetadataStore
+from ledger_client import BookKeeper
+from ledger_client.sync import BookKeeper as SyncBookKeeper
 from quire.cli import build_parser
-from quire.export_commands import PENDING_PREFIX, RUN_PREFIX, run_export
+from quire.export_commands import PENDING_PREFIX, RUN_PREFIX, ExportFailed, export, root_cause, run_export
+from tests.integration.test_cli_errors import error_line, quire
+from tests.support import free_port
 from tests.integration.bookie_processes import bookies  # noqa: F401 (a fixture)
 from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401 (fixtures)
 
@@ -119,23 +126,31 @@ async def test_every_exported_row_is_what_a_consumer_received_from_the_same_ledg
     assert not {key[1] for key in rows} & open_ledgers
 
 
-async def test_a_large_ledger_is_read_as_several_input_partitions_without_gaps_or_repeats(shared_cluster, spark):
-    topic = "export-large"
+@pytest.mark.parametrize("messages_per_entry", [1, 7])
+async def test_a_large_ledger_is_read_as_several_input_partitions_without_gaps_or_repeats(shared_cluster, spark,
+                                                                                        messages_per_entry):
+    # 700 messages of ~1 KiB in one closed ledger, one per entry or batched
+    # seven per entry: split boundaries fall between entries, and every
+    # message of a batch lands in exactly one input partition.
+    topic = f"export-large-{messages_per_entry}"
     async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
         await client.create_topic(topic, rollover_min_time_ms=0)
-        producer = await client.create_producer(topic, "large")
+        producer = await client.create_producer(topic, "large", batching=messages_per_entry > 1,
+                                                batch_messages_max=messages_per_entry, batch_delay_ms=60_000)
         futures = [await producer.send_async(b"%05d" % number + bytes(1000)) for number in range(700)]
+        await producer.flush()
         for future in futures:
             await future.wait()
-        await client.unload(topic)  # closes the ledger: all 700 entries in one closed ledger
+        await client.unload(topic)  # closes the ledger: all 700 messages in one closed ledger
     [chain] = read_topic_ledgers(shared_cluster.zk_hosts, shared_cluster.root, topic)
     [ledger] = [info for info in chain.ledgers if info.is_closed]
-    assert ledger.entries == 700
+    assert ledger.entries == 700 // messages_per_entry and ledger.messages == 700
     frame = source(spark, shared_cluster, topic, split_bytes=64 * 1024)
-    assert frame.rdd.getNumPartitions() >= 10  # 700 entries of ~1 KiB in ranges of ~64 KiB
-    rows = frame.select("offset", "entry_id", "payload").collect()
+    assert frame.rdd.getNumPartitions() >= 10  # 700 KiB in ranges of ~64 KiB
+    rows = frame.select("offset", "entry_id", "batch_index", "payload").collect()
     assert sorted(row.offset for row in rows) == list(range(700))
-    assert all(row.entry_id == row.offset and row.payload[:5] == b"%05d" % row.offset for row in rows)
+    assert all((row.entry_id, row.batch_index) == divmod(row.offset, messages_per_entry)
+               and row.payload[:5] == b"%05d" % row.offset for row in rows)
 
 
 async def test_incremental_exports_add_only_new_ledgers_and_together_equal_a_full_export(shared_cluster, spark, tmp_path):
@@ -145,6 +160,10 @@ async def test_incremental_exports_add_only_new_ledgers_and_together_equal_a_ful
         await client.create_topic(topic, partitions=2, **SMALL_LEDGERS)
         await produce_mixed(client, topic, 200, "first")
         first = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
+        # A run whose Spark job committed and whose manifest was written,
+        # but which died before the rename: the next run commits it (its
+        # ledgers are not written again).
+        (out / f"{RUN_PREFIX}1").rename(out / f"{PENDING_PREFIX}1")
         # A run that crashed before its commit leaves a pending folder: the
         # next run deletes it (its ledgers were never recorded).
         (out / f"{PENDING_PREFIX}7").mkdir()
@@ -154,7 +173,7 @@ async def test_incremental_exports_add_only_new_ledgers_and_together_equal_a_ful
         third = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
     assert first["run"] == 1 and second["run"] == 2 and third["run"] is None  # nothing new the third time
     assert first["ledgers"] and second["ledgers"] and not set(first["ledgers"]) & set(second["ledgers"])
-    assert sorted(path.name for path in out.iterdir()) == [f"{RUN_PREFIX}1", f"{RUN_PREFIX}2"]
+    assert sorted(path.name for path in out.iterdir()) == ["_lock", f"{RUN_PREFIX}1", f"{RUN_PREFIX}2"]
     both = spark.read.parquet(str(out))
     assert sorted(row.run for row in both.select("run").distinct().collect()) == [1, 2]
     full = tmp_path / "full"
@@ -223,6 +242,7 @@ async def test_a_producer_writing_during_the_export_is_never_fenced(shared_clust
     assert offsets == list(range(len(sent))), "every send was stored once, in order"
     assert len({result.message_id.ledger_id for result in sent}) >= 3
     rows = exported_rows(spark.read.parquet(str(tmp_path / "out")).drop("run"))
+    assert len(rows) >= 50, "the export wrote the closed ledgers' rows"
     by_offset = {result.offset: result for result in sent}
     for key, row in rows.items():
         result = by_offset[row[1]]
@@ -252,3 +272,109 @@ def topic_log(cluster, topic: str) -> list[str]:
 
 def opened_count(cluster, topic: str) -> int:
     return len([line for line in topic_log(cluster, topic) if f"partition {topic} open" in line])
+
+
+# --- an operator's mistakes and failed jobs: one line ------------------------------------------
+
+
+async def closed_topic(cluster, topic: str, messages: int = 40) -> None:
+    """A topic whose messages are all in closed ledgers (unloaded)."""
+    async with Client.connect(cluster.zk_hosts, cluster.root) as client:
+        await client.create_topic(topic, **SMALL_LEDGERS)
+        producer = await client.create_producer(topic, "closed")
+        for number in range(messages):
+            await (await producer.send_async(b"m-%d" % number)).wait()
+        await client.unload(topic)
+
+
+async def test_mistakes_are_one_line_before_spark_starts(shared_cluster, tmp_path):
+    # Each would need a Spark session to go further; each is found before
+    # one starts (the whole test takes seconds, not Spark's start-ups).
+    topic = "export-mistakes"
+    await closed_topic(shared_cluster, topic)
+    cluster = ["--zk", shared_cluster.zk_hosts, "--root", shared_cluster.root]
+
+    def export(*arguments: str):
+        return quire("export", *arguments, timeout_s=30)
+
+    began = time.monotonic()
+    error_line(export(topic, "--zk", f"127.0.0.1:{free_port()}", "--out", tmp_path / "a"), "could not reach ZooKeeper")
+    assert time.monotonic() - began < 15
+    typo = f"/typo-{uuid.uuid4().hex}"
+    error_line(export(topic, "--zk", shared_cluster.zk_hosts, "--root", typo, "--out", tmp_path / "a"),
+               f"no quire cluster under {typo} at {shared_cluster.zk_hosts}")
+    store = KazooMetadataStore.connect(shared_cluster.zk_hosts, "/")
+    try:
+        assert store.exists(typo) is None, "the export only reads ZooKeeper"
+    finally:
+        store.close()
+    error_line(export("no-such-topic", *cluster, "--out", tmp_path / "a"), "no topic 'no-such-topic'")
+    error_line(export(topic, *cluster, "--out", tmp_path / "a", "--password", "wrong"), "password", "--ledger-password")
+    error_line(export(topic, *cluster, "--out", tmp_path / "a", "--split-bytes", "0"), "--split-bytes")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "part-0.parquet").write_bytes(b"a plain export")
+    error_line(export(topic, *cluster, "--out", plain, "--incremental"), str(plain), "run=")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    with open(locked / "_lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # as a concurrent incremental run holds it
+        error_line(export(topic, *cluster, "--out", locked, "--incremental"), f"another export is writing to {locked}")
+    committed = tmp_path / "committed"
+    (committed / f"{RUN_PREFIX}1").mkdir(parents=True)
+    (committed / f"{RUN_PREFIX}1" / "_quire_manifest.json").write_text("{not json")
+    error_line(export(topic, *cluster, "--out", committed, "--incremental"), f"{RUN_PREFIX}1", "manifest")
+    assert time.monotonic() - began < 60
+
+
+async def test_an_empty_directory_is_written_and_nothing_exported_shows_nothing(shared_cluster, spark, tmp_path, capsys):
+    topic = "export-empty-directory"
+    await closed_topic(shared_cluster, topic)
+    out = tmp_path / "empty"
+    out.mkdir()
+    result = run_export(spark, export_arguments(shared_cluster, topic, out))
+    assert result["messages"] == 40 and spark.read.parquet(str(out)).count() == 40
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic("export-nothing")
+    arguments = export_arguments(shared_cluster, "export-nothing", tmp_path / "nothing", "--show", "5")
+    assert export(arguments) == 0  # without starting Spark: nothing to read
+    assert "nothing exported" in capsys.readouterr().out
+
+
+async def test_a_time_range_counts_the_rows_written(shared_cluster, spark, tmp_path):
+    topic = "export-time-range"
+    await closed_topic(shared_cluster, topic)
+    frame = source(spark, shared_cluster, topic).orderBy("offset").collect()
+    middle_ms = int(frame[20].publish_time.replace(tzinfo=datetime.timezone.utc).timestamp() * 1000)
+    result = run_export(spark, export_arguments(shared_cluster, topic, tmp_path / "out", "--start-time", str(middle_ms)))
+    written = spark.read.parquet(str(tmp_path / "out")).count()
+    assert 0 < written < 40 and result["messages"] == written
+
+
+async def test_a_ledger_deleted_by_retention_during_the_export_is_one_line_and_the_run_is_discarded(
+        shared_cluster, spark, tmp_path):
+    topic = "export-retention"
+    await closed_topic(shared_cluster, topic)
+    [chain] = read_topic_ledgers(shared_cluster.zk_hosts, shared_cluster.root, topic)
+    victim = chain.ledgers[0].ledger_id
+
+    def session_after_retention():
+        # Planned, then the ledger is deleted before Spark reads it.
+        with SyncBookKeeper.connect(shared_cluster.zk_hosts, shared_cluster.root) as bk:
+            bk.delete_ledger(victim)
+        return spark
+
+    out = tmp_path / "out"
+    with pytest.raises(ExportFailed) as failure:
+        await trio.to_thread.run_sync(run_export, session_after_retention,
+                                      export_arguments(shared_cluster, topic, out, "--incremental"))
+    assert str(failure.value) == f"ledger {victim} was deleted by retention during the export; run it again"
+    assert sorted(path.name for path in out.iterdir()) == ["_lock"], "the pending run was discarded"
+
+
+def test_a_failed_job_is_one_line_with_its_root_cause():
+    # As str() of the PythonException of a failed task reads.
+    error = Exception("An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+                            '  File "x.py", line 6, in read\n    raise NotEnoughBookiesError(...)\n'
+                            "ledger_client.errors.EntryReadError: entry 5 of ledger 12: no bookie answered\n")
+    assert root_cause(error) == "EntryReadError: entry 5 of ledger 12: no bookie answered"

@@ -20,7 +20,7 @@ from broker.message_format import (
     encode_body,
     encode_entry,
 )
-from broker.spark_source import ARROW_SCHEMA, entries_to_batch
+from broker.spark_source import ARROW_SCHEMA, entries_to_batches
 
 
 def entry(entry_id: int, first_offset: int, messages: list, codec: Codec = Codec.NONE, keys=None, append_ms: int = 1_000) -> Entry:
@@ -64,7 +64,7 @@ def test_a_batch_holds_every_message_of_its_entries_with_ids_and_offsets():
         Entry(7, 1, 1, 0, b"\x09not an entry"),
         entry(2, 42, [(2, 12, None, b"c")], Codec.GZIP),
     ]
-    batch = entries_to_batch(split, entries)
+    [batch] = entries_to_batches(split, entries)
     assert batch.schema == ARROW_SCHEMA
     rows = batch.to_pylist()
     assert [(row["offset"], row["entry_id"], row["batch_index"], row["key"], row["properties"], row["payload"]) for row in rows] == [
@@ -77,11 +77,26 @@ def test_a_batch_holds_every_message_of_its_entries_with_ids_and_offsets():
 def test_a_ledger_whose_first_entry_disagrees_with_its_record_is_refused():
     split = LedgerSplit("orders", "orders", -1, 7, 0, 0, 40, 1, 100)
     with pytest.raises(RuntimeError, match="starts at offset 39"):
-        entries_to_batch(split, [entry(0, 39, [(0, 10, None, b"a")])])
+        list(entries_to_batches(split, [entry(0, 39, [(0, 10, None, b"a")])]))
 
 
 def test_entries_outside_the_time_range_are_left_out():
     split = LedgerSplit("orders", "orders", -1, 7, 0, 1, 0, 2, 100)
     entries = [entry(0, 0, [(0, 10, None, b"a")], append_ms=1_000), entry(1, 1, [(1, 10, None, b"b")], append_ms=2_000)]
-    assert entries_to_batch(split, entries, Selection(start_time_ms=1_500)).column("payload").to_pylist() == [b"b"]
-    assert entries_to_batch(split, entries, Selection(end_time_ms=1_000)) is None
+    [batch] = entries_to_batches(split, entries, Selection(start_time_ms=1_500))
+    assert batch.column("payload").to_pylist() == [b"b"]
+    assert list(entries_to_batches(split, entries, Selection(end_time_ms=1_000))) == []
+
+
+def test_batches_are_cut_by_decompressed_payload_bytes_never_inside_an_entry():
+    # zstd entries of 4 messages of 1000 zero bytes: ~40 bytes each stored,
+    # 4000 decompressed. Cut at 10,000 payload bytes: three entries a batch.
+    split = LedgerSplit("orders", "orders", -1, 7, 0, 9, 0, 10, 400)
+    entries = [entry(number, number * 4, [(number * 4 + index, 10, None, bytes(1000)) for index in range(4)], Codec.ZSTD)
+               for number in range(10)]
+    assert sum(len(item.data) for item in entries) < 2_000
+    batches = list(entries_to_batches(split, entries, payload_bytes_max=10_000))
+    assert [batch.num_rows for batch in batches] == [12, 12, 12, 4]
+    offsets = [offset for batch in batches for offset in batch.column("offset").to_pylist()]
+    assert offsets == list(range(40))
+    assert all(sum(map(len, batch.column("payload").to_pylist())) <= 12_000 for batch in batches)
