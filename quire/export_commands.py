@@ -430,6 +430,7 @@ def run_export(spark: Any, arguments: argparse.Namespace) -> dict:
         ledgers = {}
         for split in splits:
             ledgers.setdefault(split.ledger_id, split)
+        started = session()  # its start-up is not the export's time
         began = time.monotonic()
         folder = f"{PENDING_PREFIX}{run}" if run is not None else None
         target = output.child(folder) if folder is not None else output.uri
@@ -437,7 +438,7 @@ def run_export(spark: Any, arguments: argparse.Namespace) -> dict:
         # "errorifexists" would refuse an empty one.
         mode = "overwrite" if arguments.overwrite or (run is None and output.exists()) else "errorifexists"
         try:
-            messages = write(session(), arguments, selection, split_bytes, sorted(ledgers), len(splits), mode, target)
+            messages = write(started, arguments, selection, split_bytes, sorted(ledgers), len(splits), mode, target)
         except ExportFailed:
             if folder is not None:
                 output.delete(folder)  # nothing of it was recorded: the next run writes its ledgers
