@@ -1,6 +1,7 @@
-"""One bookie process from start to stop: check directories, connect to
-ZooKeeper, check cookies, recover storage, serve, register, follow disk usage,
-and on SIGTERM/SIGINT unregister, drain the journal, checkpoint and exit."""
+"""One bookie process from start to stop: check directories, bind its ports,
+connect to ZooKeeper, check cookies, recover storage, serve, register, follow
+disk usage, and on SIGTERM/SIGINT unregister, drain the journal, checkpoint
+and exit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import trio
+from prometheus_client import CollectorRegistry
 
 from bookie.config import BookieConfig
 from bookie.cookie import CookieError
@@ -20,7 +22,7 @@ from bookie.entry_log import FileEntryLog
 from bookie.journal import FileJournal
 from bookie.storage_interfaces import JournalCorruptError
 from bookie.ledger_storage import LedgerStorage
-from bookie.metrics import BookieMetrics, start_bookie_metrics
+from bookie.metrics import BookieMetrics, MetricsEndpoint, UnderReplicatedCount, open_bookie_metrics, serve_bookie_metrics
 from bookie.registration import Registration, check_and_write_cookies
 from bookie.server import BookieServer
 from bookie.startup_recovery import RecoveryReport, recover
@@ -95,6 +97,36 @@ async def run_bookie(
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     check_directory(Path(config.journal_dir), "journal directory")
     check_directory(Path(config.ledger_dir), "ledger directory")
+    # Bind both ports before the cookies are written: a bookie that cannot
+    # serve must leave its directories as it found them.
+    listeners, endpoint, registry = await _bind_ports(config)
+    try:
+        await _start(config, listeners, registry, task_status, handle_signals)
+    finally:
+        for listener in listeners:
+            listener.socket.close()  # idempotent: the server may have closed them already
+        if endpoint is not None:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(endpoint.close)
+
+
+async def _bind_ports(config: BookieConfig) -> tuple[list[trio.SocketListener], MetricsEndpoint | None, CollectorRegistry | None]:
+    try:
+        listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+    except OSError as error:
+        raise StartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
+    if not config.metrics_port:
+        return listeners, None, None
+    try:
+        endpoint, registry = open_bookie_metrics(config.host, config.metrics_port)
+    except OSError as error:
+        for listener in listeners:
+            listener.socket.close()
+        raise StartupError(f"cannot serve metrics on {config.host}:{config.metrics_port}: {error.strerror or error}") from None
+    return listeners, endpoint, registry
+
+
+async def _start(config: BookieConfig, listeners, registry, task_status, handle_signals: bool) -> None:
     bookie_id = config.identity
     try:
         store = await trio.to_thread.run_sync(
@@ -125,13 +157,13 @@ async def run_bookie(
             journal.close()
             raise
         try:
-            await _serve(config, metadata, layout, journal, storage, handle_signals, task_status)
+            await _serve(config, metadata, layout, journal, storage, listeners, registry, handle_signals, task_status)
         finally:
             storage.close()
             journal.close()
 
 
-async def _serve(config, metadata, layout, journal, storage, handle_signals, task_status) -> None:
+async def _serve(config, metadata, layout, journal, storage, listeners, registry, handle_signals, task_status) -> None:
     directories = [Path(config.journal_dir), Path(config.ledger_dir)]
     policy = ReadOnlyPolicy(
         threshold=config.disk_usage_threshold, low_water_mark=config.disk_usage_lwm, quota_bytes=config.disk_quota_bytes
@@ -162,25 +194,16 @@ async def _serve(config, metadata, layout, journal, storage, handle_signals, tas
     info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only)
     registration = Registration(metadata, layout, info, stale_wait_s=2 * config.session_timeout_ms / 1000 + 10)
     server.on_read_only_change = registration.set_read_only
-    try:
-        await server.listen()
-    except OSError as error:
-        raise StartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
-    endpoint = None
-    if config.metrics_port:
-        try:
-            endpoint = start_bookie_metrics(server, config.host, config.metrics_port, metadata.store)
-        except OSError as error:
-            await server.close_listeners()
-            raise StartupError(
-                f"cannot serve metrics on {config.host}:{config.metrics_port}: {error.strerror or error}"
-            ) from None
-    try:
+    await server.listen(listeners)
+    if registry is None:
         await _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
-    finally:
-        if endpoint is not None:
-            with trio.CancelScope(shield=True):
-                await trio.to_thread.run_sync(endpoint.close)
+        return
+    under_replicated = UnderReplicatedCount(metadata.store)
+    serve_bookie_metrics(registry, server, under_replicated)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(under_replicated.run)
+        await _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
+        nursery.cancel_scope.cancel()
 
 
 async def _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status) -> None:
@@ -252,5 +275,7 @@ def _announce(config: BookieConfig, report: RecoveryReport, read_only: bool) -> 
     )
     if config.metrics_port:
         message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
+    else:
+        message += "; metrics off (use --metrics-port P)"
     log.info(message)
     print(message, flush=True)

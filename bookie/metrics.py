@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from typing import Iterable, Iterator
 
 import trio
@@ -30,7 +29,8 @@ LATENCY_BUCKETS_S = (
 )
 BATCH_ENTRIES_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, INF)
 BATCH_BYTES_BUCKETS = tuple(1024 * 4**power for power in range(9)) + (INF,)  # 1 KiB .. 64 MiB
-UNDER_REPLICATED_CACHE_S = 5.0
+UNDER_REPLICATED_REFRESH_S = 5.0
+UNDER_REPLICATED_READ_TIMEOUT_S = 1.0
 REJECTIONS = {Status.TOO_MANY_REQUESTS: "too_many_requests", Status.READ_ONLY: "read_only"}
 
 
@@ -145,29 +145,44 @@ def server_families(server) -> list[Metric]:
 
 class UnderReplicatedCount:
     """The number of under-replicated ledgers the auto-recovery daemon has
-    marked in ZooKeeper, read at most every few seconds (scrapes of several
-    bookies must not each cost a ZooKeeper round trip) from the scrape
-    thread, never the event loop."""
+    marked in ZooKeeper. A task on the event loop refreshes it every few
+    seconds (scrapes of several bookies must not each cost a ZooKeeper round
+    trip), each read bounded by `read_timeout_s`; a scrape only reads the
+    cached value, so it answers at once even while ZooKeeper does not. When
+    the last refresh failed the value is None and the series is left out:
+    an old count would look current."""
 
-    def __init__(self, store: MetadataStore, cache_s: float = UNDER_REPLICATED_CACHE_S) -> None:
+    def __init__(self, store: MetadataStore, refresh_s: float = UNDER_REPLICATED_REFRESH_S,
+                 read_timeout_s: float = UNDER_REPLICATED_READ_TIMEOUT_S) -> None:
         self.store = store
         # The auto-recovery auditor's markers: one child per under-replicated ledger.
         self.path = ClusterLayout().underreplicated_ledgers
-        self.cache_s = cache_s
-        self._value: int | None = None
-        self._read_at = float("-inf")
+        self.refresh_s = refresh_s
+        self.read_timeout_s = read_timeout_s
+        # One reader thread at most: a read abandoned at its time-out keeps
+        # this slot until kazoo gives up, so reads never pile up.
+        self._reader = trio.CapacityLimiter(1)
+        self.value: int | None = None
 
-    def value(self) -> int | None:
-        now = time.monotonic()
-        if now - self._read_at >= self.cache_s:
+    async def refresh(self) -> None:
+        with trio.move_on_after(self.read_timeout_s) as scope:
             try:
-                stat = self.store.exists(self.path)
-                self._value = 0 if stat is None else stat.children_count
+                stat = await trio.to_thread.run_sync(
+                    self.store.exists, self.path, limiter=self._reader, abandon_on_cancel=True
+                )
             except MetadataError as error:
                 log.debug("cannot count under-replicated ledgers: %s", error)
-                self._value = None  # unknown: leave the series out rather than say 0
-            self._read_at = now
-        return self._value
+                self.value = None
+                return
+            self.value = 0 if stat is None else stat.children_count
+        if scope.cancelled_caught:
+            log.debug("cannot count under-replicated ledgers: ZooKeeper did not answer in %.1fs", self.read_timeout_s)
+            self.value = None
+
+    async def run(self) -> None:
+        while True:
+            await self.refresh()
+            await trio.sleep(self.refresh_s)
 
 
 class BookieCollector:
@@ -188,7 +203,7 @@ class BookieCollector:
             return
         yield from families
         if self.under_replicated is not None:
-            count = self.under_replicated.value()
+            count = self.under_replicated.value  # cached: never a ZooKeeper call here
             if count is not None:
                 yield _gauge("quire_under_replicated_ledgers", "Ledgers marked under-replicated for auto-recovery", count)
 
@@ -207,14 +222,19 @@ class MetricsEndpoint:
         self._thread.join(timeout=5)
 
 
-def start_bookie_metrics(server, host: str, port: int, store: MetadataStore | None) -> MetricsEndpoint:
-    """Serve the server's metrics (and the process's CPU and memory) on
-    HOST:PORT; call on the server's event loop."""
+def open_bookie_metrics(host: str, port: int) -> tuple[MetricsEndpoint, CollectorRegistry]:
+    """Bind HOST:PORT at once (OSError when it is taken), before the bookie
+    writes anything; it serves the process's CPU and memory until
+    `serve_bookie_metrics` adds the server's own families."""
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
-    under_replicated = UnderReplicatedCount(store) if store is not None else None
+    return MetricsEndpoint(registry, host, port), registry
+
+
+def serve_bookie_metrics(registry: CollectorRegistry, server, under_replicated: UnderReplicatedCount | None) -> None:
+    """Add the server's families; call on its event loop. The caller runs
+    `under_replicated.run()`."""
     registry.register(BookieCollector(server, trio.lowlevel.current_trio_token(), under_replicated))
-    return MetricsEndpoint(registry, host, port)
 
 
-__all__ = ["BookieMetrics", "LoopHistogram", "MetricsEndpoint", "start_bookie_metrics"]
+__all__ = ["BookieMetrics", "LoopHistogram", "MetricsEndpoint", "UnderReplicatedCount", "open_bookie_metrics", "serve_bookie_metrics"]

@@ -183,18 +183,13 @@ class BookieServer:
 
     # --- lifetime -----------------------------------------------------------
 
-    async def listen(self) -> int:
-        """Open the listening socket; raises OSError (port in use, bad
-        address) before anything else starts. Returns the port."""
-        self._listeners = await trio.open_tcp_listeners(self.config.port, host=self.config.host)
+    async def listen(self, listeners: list[trio.SocketListener] | None = None) -> int:
+        """Open the listening socket (or take `listeners` opened earlier);
+        raises OSError (port in use, bad address) before anything else
+        starts. Returns the port."""
+        self._listeners = listeners or await trio.open_tcp_listeners(self.config.port, host=self.config.host)
         self.port = self._listeners[0].socket.getsockname()[1]
         return self.port
-
-    async def close_listeners(self) -> None:
-        """Give the port back when the bookie stops before `run()`."""
-        for listener in self._listeners:
-            await listener.aclose()
-        self._listeners = []
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Serve (after `listen()`) until `stop()`; then drain the journal,

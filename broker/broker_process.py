@@ -77,6 +77,8 @@ async def _serve(server: BrokerServer, handle_signals: bool, task_status) -> Non
         message = f"broker {server.info.broker_id} serving on {server.info.address}"
         if config.metrics_port:
             message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
+        else:
+            message += "; metrics off (use --metrics-port P)"
         log.info(message)
         print(message, flush=True)
         task_status.started(server)

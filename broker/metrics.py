@@ -27,6 +27,9 @@ class BrokerMetrics:
         self.publish_requests = Counter(
             "quire_broker_publish_requests", "Producer batches answered, by result", ["result"], registry=registry,
         )
+        for status in BrokerStatus:
+            # Every result's series exists from the start (at 0), so that rates and alerts work at once.
+            self.publish_requests.labels(_result_label(status))
         self._publish_ok = self.publish_requests.labels("ok")
         self.publish_latency = Histogram(
             "quire_broker_publish_latency_seconds", "From a batch's arrival to its receipt, persisted batches",
@@ -39,7 +42,11 @@ class BrokerMetrics:
             if started_s is not None:
                 self.publish_latency.observe(time.perf_counter() - started_s)
         else:
-            self.publish_requests.labels(BrokerStatus(status).name.lower()).inc()
+            self.publish_requests.labels(_result_label(status)).inc()
+
+
+def _result_label(status: int) -> str:
+    return BrokerStatus(status).name.lower()
 
 
 def server_families(server) -> list[Metric]:
@@ -53,9 +60,11 @@ def server_families(server) -> list[Metric]:
     backlog = GaugeMetricFamily("quire_broker_subscription_backlog", "Messages a subscription has not acknowledged",
                                 labels=["topic", "subscription"])
     storage = GaugeMetricFamily("quire_broker_topic_storage_bytes", "Bytes a partition stores in its ledgers", labels=["topic"])
+    ledgers = GaugeMetricFamily("quire_broker_topic_ledgers", "Ledgers a partition's managed ledger holds", labels=["topic"])
     producers = consumers = 0
     for service in services:
         storage.add_metric([service.name], service.ml.stored_bytes)
+        ledgers.add_metric([service.name], len(service.ml.record.ledgers))
         producers += len(service.producers)
         for name, subscription in service.subscriptions.items():
             backlog.add_metric([service.name, name], subscription.backlog())
@@ -68,9 +77,12 @@ def server_families(server) -> list[Metric]:
         GaugeMetricFamily("quire_broker_producers", "Producers connected", value=producers),
         GaugeMetricFamily("quire_broker_consumers", "Consumers connected", value=consumers),
         GaugeMetricFamily("quire_broker_connections", "Client connections open", value=len(server._connections)),
+        GaugeMetricFamily("quire_broker_publish_inflight", "Producer batches taken and not yet answered",
+                          value=sum(len(connection.publish_started_s) for connection in server._connections)),
         GaugeMetricFamily("quire_broker_entry_cache_bytes", "Entries held in the broker's cache", value=server.context.cache.bytes),
         backlog,
         storage,
+        ledgers,
     ]
 
 

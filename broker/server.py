@@ -556,8 +556,9 @@ class BrokerServer:
         if kind is Send:
             found = connection.producers.get(message.producer_handle)
             if found is None:
-                connection.send(SendReceipt(message.producer_handle, message.last_sequence_id, int(BrokerStatus.TOPIC_FENCED),
-                                            -1, -1, -1, "no such producer on this connection (it was closed): reconnect"))
+                answer = connection.send_receipt if connection.metrics is not None else connection.send  # counted too
+                answer(SendReceipt(message.producer_handle, message.last_sequence_id, int(BrokerStatus.TOPIC_FENCED),
+                                   -1, -1, -1, "no such producer on this connection (it was closed): reconnect"))
                 return
             service, link = found
             if connection.metrics is not None:

@@ -138,11 +138,16 @@ def _start_client(hosts: str, *, session_timeout_ms: int, timeout_s: float, fail
         ),
     )
     try:
-        client.start(timeout=max(timeout_s, 0.001))
+        client.start_async().wait(timeout=max(timeout_s, 0.001))
     except (KazooTimeoutError, kazoo_errors.KazooException):
-        # On a time-out kazoo's start() has already stopped and closed the
-        # client; both are idempotent, and any other failure needs them too.
         _stop_client(client)
+        raise ConnectionLossError(failure_message) from None
+    if not client.connected:
+        # Not kazoo's start(timeout): on a time-out it stops the client and
+        # waits for its connection thread, which a server that accepts but
+        # never answers holds in a read for the whole session timeout, so the
+        # caller's bound would be doubled. The threads stop in the background.
+        threading.Thread(target=_stop_client, args=(client,), name="kazoo-stop", daemon=True).start()
         raise ConnectionLossError(failure_message) from None
     return client
 
@@ -214,7 +219,7 @@ class KazooMetadataStore(MetadataStore):
         if not isinstance(hosts, str) or not hosts.strip():
             raise ValueError(f"hosts must be a non-empty 'host:port[,host:port]' string, got {hosts!r}")
         if "/" in hosts:
-            raise ValueError(f"give the chroot as root=, not inside hosts: {hosts!r}")
+            raise ValueError(f"give the chroot as root= (`--root PATH` on the command line), not inside hosts: {hosts!r}")
         validate_path(root)
         for name, value in (("session_timeout_ms", session_timeout_ms), ("connect_timeout_ms", connect_timeout_ms)):
             if not isinstance(value, int) or value <= 0:

@@ -63,7 +63,7 @@ def run(arguments: argparse.Namespace) -> int:
 
     config = config_from(arguments, auditor=not arguments.no_auditor)
     name = arguments.name or default_name()
-    configure_logging(arguments.log_level, f"autorecovery {name}")
+    configure_logging(arguments.log_level, "autorecovery", name, arguments.log_format)
 
     async def main() -> None:
         from quire.metadata_access import open_metadata

@@ -214,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     cluster = group("cluster", "a local cluster of background processes")
-    cluster_commands.add_up(command(cluster, "up", "start ZooKeeper and bookies in the background", cluster_commands.up))
+    cluster_commands.add_up(command(cluster, "up", "start ZooKeeper, bookies and brokers in the background", cluster_commands.up))
     cluster_commands.add_data_dir(command(cluster, "status", "show the processes of a local cluster", cluster_commands.status))
     cluster_commands.add_data_dir(command(cluster, "down", "stop a local cluster", cluster_commands.down))
     return parser
@@ -230,6 +230,15 @@ def configure_logging(level: str, role: str, process_id: str = "", log_format: s
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
+    # Every command logs from here on, quietly: a one-shot command shows
+    # warnings and errors only (kazoo's reconnect warnings not even those,
+    # before a first session: the command's own error line says it). The
+    # process commands (zk, bookie, broker, autorecovery run) set up their
+    # own role, id and level again when they start.
+    level = getattr(arguments, "log_level", "info")
+    configure_logging("warning" if level == "info" else level,
+                      " ".join(part for part in (arguments.command, getattr(arguments, "action", None)) if part),
+                      log_format=getattr(arguments, "log_format", "text"))
     try:
         return arguments.handler(arguments)
     except UsageError as error:

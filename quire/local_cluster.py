@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,6 +21,8 @@ STATE_FILE = "cluster.json"
 METRICS_BASE_PORT = 8000  # BookKeeper's prometheusStatsHttpPort
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
+STATUS_ZK_PROBE_S = 1.0  # `ruok` to ZooKeeper
+STATUS_REGISTRY_READ_S = 3.0  # connecting to ZooKeeper and reading the registrations
 
 
 class ClusterError(Exception):
@@ -113,11 +116,14 @@ def log_tail(path: str, lines: int = 15) -> str:
 
 
 def _spawn(state: ClusterState, record_fields: dict, command: list[str], log_path: Path) -> ProcessRecord:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+    try:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+    except OSError as error:
+        raise ClusterError(f"cannot start {record_fields['name']} (log {log_path}): {error.strerror or error}") from None
     _started[process.pid] = process
     record = ProcessRecord(pid=process.pid, command=command, log=str(log_path), **record_fields)
     state.processes.append(record)
@@ -314,12 +320,16 @@ def down(data_dir: Path, *, progress=print) -> ClusterState | None:
     order = {"broker": 0, "bookie": 1, "zookeeper": 2}
     for role in sorted({record.role for record in state.processes}, key=lambda role: order.get(role, 0)):
         records = [record for record in state.processes if record.role == role]
+        was_alive = {record.name: process_alive(record) for record in records}
         for record in records:
-            if process_alive(record):
+            if was_alive[record.name]:
                 os.kill(record.pid, signal.SIGTERM)
         for record in records:
             killed = stop_process(record)
-            progress(f"{record.name} {'killed after the stop deadline' if killed else 'stopped'}")
+            if not was_alive[record.name]:
+                progress(f"{record.name} was not running")
+            else:
+                progress(f"{record.name} {'killed after the stop deadline' if killed else 'stopped'}")
     state.processes = []
     state.save()
     return state
@@ -342,25 +352,23 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
     state = ClusterState.load(Path(data_dir).resolve())
     if state is None:
         return None, []
-    registrations: dict[str, str] = {}
     zk_record = next((record for record in state.processes if record.role == "zookeeper"), None)
+    zk_state, registrations, registry_error = "down", {}, "not running"
     if zk_record is not None and process_alive(zk_record):
-        try:
-            from coordination.zk_store import KazooMetadataStore
-
-            with KazooMetadataStore.connect(state.zk_hosts, state.root, connect_timeout_ms=3000) as store:
-                registrations = registered_addresses(store)
-        except Exception as error:  # status reports, it does not fail
-            registrations = {"error": str(error)}
+        zk_state, registry_error = _probe_zookeeper(state.zk_hosts)
+        if registry_error is None:
+            registrations, registry_error = _read_registrations(state)
     rows = []
     for record in state.processes:
         alive = process_alive(record)
         if not alive:
             process_state = "down"
-        elif record.role in ("bookie", "broker"):
-            process_state = registrations.get(record.address, "starting/unregistered")
+        elif record.role == "zookeeper":
+            process_state = zk_state
+        elif registry_error is not None:
+            process_state = f"unknown (ZooKeeper: {registry_error})"
         else:
-            process_state = "serving"
+            process_state = registrations.get(record.address, "starting/unregistered")
         rows.append(
             dict(
                 name=record.name, role=record.role, pid=record.pid, address=record.address,
@@ -369,3 +377,44 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
             )
         )
     return state, rows
+
+
+def _probe_zookeeper(zk_hosts: str) -> tuple[str, str | None]:
+    """ZooKeeper's row ("serving" when it answers `ruok`) and, when it does
+    not, why the registrations cannot be read."""
+    from coordination.zk_launcher import four_letter_word
+
+    host, port = zk_hosts.rsplit(":", 1)
+    try:
+        answer = four_letter_word(host, int(port), "ruok", STATUS_ZK_PROBE_S)
+    except OSError as error:
+        return "not answering", f"no answer to ruok within {STATUS_ZK_PROBE_S:.0f}s ({error.strerror or error})"
+    if answer != "imok":
+        return "not answering", f"ruok answered {answer!r}"
+    return "serving", None
+
+
+def _read_registrations(state: ClusterState) -> tuple[dict[str, str], str | None]:
+    """The registered bookies and brokers, or why they could not be read
+    within STATUS_REGISTRY_READ_S. kazoo's own bounds are longer (retries),
+    so the read runs on a daemon thread that is left behind when it is late:
+    status is a one-shot command."""
+    outcome: dict = {}
+
+    def read() -> None:
+        try:
+            from coordination.zk_store import KazooMetadataStore
+
+            with KazooMetadataStore.connect(
+                state.zk_hosts, state.root, connect_timeout_ms=int(STATUS_REGISTRY_READ_S * 1000)
+            ) as store:
+                outcome["registrations"] = registered_addresses(store)
+        except Exception as error:  # status reports, it does not fail
+            outcome["error"] = str(error)
+
+    reader = threading.Thread(target=read, name="cluster-status-registry", daemon=True)
+    reader.start()
+    reader.join(STATUS_REGISTRY_READ_S)
+    if "registrations" in outcome:
+        return outcome["registrations"], None
+    return {}, outcome.get("error", f"no answer within {STATUS_REGISTRY_READ_S:.0f}s")

@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+import trio
 
+from tests.integration.bookie_processes import BookieProcess
 from tests.support import free_port
 
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -157,6 +159,14 @@ def test_port_in_use(tmp_path, zk_hosts, zk_root, busy_port):
         "--journal-dir", tmp_path / "journal", "--ledger-dir", tmp_path / "ledgers",
     )
     error_line(result, "quire bookie run: error: ", f"cannot listen on 127.0.0.1:{busy_port}", "in use")
+    # It wrote no cookie before it failed: the same directories start on a
+    # free port, although the bookie's id (its address) is another now.
+    bookie = BookieProcess(zk_hosts, zk_root, tmp_path, free_port(), [])
+    try:
+        trio.run(bookie.started)
+    finally:
+        if bookie.running:
+            bookie.kill()
 
 
 # --- other commands -----------------------------------------------------------
@@ -349,6 +359,42 @@ def test_cluster_up_with_a_busy_metrics_port(tmp_path, busy_port):
     result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port(),
                                     "--broker-base-port", free_port(), "--metrics-base-port", busy_port))
     only_line(result, "quire cluster up: error: ", str(busy_port), "in use")
+
+
+def test_cluster_up_with_a_file_where_the_logs_go(tmp_path):
+    data_dir = tmp_path / "cluster"
+    data_dir.mkdir()
+    (data_dir / "logs").write_text("not a directory")
+    result = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", free_port(), "--bookie-base-port", free_port(),
+                   "--broker-base-port", free_port(), "--metrics-base-port", 0)
+    only_line(result, "quire cluster up: error: ", "cannot start zookeeper", str(data_dir / "logs"))
+
+
+@pytest.mark.parametrize("words", [
+    ["bookie", "ls"], ["autorecovery", "status"], ["autorecovery", "disable"], ["autorecovery", "enable"],
+    ["export", "some-topic", "--out", "{tmp}/out"],
+], ids=" ".join)
+def test_one_shot_commands_print_only_their_error_line_when_zookeeper_is_down(tmp_path, words):
+    # kazoo's reconnect warnings would come first, one per try, without the
+    # logging quire.cli.main sets up for every command.
+    arguments = [word.format(tmp=tmp_path) for word in words]
+    only_line(quire(*arguments, "--zk", "127.0.0.1:1"), f"quire {words[0]}", ": error: ", "could not reach ZooKeeper at 127.0.0.1:1")
+
+
+def test_zookeeper_address_with_a_chroot_points_to_root(tmp_path):
+    only_line(quire("bookie", "ls", "--zk", "127.0.0.1:2181/quire"), "quire bookie ls: error: ", "--root")
+
+
+def test_a_zookeeper_that_accepts_but_never_answers_is_named_within_the_connect_timeout():
+    with socket.socket() as silent:  # the kernel accepts connections; nobody answers them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        started = time.monotonic()
+        result = quire("bookie", "ls", "--zk", address)
+        elapsed_s = time.monotonic() - started
+    only_line(result, "quire bookie ls: error: ", f"could not reach ZooKeeper at {address} within 5.0s")
+    assert elapsed_s < 8, elapsed_s  # 5 s and the interpreter's start, not twice 5 s
 
 
 def test_cluster_up_with_metrics_ports_overlapping_the_bookies(tmp_path):

@@ -4,8 +4,11 @@ describing the same topology."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -21,6 +24,10 @@ def quire(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "quire", *map(str, arguments)],
         cwd=REPOSITORY, capture_output=True, text=True, timeout=timeout,
     )
+
+
+def children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
@@ -52,9 +59,35 @@ def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
         # A second `up` on a running cluster refuses clearly.
         again = quire("cluster", "up", "--data-dir", data_dir, *ports)
         assert again.returncode == 2 and "already running" in again.stderr
+        # With ZooKeeper paused, status answers in a few seconds and says why
+        # it cannot tell how the bookies and the broker are.
+        zookeeper = next(record for record in state.processes if record.role == "zookeeper")
+        java = children(zookeeper.pid)  # `quire zk run` runs ZooKeeper's JVM as its child
+        assert len(java) == 1, java
+        os.kill(java[0], signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            paused = quire("cluster", "status", "--data-dir", data_dir)
+            elapsed_s = time.monotonic() - started
+        finally:
+            os.kill(java[0], signal.SIGCONT)
+        assert elapsed_s < 5, elapsed_s
+        assert paused.stderr == "", paused.stderr  # no kazoo lines
+        rows = {line.split()[0]: line for line in paused.stdout.splitlines()[1:]}
+        assert "not answering" in rows["zookeeper"], paused.stdout
+        for name in ("bookie-1", "bookie-2", "bookie-3", "broker-1"):
+            assert "unknown (ZooKeeper: no answer to ruok" in rows[name], paused.stdout
+        # A process that died is reported as such by `down`.
+        bookie_3 = next(record for record in state.processes if record.name == "bookie-3")
+        os.kill(bookie_3.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while process_alive(bookie_3):
+            assert time.monotonic() < deadline, "bookie-3 still alive after SIGKILL"
+            time.sleep(0.05)
     finally:
         down = quire("cluster", "down", "--data-dir", data_dir)
     assert down.returncode == 0, down.stderr
+    assert "bookie-3 was not running" in down.stdout and "bookie-1 stopped" in down.stdout, down.stdout
     assert not any(process_alive(record) for record in state.processes)
     stopped = quire("cluster", "status", "--data-dir", data_dir)
     assert stopped.returncode == 1 and "stopped" in stopped.stdout

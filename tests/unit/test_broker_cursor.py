@@ -98,7 +98,8 @@ def test_cumulative_ack_folds_a_range_that_follows_it():
 def test_backlog_counts_unacknowledged_messages_up_to_the_last():
     cursor = Cursor.at(0)
     cursor.acknowledge([1, 2, 7])
-    assert cursor.backlog(9) == 10 - 3
+    assert cursor.backlog(9) == 10 - 3  # every ack below the last: the running count
+    assert cursor.backlog(5) == 6 - 2  # an ack above the last: counted by ranges
     assert cursor.backlog(-1) == 0
     cursor.acknowledge_cumulative(9)
     assert cursor.backlog(9) == 0

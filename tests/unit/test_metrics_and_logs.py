@@ -1,17 +1,23 @@
 """The pieces of metrics and logging that need no process: the bookie's
-lock-free histogram as Prometheus reads it, and the log line format."""
+lock-free histogram as Prometheus reads it, the under-replicated count's
+bounded refresh, the broker's result series, and the log line format."""
 
 from __future__ import annotations
 
 import io
 import json
 import logging
+import threading
+import time
+from types import SimpleNamespace
 
 import pytest
+import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from bookie.metrics import INF, BookieMetrics, LoopHistogram
+from bookie.metrics import INF, BookieMetrics, LoopHistogram, UnderReplicatedCount
+from broker.metrics import broker_registry
 from bookie.protocol.wire import Status
 from quire import logging_setup
 
@@ -50,6 +56,45 @@ def test_answers_count_by_result_and_only_successes_have_latency():
     assert metrics.adds_ok == 1 and metrics.add_results == {Status.TOO_MANY_REQUESTS: 1}
     assert metrics.read_results == {Status.OK: 1}
     assert sum(metrics.add_latency_s.counts) == 1 and sum(metrics.read_latency_s.counts) == 0
+
+
+class _Store:
+    """`exists` answers `stat`, or blocks until released (ZooKeeper not answering)."""
+
+    def __init__(self, stat=None, blocked: bool = False) -> None:
+        self.stat = stat
+        self.release = threading.Event()
+        if not blocked:
+            self.release.set()
+
+    def exists(self, path: str):
+        self.release.wait(10)
+        return self.stat
+
+
+def test_under_replicated_count_is_refreshed_within_its_bound():
+    counted = UnderReplicatedCount(_Store(SimpleNamespace(children_count=2)))
+    trio.run(counted.refresh)
+    assert counted.value == 2
+    silent = _Store(SimpleNamespace(children_count=2), blocked=True)
+    counted.store = silent
+    started = time.monotonic()
+    try:
+        trio.run(UnderReplicatedCount.refresh, counted)
+        # The read is given up after its bound, and the count is unknown
+        # rather than stale (the scrape leaves the series out).
+        assert time.monotonic() - started < counted.read_timeout_s + 0.5
+        assert counted.value is None
+    finally:
+        silent.release.set()
+
+
+def test_broker_result_series_exist_at_zero_from_the_start():
+    registry, _ = broker_registry()
+    samples = {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+               for family in text_string_to_metric_families(generate_latest(registry).decode()) for sample in family.samples}
+    for result in ("ok", "duplicate", "partition_overflow", "topic_fenced"):
+        assert samples[("quire_broker_publish_requests_total", (("result", result),))] == 0
 
 
 @pytest.fixture
