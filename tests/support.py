@@ -3,9 +3,10 @@ and ledger metadata to store."""
 
 from __future__ import annotations
 
+import inspect
 import socket
 import time
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
     from ledger_client.metadata import LedgerMetadata
@@ -37,6 +38,22 @@ def wait_until(condition: Callable[[], T], *, deadline_s: float, what: str, poll
         if time.monotonic() >= end:
             raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
         time.sleep(poll_s)
+
+
+async def wait_until_async(condition: Callable[[], Any], *, deadline_s: float, what: str, poll_s: float = 0.01) -> Any:
+    """`wait_until` for trio tests: `condition` may be a plain or an async
+    function; polls it on trio's clock (virtual under an autojump clock)."""
+    import trio
+
+    with trio.move_on_after(deadline_s) as scope:
+        while True:
+            result = condition()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+            await trio.sleep(poll_s)
+    assert not scope.cancelled_caught, f"timed out after {deadline_s}s waiting for {what}"
 
 
 def ledger_metadata_for(ledger_id: int) -> LedgerMetadata:

@@ -13,6 +13,7 @@ import trio
 from ledger_client.bookie_client import BookieClient
 from ledger_client.bookkeeper import BookKeeper
 from tests.integration.bookie_processes import BookieProcess, bookies  # noqa: F401  (fixture)
+from tests.support import wait_until_async
 
 PASSWORD = b"pw"
 ENTRY_BYTES = 4000
@@ -76,10 +77,7 @@ async def read_ledger(bk, ledger_id: int) -> list[bytes]:
 
 async def wait_for(condition, what: str) -> None:
     """Poll an async condition until it holds; fail after DEADLINE_S."""
-    with trio.move_on_after(DEADLINE_S) as scope:
-        while not await condition():
-            await trio.sleep(0.1)
-    assert not scope.cancelled_caught, f"timed out after {DEADLINE_S}s waiting for {what}"
+    await wait_until_async(condition, deadline_s=DEADLINE_S, what=what, poll_s=0.1)
 
 
 async def checkpointed(started: list[BookieProcess], total_bytes: int) -> None:

@@ -17,7 +17,7 @@ from ledger_client.autorecovery.auditor import Auditor
 from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.bookkeeper import BookKeeper
 from ledger_client.ledger_store import LedgerStore
-from tests.support import ledger_metadata_for
+from tests.support import ledger_metadata_for, wait_until_async
 
 LAYOUT = ClusterLayout()
 CONFIG = AutoRecoveryConfig(lost_bookie_delay_ms=100, audit_interval_ms=60_000)
@@ -38,9 +38,7 @@ def ledger_on(ledgers: LedgerStore, bookies: tuple[str, ...]) -> int:
 
 
 async def wait_for(condition, deadline_s: float = 10.0) -> None:
-    with trio.fail_after(deadline_s):
-        while not condition():
-            await trio.sleep(0.01)
+    await wait_until_async(condition, deadline_s=deadline_s, what="the condition")
 
 
 def marked(admin) -> dict[int, frozenset[str]]:

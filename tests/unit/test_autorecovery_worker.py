@@ -19,6 +19,7 @@ from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.autorecovery.replication_worker import MARKERS_RELIST_MS, ReplicationWorker
 from ledger_client.autorecovery.waits import wall_ms
 from ledger_client.bookkeeper import BookKeeper
+from tests.support import wait_until_async
 
 LAYOUT = ClusterLayout()
 SESSION_MS = 10_000
@@ -42,9 +43,7 @@ async def marked_cluster():
 
 
 async def wait_for(condition, deadline_s: float = 10.0) -> None:
-    with trio.fail_after(deadline_s):
-        while not condition():
-            await trio.sleep(0.01)
+    await wait_until_async(condition, deadline_s=deadline_s, what="the condition")
 
 
 async def test_a_ledger_in_its_grace_period_is_tried_again_when_it_ends():
