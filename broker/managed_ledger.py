@@ -406,11 +406,9 @@ class ManagedLedger:
         assert self.handle is not None and info.ledger_id == self.handle.ledger_id
         return self._open.entries - 1
 
-    async def read(self, position: Position, entries_max: int, bytes_max: int = READ_BYTES_MAX, *,
-                   cached_only: bool = False) -> list[StoredEntry]:
+    async def read(self, position: Position, entries_max: int, bytes_max: int = READ_BYTES_MAX) -> list[StoredEntry]:
         """Persisted entries from `position` on, within its ledger: at most
-        `entries_max`, and no more once `bytes_max` are read (at least one);
-        with `cached_only`, what the entry cache holds of them."""
+        `entries_max`, and no more once `bytes_max` are read (at least one)."""
         info = self._ledger_info(position.ledger_id)
         if info is None:
             return []
@@ -425,7 +423,7 @@ class ManagedLedger:
             entries.append(cached)
             read_bytes += len(cached.data)
             entry_id += 1
-        if entry_id <= last_entry_id and read_bytes < bytes_max and not cached_only:
+        if entry_id <= last_entry_id and read_bytes < bytes_max:
             # Ask the bookies for about what `bytes_max` holds, not more: the
             # handle reads ranges ahead, and what it fetched past a stop here
             # would be read, checked and dropped.

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READ_ENTRIES_MAX = 100  # entries per read from the managed ledger
-READ_AHEAD_BYTES = 16 * 1024 * 1024  # of a backlog, cached or being read past the read position
 READ_FAILURE_BACKOFF_S = 0.5
 ACKED_RANGES_MAX = 100_000  # individually acknowledged ranges a cursor holds in memory
 
@@ -316,11 +315,9 @@ class Subscription:
         position = self.read_position = ml.settle(self.read_position)
         if not ml.has_entry(position):
             return False
-        if self._read_ahead_done is not None and ml.cache.get(position.ledger_id, position.entry_id) is None:
+        if self._read_ahead_done is not None:
             await self._read_ahead_done.wait()  # what it reads is what we want next
-        # While a read-ahead is in flight, what the cache holds (the read-ahead
-        # reads what follows it).
-        entries = await ml.read(position, READ_ENTRIES_MAX, cached_only=self._read_ahead_done is not None)
+        entries = await ml.read(position, READ_ENTRIES_MAX)
         if not entries:
             return False
         stored: dict[tuple[int, int], StoredEntry] = {}
@@ -339,25 +336,13 @@ class Subscription:
 
     def _start_read_ahead(self) -> None:
         """Read the next stretch of a backlog into the entry cache while the
-        consumers work through what was just sent (one read at a time, so
-        that READ_AHEAD_BYTES past the read position are cached or being
-        read: the next permits find their entries waiting)."""
+        consumers work through what was just sent (one read at a time)."""
         position = self.read_position
         if self._read_ahead_done is not None or position is None or self.closed:
             return
-        ml = self.ml
-        cached_bytes = 0
-        while True:
-            position = ml.settle(position)
-            if not ml.has_entry(position):
-                return
-            cached = ml.cache.get(position.ledger_id, position.entry_id)
-            if cached is None:
-                break
-            cached_bytes += len(cached.data)
-            if cached_bytes >= READ_AHEAD_BYTES:
-                return
-            position = Position(position.ledger_id, position.entry_id + 1)
+        position = self.ml.settle(position)
+        if not self.ml.has_entry(position) or self.ml.cache.get(position.ledger_id, position.entry_id) is not None:
+            return
         done = self._read_ahead_done = trio.Event()
 
         async def read_ahead() -> None:
@@ -368,7 +353,6 @@ class Subscription:
             finally:
                 self._read_ahead_done = None
                 done.set()
-                self.wake()
 
         self.partition.spawn(read_ahead)
 
