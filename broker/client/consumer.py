@@ -7,6 +7,15 @@ durable), redelivers negatively acknowledged messages after a delay and
 unacknowledged ones after the ack timeout, and after a broken connection or
 a partition that moved, subscribes again (the broker redelivers what was not
 acknowledged). `Consumer` merges a topic's partitions into one stream.
+
+Delivery is at least once, as Pulsar's: after a reconnection the broker
+delivers again every message not yet acknowledged durably, including ones
+the application already holds. What the application has acknowledged is
+not given to it again: until the broker confirms an acknowledgement, a
+redelivery of its messages is dropped on arrival (Pulsar's client does the
+same with its pending acknowledgements). An acknowledgement counts from the
+call, not from when its awaitable runs: `nursery.start_soon(consumer.acknowledge, m)`
+is enough.
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable
 
 import trio
 
@@ -86,6 +95,10 @@ class PartitionConsumer:
         self._given_since_flow = 0
         self._acks = _AckGroup(False)
         self._ack_wakeup = trio.Event()
+        # Acknowledged by the application, not yet confirmed durable by the
+        # broker: a redelivery of these is dropped (offset -> acknowledgements pending).
+        self._acks_pending: collections.Counter[int] = collections.Counter()
+        self._cumulative_pending: collections.Counter[int] = collections.Counter()
         self._unacked_deadlines: collections.OrderedDict[int, float] = collections.OrderedDict()  # offset -> deadline (s)
         self._cancel_scope = trio.CancelScope()
 
@@ -183,14 +196,24 @@ class PartitionConsumer:
         count = len(items)
         messages = []
         append = messages.append
+        acks_pending = self._acks_pending
+        acked_through = max(self._cumulative_pending) if self._cumulative_pending else -1
+        dropped = 0
         for index in delivery.batch_indexes:
             if not 0 <= index < count:
                 continue
+            if acks_pending or acked_through >= 0:
+                offset = first_offset + index
+                if offset <= acked_through or offset in acks_pending:
+                    dropped += 1  # redelivered, and acknowledged already
+                    continue
             sequence_id, publish_ms, properties, payload = items[index]
             append(Message(topic, partition, MessageId(ledger_id, entry_id, index, partition_index), first_offset + index,
                            payload, None if keys is None else keys[index], properties, publish_ms, producer_id,
                            sequence_id, codec, redelivery_count))
         self.consumer._enqueue(self, self._generation, messages)
+        if dropped:
+            self._permits_used(dropped)
 
     def _discard(self, delivery: MessageDelivery) -> None:
         try:
@@ -209,7 +232,12 @@ class PartitionConsumer:
         self._last_offset_given = message.offset
         if self.options.ack_timeout_ms is not None:
             self._unacked_deadlines[message.offset] = trio.current_time() + self.options.ack_timeout_ms / 1000.0
-        self._given_since_flow += 1
+        self._permits_used(1)
+
+    def _permits_used(self, count: int) -> None:
+        """Messages left the receiver queue (or never entered it): give the
+        permits back once half the queue's worth is due."""
+        self._given_since_flow += count
         if self._given_since_flow >= self.options.receiver_queue_size // 2:
             self._send(Flow(self.handle, self._given_since_flow))
             self._given_since_flow = 0
@@ -224,21 +252,28 @@ class PartitionConsumer:
 
     # --- acknowledging ---------------------------------------------------------------------
 
-    async def acknowledge(self, offset: int) -> None:
+    def acknowledge(self, offset: int) -> Awaitable[None]:
+        """Taken when called; the awaitable returns once it is durable."""
         self._unacked_deadlines.pop(offset, None)
+        self._acks_pending[offset] += 1
         group = self._acks
         group.offsets.append(offset)
         self._ack_wakeup.set()
-        await group.done.wait()
-        if group.error is not None:
-            raise group.error
+        return self._acknowledged(group)
 
-    async def acknowledge_cumulative(self, offset: int) -> None:
+    def acknowledge_cumulative(self, offset: int) -> Awaitable[None]:
+        """Taken when called; the awaitable returns once it is durable."""
         for tracked in [tracked for tracked in self._unacked_deadlines if tracked <= offset]:
             del self._unacked_deadlines[tracked]
+        self._cumulative_pending[offset] += 1
         group = _AckGroup(True)
         group.offsets.append(offset)
-        await self._send_acks(group)
+        self.client.nursery.start_soon(self._send_acks, group)
+        return self._acknowledged(group)
+
+    @staticmethod
+    async def _acknowledged(group: _AckGroup) -> None:
+        await group.done.wait()
         if group.error is not None:
             raise group.error
 
@@ -276,6 +311,12 @@ class PartitionConsumer:
                     return
             group.error = ClientClosedError("consumer closed")
         finally:
+            # Durable now, or refused (then a redelivery is the application's again).
+            pending = self._cumulative_pending if group.cumulative else self._acks_pending
+            pending.subtract(group.offsets)
+            for offset in group.offsets:
+                if pending[offset] <= 0:
+                    del pending[offset]
             group.done.set()
 
     def negative_acknowledge(self, offset: int) -> None:
@@ -310,6 +351,9 @@ class PartitionConsumer:
         body = await connection.request(lambda request_id: Seek(request_id, self.handle, offset, publish_time_ms, position))
         self.consumer._drop_queued(self)
         self._unacked_deadlines.clear()
+        # What comes from the new position is the application's, acknowledged before or not.
+        self._acks_pending.clear()
+        self._cumulative_pending.clear()
         return body.get("offset", -1)
 
     async def unsubscribe(self) -> None:
@@ -371,13 +415,15 @@ class Consumer:
                 return message
         return None
 
-    async def acknowledge(self, message: Message) -> None:
-        """Acknowledge one message; returns once the broker made it durable."""
-        await self._by_partition(message).acknowledge(message.offset)
+    def acknowledge(self, message: Message) -> Awaitable[None]:
+        """Acknowledge one message. It counts from this call (a redelivery
+        is not given again); await the result to know it durable."""
+        return self._by_partition(message).acknowledge(message.offset)
 
-    async def acknowledge_cumulative(self, message: Message) -> None:
-        """Acknowledge this message and every one before it in its partition."""
-        await self._by_partition(message).acknowledge_cumulative(message.offset)
+    def acknowledge_cumulative(self, message: Message) -> Awaitable[None]:
+        """Acknowledge this message and every one before it in its
+        partition; as `acknowledge`, it counts from the call."""
+        return self._by_partition(message).acknowledge_cumulative(message.offset)
 
     def negative_acknowledge(self, message: Message) -> None:
         """Ask for the message again, after the negative-ack delay."""

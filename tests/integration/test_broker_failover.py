@@ -133,6 +133,39 @@ async def test_a_subscription_resumes_on_another_broker_with_exactly_the_unackno
             pytest.fail(f"an acknowledged or repeated message came back: {extra.data!r}")
 
 
+async def test_what_the_application_acknowledged_while_its_broker_was_down_is_not_given_again(zk_hosts, zk_root, bookies, brokers):
+    # A consumer holds 600 messages it has received; its broker is killed;
+    # while no broker serves the partition the application acknowledges a
+    # random half (the acknowledgements wait for the reconnection). The new
+    # owner delivers again everything not acknowledged durably: the client
+    # gives the application exactly the other half, once.
+    running = await start_cluster(bookies, brokers)
+    total = 600
+    async with Client.connect(zk_hosts, zk_root) as client:
+        await client.create_topic("orders")
+        consumer = await client.subscribe("orders", "billing", initial_position="earliest")
+        producer = await client.create_producer("orders", batching=True)
+        futures = [await producer.send_async(f"{number}".encode()) for number in range(total)]
+        for future in futures:
+            await future.wait()
+        held = await receive_all(consumer, total, deadline_s=30, ack=False)
+        owner_of(running, await client.lookup("orders")).kill()
+        import random
+
+        rng = random.Random(11)
+        acknowledged = [message for message in held if rng.random() < 0.5]
+        with trio.fail_after(60):
+            async with trio.open_nursery() as nursery:
+                for message in acknowledged:
+                    nursery.start_soon(consumer.acknowledge, message)
+                again = await receive_all(consumer, total - len(acknowledged), deadline_s=60, ack=False)
+        assert sorted(int(message.data) for message in again) == sorted(
+            set(range(total)) - {int(message.data) for message in acknowledged})
+        with trio.move_on_after(2):
+            extra = await consumer.receive()
+            pytest.fail(f"a message came twice: {extra.data!r} at offset {extra.offset}")
+
+
 async def test_two_brokers_claiming_one_partition_only_one_can_append(zk_hosts, zk_root, bookies, brokers):
     # Broker A serves the partition. Its ownership node is removed behind its
     # back (as if its session had expired while it still ran), and broker B
