@@ -303,7 +303,10 @@ class BookieClient:
         callback = self._pending.pop(response.request_id, None)
         if callback is not None:
             self._slots.release()
-            _call_back(callback, response)
+            try:  # as _call_back, inline: once per answer
+                callback(response)
+            except Exception:
+                log.exception("a bookie request's callback failed")
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

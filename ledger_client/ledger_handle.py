@@ -77,10 +77,11 @@ class ReadHandle:
         self._digest = digest
         self._master_key = master_key
         self._last_add_confirmed = metadata.last_entry_id if metadata.is_closed else -1
+        self._ledger_id = metadata.ledger_id  # never changes; read for every add answer
 
     @property
     def ledger_id(self) -> int:
-        return self.metadata.ledger_id
+        return self._ledger_id
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -550,7 +551,7 @@ class LedgerHandle(ReadHandle):
         # The answer names its entry (as BookKeeper's completion keys do); one
         # naming another ledger is a bookie's bug: treat the bookie as failed.
         entry_id = response.entry_id
-        if response.ledger_id != self.ledger_id:
+        if response.ledger_id != self._ledger_id:
             log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self.ledger_id, response.ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
