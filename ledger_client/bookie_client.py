@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
@@ -298,29 +298,45 @@ class BookieClient:
 
     # --- I/O tasks ----------------------------------------------------------------
 
-    def _dispatch(self, fields: list) -> None:
-        response = decode_response(fields)
-        callback = self._pending.pop(response.request_id, None)
-        if callback is not None:
-            self._slots.release()
-            try:  # as _call_back, inline: once per answer
-                callback(response)
-            except Exception:
-                log.exception("a bookie request's callback failed")
+    def _dispatch(self, frames: Iterable[list]) -> None:
+        """Hand the answers that arrived together to their callbacks. A
+        callback with a `many` method (a writer's, answered for thousands of
+        adds a second) gets all of its answers in one call, in order, once
+        the others have had theirs."""
+        pending, release = self._pending, self._slots.release
+        together: dict[Callback, list] = {}
+        try:
+            for fields in frames:
+                response = decode_response(fields)
+                callback = pending.pop(response.request_id, None)
+                if callback is None:
+                    continue
+                release()
+                if hasattr(callback, "many"):
+                    answers = together.get(callback)
+                    if answers is None:
+                        together[callback] = [response]
+                    else:
+                        answers.append(response)
+                else:
+                    _call_back(callback, response)
+        finally:
+            # Also when a later frame was malformed: these were taken off
+            # `pending`, so nobody else would answer them.
+            for callback, answers in together.items():
+                _call_back(callback.many, answers)
 
     async def _read_loop(self) -> None:
         decoder = self._decoder
         try:
-            for fields in self._early_frames:
-                self._dispatch(fields)
+            self._dispatch(self._early_frames)
             while True:
                 data = await self._stream.receive_some(RECEIVE_BYTES)
                 if not data:
                     self._fail("closed by the bookie")
                     return
                 decoder.feed(data)
-                for fields in decoder.frames():
-                    self._dispatch(fields)
+                self._dispatch(decoder.frames())
         except ProtocolError as error:
             self._fail(f"protocol error: {error}")
         except (trio.BrokenResourceError, trio.ClosedResourceError) as error:

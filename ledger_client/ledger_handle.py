@@ -7,7 +7,6 @@ mismatch; batch reads of ranges; tailing by long-polling the LAC), and
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import math
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -18,6 +17,7 @@ from bookie.protocol.entry_format import DigestManager, DigestMismatchError, Ent
 from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     AddFlag,
+    AddResponse,
     encode_add_tail,
     BatchReadRequest,
     ReadFlag,
@@ -515,7 +515,7 @@ class LedgerHandle(ReadHandle):
                     tail_entry_id, tail = action.entry_id, encode_add_tail(self._flags, self._master_key, action.entry)
                 callback = self._response_callbacks.get(action.bookie_id)
                 if callback is None:
-                    callback = self._response_callbacks[action.bookie_id] = functools.partial(self._on_add_response, action.bookie_id)
+                    callback = self._response_callbacks[action.bookie_id] = _AddAnswers(self, action.bookie_id)
                 self._bk.pool.send_add_tail(action.bookie_id, tail, callback)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
@@ -560,6 +560,22 @@ class LedgerHandle(ReadHandle):
             self._core.bookies_changed(self._bk.registry.writable_racks())
         self._execute(self._core.bookie_responded(bookie_id, entry_id, response.status, now_ms()))
 
+    def _on_add_responses(self, bookie_id: str, responses: list) -> None:
+        """A bookie's answers that arrived together, in order: the runs of
+        plain acknowledgements go to the core in one call each."""
+        acknowledged: list[int] = []
+        ledger_id = self._ledger_id
+        for response in responses:
+            if type(response) is AddResponse and response.status is Status.OK and response.ledger_id == ledger_id:
+                acknowledged.append(response.entry_id)
+                continue
+            if acknowledged:
+                self._execute(self._core.bookie_acknowledged(bookie_id, acknowledged, now_ms()))
+                acknowledged = []
+            self._on_add_response(bookie_id, response)
+        if acknowledged:
+            self._execute(self._core.bookie_acknowledged(bookie_id, acknowledged, now_ms()))
+
     async def _write_metadata(self, action: WriteMetadata) -> None:
         self._execute(await carry_out_metadata_write(self._bk.ledger_store, self._core, action))
 
@@ -578,6 +594,23 @@ class LedgerHandle(ReadHandle):
 
     async def read_lac(self) -> int:
         return self._core.last_add_confirmed
+
+
+class _AddAnswers:
+    """How a ledger handle hears from one bookie about its adds: one
+    answer at a time, or (`many`) those that arrived together."""
+
+    __slots__ = ("_handle", "_bookie_id")
+
+    def __init__(self, handle: LedgerHandle, bookie_id: str) -> None:
+        self._handle = handle
+        self._bookie_id = bookie_id
+
+    def __call__(self, response) -> None:
+        self._handle._on_add_response(self._bookie_id, response)
+
+    def many(self, responses: list) -> None:
+        self._handle._on_add_responses(self._bookie_id, responses)
 
 
 class CoreTicker:

@@ -239,6 +239,22 @@ class WriteCore:
         # the bookie cannot take writes now, replace it.
         return self.bookie_failed(bookie_id, now_ms)
 
+    def bookie_acknowledged(self, bookie_id: str, entry_ids: list[int], now_ms: float) -> list[Action]:
+        """`bookie_responded(bookie_id, e, Status.OK, now_ms)` for each of
+        `entry_ids` in turn, with the same result (the completions come in one
+        action): a writer's answers arrive by the thousand, and this checks
+        for completions once."""
+        if self.error is not None or self.closed:
+            return []
+        pending_adds = self._pending
+        acknowledged = False
+        for entry_id in entry_ids:
+            pending = pending_adds.get(entry_id)
+            if pending is not None and bookie_id in pending.sent_to:
+                pending.acked_by.add(bookie_id)
+                acknowledged = True
+        return self._deliver(now_ms) if acknowledged else []
+
     def bookie_failed(self, bookie_id: str, now_ms: float) -> list[Action]:
         """The connection to a bookie broke or it answered an error: replace
         it if it is in the last ensemble."""

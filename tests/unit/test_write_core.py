@@ -280,6 +280,34 @@ class _Store:
         self.version = 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(answers=st.permutations([(bookie, entry) for entry in range(6) for bookie in ("b0", "b1", "b2")]),
+       cuts=st.sets(st.integers(1, 17)))
+def test_answers_taken_together_complete_exactly_as_one_by_one(answers, cuts):
+    one_by_one, together = make_core(), make_core()
+    for index in range(6):
+        one_by_one.add(b"entry-%d" % index, 0)
+        together.add(b"entry-%d" % index, 0)
+    expected = []
+    for bookie_id, entry_id in answers:
+        expected += completed(one_by_one.bookie_responded(bookie_id, entry_id, Status.OK, 1.0))
+    got = []
+    start = 0
+    for end in sorted(cuts | {len(answers)}):
+        # A run of answers of one bookie goes in one call; a change of bookie starts another.
+        run = answers[start:end]
+        while run:
+            bookie_id = run[0][0]
+            same = 0
+            while same < len(run) and run[same][0] == bookie_id:
+                same += 1
+            got += completed(together.bookie_acknowledged(bookie_id, [entry for _, entry in run[:same]], 1.0))
+            run = run[same:]
+        start = end
+    assert got == expected == list(range(6))
+    assert together.last_add_confirmed == one_by_one.last_add_confirmed == 5
+
+
 @settings(max_examples=600, deadline=None)
 @given(data=st.data())
 def test_random_interleavings_keep_the_quorum_and_order_rules(data):
@@ -326,7 +354,7 @@ def test_random_interleavings_keep_the_quorum_and_order_rules(data):
     for _ in range(data.draw(st.integers(1, 40), label="steps")):
         choices = ["add", "tick"]
         if in_flight:
-            choices += ["answer"] * 4
+            choices += ["answer"] * 4 + ["answers"] * 2
         if metadata_write is not None:
             choices += ["metadata"] * 2
         choice = data.draw(st.sampled_from(choices))
@@ -352,6 +380,15 @@ def test_random_interleavings_keep_the_quorum_and_order_rules(data):
             else:
                 status = Status.IO_ERROR if outcome == "io_error" else Status.READ_ONLY
                 handle(core.bookie_responded(send.bookie_id, send.entry_id, status, now))
+        elif choice == "answers":
+            # Several OK answers of one bookie that arrived together.
+            bookie_id = data.draw(st.sampled_from(sorted({send.bookie_id for send in in_flight})))
+            theirs = [send for send in in_flight if send.bookie_id == bookie_id]
+            answered = data.draw(st.lists(st.sampled_from(theirs), min_size=1, unique_by=id), label="answered together")
+            for send in answered:
+                in_flight.remove(send)
+                delivered_ok.add((send.bookie_id, send.entry_id))
+            handle(core.bookie_acknowledged(bookie_id, [send.entry_id for send in answered], now))
         elif choice == "metadata":
             write, metadata_write = metadata_write, None
             assert write is not None
