@@ -570,11 +570,16 @@ class LedgerHandle(ReadHandle):
                 acknowledged.append(response.entry_id)
                 continue
             if acknowledged:
-                self._execute(self._core.bookie_acknowledged(bookie_id, acknowledged, now_ms()))
+                self._acknowledged(bookie_id, acknowledged)
                 acknowledged = []
             self._on_add_response(bookie_id, response)
         if acknowledged:
-            self._execute(self._core.bookie_acknowledged(bookie_id, acknowledged, now_ms()))
+            self._acknowledged(bookie_id, acknowledged)
+
+    def _acknowledged(self, bookie_id: str, entry_ids: list[int]) -> None:
+        actions = self._core.bookie_acknowledged(bookie_id, entry_ids, now_ms())
+        if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
+            self._execute(actions)
 
     async def _write_metadata(self, action: WriteMetadata) -> None:
         self._execute(await carry_out_metadata_write(self._bk.ledger_store, self._core, action))
