@@ -5,6 +5,7 @@ partition moving, and the deduplication map rebuilt from its snapshot
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -13,10 +14,14 @@ import trio
 from broker.client import Client
 from broker.errors import BrokerError
 from broker.protocol import PROTOCOL_VERSION, Connect, ProducerOpen, Send, SendReceipt, decode, encode
+from broker.topic_store import dedup_path
 from bookie.protocol.frame_input import receive_first_frames
 from bookie.protocol.wire import FrameDecoder
+from coordination.store import NoNodeError
+from coordination.zk_store import KazooMetadataStore
 from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
 from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401
+from tests.support import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -156,6 +161,19 @@ async def test_a_new_owner_rebuilds_deduplication_from_the_snapshot_and_the_entr
             await future.wait()
         owner = first if await client.lookup("snapshotted") == first.address else second
         survivor = second if owner is first else first
+        # The snapshot at 2,000 entries is written while publishing goes on:
+        # kill the owner once it is durable (on a loaded machine it can still
+        # be in flight when the last send is answered).
+        with KazooMetadataStore.connect(zk_hosts, zk_root, session_timeout_ms=4_000) as store:
+            def snapshot_covers_2000() -> bool:
+                try:
+                    data, _ = store.get(dedup_path("snapshotted"))
+                except NoNodeError:
+                    return False
+                return json.loads(data)["sequences"].get("snapshot-producer", -1) >= 1999
+
+            await wait_until_async(lambda: trio.to_thread.run_sync(snapshot_covers_2000), deadline_s=30,
+                                   what="the deduplication snapshot at 2,000 entries")
         owner.kill()
         # Resending what was stored: every message is a duplicate, whichever
         # side of the last snapshot (written at 2,000 entries) it was on.
