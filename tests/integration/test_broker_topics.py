@@ -14,6 +14,7 @@ import trio
 from broker.client import Client, Codec, PartitionOverflowError, ConsumerBusyError, partition_for_key
 from broker.client.messages import MessageId
 from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
+from tests.support import wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -104,13 +105,11 @@ async def test_key_shared_gives_each_key_to_one_consumer_in_order(shared_cluster
                 got[name].append(message)
                 await consumer.acknowledge(message)
 
-        with trio.move_on_after(20):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drain, "a", first)
-                nursery.start_soon(drain, "b", second)
-                while len(got["a"]) + len(got["b"]) < 800:
-                    await trio.sleep(0.05)
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, "a", first)
+            nursery.start_soon(drain, "b", second)
+            await wait_until_async(lambda: len(got["a"]) + len(got["b"]) >= 800, deadline_s=20, what="800 messages")
+            nursery.cancel_scope.cancel()
         assert len(got["a"]) + len(got["b"]) == 800
         assert got["a"] and got["b"], "both consumers got keys"
         keys_a = {m.key for m in got["a"]}
@@ -155,13 +154,11 @@ async def test_exclusive_refuses_a_second_consumer_and_shared_spreads(shared_clu
                 got[index].append(int(message.data))
                 await consumer.acknowledge(message)
 
-        with trio.move_on_after(15):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drain, 1, one)
-                nursery.start_soon(drain, 2, two)
-                while len(got[1]) + len(got[2]) < 100:
-                    await trio.sleep(0.05)
-                nursery.cancel_scope.cancel()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drain, 1, one)
+            nursery.start_soon(drain, 2, two)
+            await wait_until_async(lambda: len(got[1]) + len(got[2]) >= 100, deadline_s=15, what="100 messages")
+            nursery.cancel_scope.cancel()
         assert sorted(got[1] + got[2]) == list(range(100))
         assert got[1] and got[2], "both shared consumers got messages"
 
@@ -219,8 +216,13 @@ async def test_a_slow_consumer_gets_only_its_permits(shared_cluster):
         futures = [await producer.send_async(f"{n}".encode()) for n in range(500)]
         for future in futures:
             await future.wait()
-        await trio.sleep(0.5)
-        stats = (await client.topic_stats("flow"))["partitions"]["flow"]["subscriptions"]["slow"]
+
+        async def dispatched() -> dict | None:
+            stats = (await client.topic_stats("flow"))["partitions"]["flow"]["subscriptions"]["slow"]
+            return stats if stats["messages_out"] >= 10 else None
+
+        # Once the broker has sent what the consumer has room for, it sends no more.
+        stats = await wait_until_async(dispatched, deadline_s=10, what="the first deliveries")
         assert stats["consumers"][0]["unacknowledged"] <= 10
         assert stats["backlog_messages"] == 500
         assert [int(m.data) for m in await receive(consumer, 500)] == list(range(500))
@@ -262,20 +264,22 @@ async def test_retention_deletes_old_ledgers_and_their_entries_except_what_an_im
         producer = await client.create_producer("retained")
         for number in range(40):
             await producer.send(f"{number}".encode())
-        await trio.sleep(1.5)  # rollovers happen in the broker's housekeeping, once a second
-        stats = (await client.topic_stats("retained"))["partitions"]["retained"]
-        ledgers_before = [ledger["ledger_id"] for ledger in stats["ledgers"]]
-        assert len(ledgers_before) >= 4
+
+        async def rolled_over() -> list | None:
+            # Rollovers happen in the broker's housekeeping, once a second.
+            ledgers = (await client.topic_stats("retained"))["partitions"]["retained"]["ledgers"]
+            return [ledger["ledger_id"] for ledger in ledgers] if len(ledgers) >= 4 else None
+
+        ledgers_before = await wait_until_async(rolled_over, deadline_s=15, what="4 ledgers or more")
         # Nothing goes while the important subscription has acknowledged nothing.
         assert (await client.apply_retention("retained"))["retained"]["deleted_ledgers"] == []
         # It acknowledges the first 20: ledgers wholly below go, the rest stay.
         await receive(important, 20)
-        with trio.fail_after(10):
-            while True:
-                result = (await client.apply_retention("retained"))["retained"]
-                if result["deleted_ledgers"]:
-                    break
-                await trio.sleep(0.2)
+
+        async def some_deleted() -> list:
+            return (await client.apply_retention("retained"))["retained"]["deleted_ledgers"]
+
+        await wait_until_async(some_deleted, deadline_s=10, what="ledgers deleted by retention", poll_s=0.2)
         stats = (await client.topic_stats("retained"))["partitions"]["retained"]
         assert 0 < stats["first_offset"] <= 20
         deleted = [ledger_id for ledger_id in ledgers_before if ledger_id not in [l["ledger_id"] for l in stats["ledgers"]]]
@@ -291,12 +295,14 @@ async def test_retention_deletes_old_ledgers_and_their_entries_except_what_an_im
         from ledger_client.bookie_client import BookieClient
         from bookie.protocol.wire import Status
 
-        with trio.fail_after(30):
-            for bookie in shared_cluster.bookies:
-                async with BookieClient.connect(bookie.address) as bookie_client:
-                    for ledger_id in deleted:
-                        while (await bookie_client.read(ledger_id, 0)).status is not Status.NO_LEDGER:
-                            await trio.sleep(0.5)
+        for bookie in shared_cluster.bookies:
+            async with BookieClient.connect(bookie.address) as bookie_client:
+                for ledger_id in deleted:
+                    async def collected() -> bool:
+                        return (await bookie_client.read(ledger_id, 0)).status is Status.NO_LEDGER
+
+                    await wait_until_async(collected, deadline_s=30, what=f"ledger {ledger_id} collected by {bookie.address}",
+                                           poll_s=0.5)
         # What the important subscription did not acknowledge is all there.
         rest = await receive(important, 20)
         assert [int(m.data) for m in rest] == list(range(20, 40))
@@ -329,12 +335,12 @@ async def test_an_idle_ledger_is_closed_so_that_its_messages_become_exportable(s
         producer = await client.create_producer("idle")
         for number in range(3):
             await producer.send(f"{number}".encode())
-        with trio.fail_after(15):
-            while True:
-                ledgers = (await client.topic_stats("idle"))["partitions"]["idle"]["ledgers"]
-                if ledgers[0]["state"] == "closed":
-                    break
-                await trio.sleep(0.2)
+
+        async def first_closed() -> list | None:
+            ledgers = (await client.topic_stats("idle"))["partitions"]["idle"]["ledgers"]
+            return ledgers if ledgers[0]["state"] == "closed" else None
+
+        ledgers = await wait_until_async(first_closed, deadline_s=15, what="the idle ledger closed", poll_s=0.2)
         assert ledgers[0]["entries"] == 3 and ledgers[0]["messages"] == 3
         assert len(ledgers) == 2 and ledgers[1]["state"] == "open" and ledgers[1]["first_offset"] == 3
         await trio.sleep(1.5)

@@ -32,7 +32,7 @@ from tests.integration.bookie_processes import BookieFactory, BookieProcess, boo
 from tests.integration.broker_processes import brokers  # noqa: F401 (fixture)
 from tests.integration.processes import print_logs
 from tests.integration.test_bookie_durability import KEY, PipelinedWriter
-from tests.support import free_port, raw_exchange
+from tests.support import free_port, raw_exchange, wait_until_async
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 ENTRIES = 200
@@ -159,9 +159,11 @@ async def test_metrics_scraped_over_http_move_under_load(zk_hosts, zk_root, book
         store.create("/underreplication/disabled", b"", make_parents=True)
         for ledger_id in (7, 8):
             store.create(f"/underreplication/ledgers/{ledger_id}", b"", make_parents=True)
-    with trio.fail_after(15):
-        while value(await scrape_async(bookie_metrics_ports[0]), "quire_under_replicated_ledgers") != 2:
-            await trio.sleep(0.2)
+
+    async def counted() -> bool:
+        return value(await scrape_async(bookie_metrics_ports[0]), "quire_under_replicated_ledgers") == 2
+
+    await wait_until_async(counted, deadline_s=15, what="2 under-replicated ledgers counted", poll_s=0.2)
 
     # Every log line names the process's role and id.
     for process, role in [(bookies.created[0], "bookie"), (broker, "broker")]:
@@ -214,9 +216,11 @@ async def test_a_scrape_answers_at_once_while_zookeeper_is_paused(bookies_of_own
     bookies, zookeeper = bookies_of_own_zookeeper
     metrics_port = free_port()
     await bookies.started("--metrics-port", str(metrics_port))
-    with trio.fail_after(15):  # the first count comes soon after the start
-        while ("quire_under_replicated_ledgers", ()) not in await scrape_async(metrics_port):
-            await trio.sleep(0.1)
+
+    async def first_count() -> bool:
+        return ("quire_under_replicated_ledgers", ()) in await scrape_async(metrics_port)
+
+    await wait_until_async(first_count, deadline_s=15, what="the first under-replicated count")  # soon after the start
     os.kill(zookeeper.pid, signal.SIGSTOP)
     try:
         # The count is refreshed every 5 s in the background, each read bounded
