@@ -53,10 +53,6 @@ class RangeSet:
     def first(self) -> int | None:
         return self._firsts[0] if self._firsts else None
 
-    @property
-    def last(self) -> int | None:
-        return self._lasts[-1] if self._lasts else None
-
     def add(self, value: int) -> bool:
         """Add one integer; returns whether it was new."""
         return self.add_range(value, value) > 0
@@ -92,6 +88,13 @@ class RangeSet:
 
     def count_between(self, first: int, last: int) -> int:
         """How many integers of the set lie in [first, last]."""
+        if not self._firsts:
+            return 0
+        if first <= self._firsts[0] and self._lasts[-1] <= last:
+            # The whole set (a cursor's usual case: every individual ack lies
+            # between its mark-delete and the end): the running count, not
+            # a walk over the ranges.
+            return self.count
         total = 0
         index = max(0, bisect.bisect_right(self._firsts, first) - 1)
         while index < len(self._firsts) and self._firsts[index] <= last:
@@ -175,12 +178,7 @@ class Cursor:
         """Messages up to `last_offset` not acknowledged."""
         if last_offset <= self.mark_delete:
             return 0
-        acked = self.acked
-        if not acked or (acked.first > self.mark_delete and acked.last <= last_offset):
-            # The usual case (every ack between the two marks): the set's
-            # running count, not a walk over its ranges on each scrape.
-            return last_offset - self.mark_delete - acked.count
-        return last_offset - self.mark_delete - acked.count_between(self.mark_delete + 1, last_offset)
+        return last_offset - self.mark_delete - self.acked.count_between(self.mark_delete + 1, last_offset)
 
     def to_record(self, ranges_max: int = RANGES_PERSISTED_MAX_DEFAULT) -> dict:
         """The persisted form: at most `ranges_max` ranges, the lowest ones

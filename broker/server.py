@@ -115,9 +115,10 @@ class _Connection:
         self.output.flush()
 
     def send_receipt(self, receipt: SendReceipt) -> None:
-        """`send` for producers' receipts, measured."""
-        started_s = self.publish_started_s.pop((receipt.producer_handle, receipt.last_sequence_id), None)
-        self.metrics.receipt(receipt.status, started_s)
+        """`send` for producers' receipts, measured when metrics are on."""
+        if self.metrics is not None:
+            started_s = self.publish_started_s.pop((receipt.producer_handle, receipt.last_sequence_id), None)
+            self.metrics.receipt(receipt.status, started_s)
         self.send(receipt)
 
     async def wait_for_room(self) -> None:
@@ -556,9 +557,8 @@ class BrokerServer:
         if kind is Send:
             found = connection.producers.get(message.producer_handle)
             if found is None:
-                answer = connection.send_receipt if connection.metrics is not None else connection.send  # counted too
-                answer(SendReceipt(message.producer_handle, message.last_sequence_id, int(BrokerStatus.TOPIC_FENCED),
-                                   -1, -1, -1, "no such producer on this connection (it was closed): reconnect"))
+                connection.send_receipt(SendReceipt(message.producer_handle, message.last_sequence_id, int(BrokerStatus.TOPIC_FENCED),
+                                                    -1, -1, -1, "no such producer on this connection (it was closed): reconnect"))
                 return
             service, link = found
             if connection.metrics is not None:
@@ -617,8 +617,7 @@ class BrokerServer:
             if message.producer_handle in connection.producers:
                 raise BadRequestError(f"producer handle {message.producer_handle} is in use on this connection")
             service = await self.serving(message.topic)
-            link = ProducerLink(message.producer_handle, message.producer_id,
-                                connection.send if connection.metrics is None else connection.send_receipt)
+            link = ProducerLink(message.producer_handle, message.producer_id, connection.send_receipt)
             last_sequence_id = await service.add_producer(link)
             connection.producers[message.producer_handle] = (service, link)
             return {"last_sequence_id": last_sequence_id, "partition": service.name}

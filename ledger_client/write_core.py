@@ -221,14 +221,11 @@ class WriteCore:
     # --- responses ------------------------------------------------------------------
 
     def bookie_responded(self, bookie_id: str, entry_id: int, status: Status, now_ms: float) -> list[Action]:
+        if status is Status.OK:
+            return self.bookie_acknowledged(bookie_id, [entry_id], now_ms)
         if self.error is not None or self.closed:
             return []
         pending = self._pending.get(entry_id)
-        if status is Status.OK:
-            if pending is None or bookie_id not in pending.sent_to:
-                return []  # late, duplicate, or from a bookie replaced since
-            pending.acked_by.add(bookie_id)
-            return self._deliver(now_ms)
         if status is Status.FENCED:
             return self._fail(LedgerFencedError(f"ledger {self.metadata.ledger_id} was fenced by a recoverer (bookie {bookie_id})"))
         if status is Status.UNAUTHORIZED:
@@ -240,16 +237,17 @@ class WriteCore:
         return self.bookie_failed(bookie_id, now_ms)
 
     def bookie_acknowledged(self, bookie_id: str, entry_ids: list[int], now_ms: float) -> list[Action]:
-        """`bookie_responded(bookie_id, e, Status.OK, now_ms)` for each of
-        `entry_ids` in turn, with the same result (the completions come in one
-        action): a writer's answers arrive by the thousand, and this checks
-        for completions once."""
+        """The bookie answered OK for each of `entry_ids` (`bookie_responded`
+        with Status.OK is this for one). Taken together, the result is that
+        of one at a time, the completions in one action: a writer's answers
+        arrive by the thousand, and this checks for completions once."""
         if self.error is not None or self.closed:
             return []
         pending_adds = self._pending
         acknowledged = False
         for entry_id in entry_ids:
             pending = pending_adds.get(entry_id)
+            # Not pending or not sent there: late, duplicate, or from a bookie replaced since.
             if pending is not None and bookie_id in pending.sent_to:
                 pending.acked_by.add(bookie_id)
                 acknowledged = True
