@@ -23,6 +23,7 @@ from ledger_client.bookkeeper import BookKeeper
 from ledger_client.metadata import LedgerState
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
 from tests.integration.processes import QuireProcess, print_logs
+from tests.support import wait_until_async
 
 PASSWORD = b"autorecovery"
 AUTORECOVERY_OPTIONS = (
@@ -89,19 +90,20 @@ async def status(zk_hosts: str, zk_root: str) -> dict:
 async def wait_until_repaired(bk, ledger_ids, lost: str, zk_hosts: str, zk_root: str) -> dict:
     """Wait until no ledger's ensembles name `lost` and none is marked
     under-replicated; return the ledgers' metadata."""
-    with trio.fail_after(REPAIR_DEADLINE_S):
-        while True:
-            metadata = {ledger_id: await bk.ledger_metadata(ledger_id) for ledger_id in ledger_ids}
-            if all(lost not in m.all_bookies() for m in metadata.values()):
-                if not (await status(zk_hosts, zk_root))["under_replicated"]:
-                    return metadata
-            await trio.sleep(0.25)
+    async def repaired() -> dict | None:
+        metadata = {ledger_id: await bk.ledger_metadata(ledger_id) for ledger_id in ledger_ids}
+        if all(lost not in m.all_bookies() for m in metadata.values()):
+            if not (await status(zk_hosts, zk_root))["under_replicated"]:
+                return metadata
+        return None
+
+    return await wait_until_async(repaired, deadline_s=REPAIR_DEADLINE_S, what=f"every ledger repaired away from {lost}",
+                                  poll_s=0.25)
 
 
 async def wait_for_log(processes, text: str) -> None:
-    with trio.fail_after(REPAIR_DEADLINE_S):
-        while not any(text in process.log_path.read_text(errors="replace") for process in processes):
-            await trio.sleep(0.25)
+    await wait_until_async(lambda: any(text in process.log_path.read_text(errors="replace") for process in processes),
+                           deadline_s=REPAIR_DEADLINE_S, what=f"{text!r} in a log", poll_s=0.25)
 
 
 async def check_every_replica(metadata, payloads: dict[int, bytes]) -> None:
@@ -182,9 +184,10 @@ async def test_switched_off_nothing_moves_until_switched_on(bookies, standalone_
         for quorums in ((3, 3, 2), (3, 2, 2), (3, 3, 2)):
             lh = await write_ledger(bk, 100, quorums)
             written[lh.ledger_id] = lh.metadata
-        with trio.fail_after(30):  # the standalone daemon is the only candidate
-            while (await status(zk_hosts, zk_root))["auditor"] != "standalone":
-                await trio.sleep(0.2)
+        async def standalone_audits() -> bool:  # the standalone daemon is the only candidate
+            return (await status(zk_hosts, zk_root))["auditor"] == "standalone"
+
+        await wait_until_async(standalone_audits, deadline_s=30, what="the standalone auditor", poll_s=0.2)
         assert (await status(zk_hosts, zk_root))["candidates"] == ["standalone"]  # none in the bookies
         await trio.to_thread.run_sync(autorecovery_cli, zk_hosts, zk_root, "disable")
         assert (await status(zk_hosts, zk_root))["enabled"] is False

@@ -28,7 +28,7 @@ from coordination.cluster_layout import ClusterLayout, list_bookies
 from coordination.zk_store import KazooMetadataStore
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
 from tests.integration.test_bookie_durability import KEY, PipelinedWriter, check_nothing_lost, read_all
-from tests.support import raw_exchange
+from tests.support import raw_exchange, wait_until_async
 
 
 def registrations(zk_hosts: str, root: str) -> dict[str, str]:
@@ -41,12 +41,10 @@ def registrations(zk_hosts: str, root: str) -> dict[str, str]:
 
 
 async def wait_for_registration(zk_hosts: str, root: str, address: str, state: str | None, deadline_s: float = 20) -> None:
-    with trio.fail_after(deadline_s):
-        while True:
-            current = await trio.to_thread.run_sync(lambda: registrations(zk_hosts, root).get(address))
-            if current == state:
-                return
-            await trio.sleep(0.1)
+    async def registered_as_wanted() -> bool:
+        return await trio.to_thread.run_sync(lambda: registrations(zk_hosts, root).get(address)) == state
+
+    await wait_until_async(registered_as_wanted, deadline_s=deadline_s, what=f"{address} registered as {state}", poll_s=0.1)
 
 
 frames = st.one_of(

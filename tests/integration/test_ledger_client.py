@@ -17,6 +17,7 @@ from ledger_client.errors import BKError, LedgerFencedError
 from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 from ledger_client.metadata import LedgerState
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
+from tests.support import wait_until_async
 
 PASSWORD = b"secret"
 
@@ -153,8 +154,7 @@ async def test_a_recoverer_fences_a_writer_that_keeps_writing(bookies, zk_hosts,
         closed_at = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(keep_writing)
-            while len(acknowledged) < 100:
-                await trio.sleep(0.01)
+            await wait_until_async(lambda: len(acknowledged) >= 100, deadline_s=30, what="100 adds acknowledged")
             rh = await recoverer_bk.open_ledger(lh.ledger_id, PASSWORD, recovery=True)
             closed_at = rh.metadata.last_entry_id
             recovered.set()
