@@ -40,6 +40,7 @@ from bookie.protocol.wire import (
     Request,
     Response,
     Status,
+    add_ok_fields,
     decode_hello_reply,
     decode_response,
     encode_hello,
@@ -59,12 +60,12 @@ class BookieConnectionError(Exception):
     flight on it have an unknown outcome."""
 
 
-def _call_back(callback: Callback, result) -> None:
+def _call_back(callback: Callable, *results) -> None:
     """Run a caller's callback from the connection's reader task. Its bug is
     logged and stays its own: it must neither break this connection nor
     keep the other requests' callbacks from running."""
     try:
-        callback(result)
+        callback(*results)
     except Exception:
         log.exception("a bookie request's callback failed")
 
@@ -299,32 +300,49 @@ class BookieClient:
     # --- I/O tasks ----------------------------------------------------------------
 
     def _dispatch(self, frames: Iterable[list]) -> None:
-        """Hand the answers that arrived together to their callbacks. A
-        callback with a `many` method (a writer's, answered for thousands of
-        adds a second) gets all of its answers in one call, in order, once
-        the others have had theirs."""
+        """Hand the answers that arrived together to their callbacks, in
+        order. A callback with an `acknowledged(ledger_id, entry_ids)`
+        method (a writer's, answered for thousands of adds a second) gets
+        its OK answers to adds that came back to back as one run of entry
+        ids; every other answer goes to the callback itself."""
         pending, release = self._pending, self._slots.release
-        together: dict[Callback, list] = {}
+        run_callback = None  # the `acknowledged` of the run being gathered
+        run_ledger_id = -1
+        run_entry_ids: list[int] = []
         try:
             for fields in frames:
-                response = decode_response(fields)
-                callback = pending.pop(response.request_id, None)
-                if callback is None:
-                    continue
-                release()
-                if hasattr(callback, "many"):
-                    answers = together.get(callback)
-                    if answers is None:
-                        together[callback] = [response]
-                    else:
-                        answers.append(response)
+                ok = add_ok_fields(fields)
+                if ok is not None:
+                    request_id, ledger_id, entry_id = ok
+                    callback = pending.pop(request_id, None)
+                    if callback is None:
+                        continue
+                    release()
+                    acknowledged = getattr(callback, "acknowledged", None)
+                    if acknowledged is not None:
+                        if acknowledged == run_callback and ledger_id == run_ledger_id:
+                            run_entry_ids.append(entry_id)
+                            continue
+                        if run_callback is not None:
+                            _call_back(run_callback, run_ledger_id, run_entry_ids)
+                        run_callback, run_ledger_id, run_entry_ids = acknowledged, ledger_id, [entry_id]
+                        continue
+                    response = decode_response(fields)
                 else:
-                    _call_back(callback, response)
+                    response = decode_response(fields)
+                    callback = pending.pop(response.request_id, None)
+                    if callback is None:
+                        continue
+                    release()
+                if run_callback is not None:
+                    _call_back(run_callback, run_ledger_id, run_entry_ids)
+                    run_callback = None
+                _call_back(callback, response)
         finally:
             # Also when a later frame was malformed: these were taken off
             # `pending`, so nobody else would answer them.
-            for callback, answers in together.items():
-                _call_back(callback.many, answers)
+            if run_callback is not None:
+                _call_back(run_callback, run_ledger_id, run_entry_ids)
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

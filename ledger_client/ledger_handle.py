@@ -17,7 +17,6 @@ from bookie.protocol.entry_format import DigestManager, DigestMismatchError, Ent
 from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     AddFlag,
-    AddResponse,
     encode_add_tail,
     BatchReadRequest,
     ReadFlag,
@@ -560,23 +559,13 @@ class LedgerHandle(ReadHandle):
             self._core.bookies_changed(self._bk.registry.writable_racks())
         self._execute(self._core.bookie_responded(bookie_id, entry_id, response.status, now_ms()))
 
-    def _on_add_responses(self, bookie_id: str, responses: list) -> None:
-        """A bookie's answers that arrived together, in order: the runs of
-        plain acknowledgements go to the core in one call each."""
-        acknowledged: list[int] = []
-        ledger_id = self._ledger_id
-        for response in responses:
-            if type(response) is AddResponse and response.status is Status.OK and response.ledger_id == ledger_id:
-                acknowledged.append(response.entry_id)
-                continue
-            if acknowledged:
-                self._acknowledged(bookie_id, acknowledged)
-                acknowledged = []
-            self._on_add_response(bookie_id, response)
-        if acknowledged:
-            self._acknowledged(bookie_id, acknowledged)
-
-    def _acknowledged(self, bookie_id: str, entry_ids: list[int]) -> None:
+    def _acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
+        """A bookie's OK answers to adds that arrived together, in order: one
+        step of the core for all of them."""
+        if ledger_id != self._ledger_id:
+            log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self._ledger_id, ledger_id)
+            self._execute(self._core.bookie_failed(bookie_id, now_ms()))
+            return
         actions = self._core.bookie_acknowledged(bookie_id, entry_ids, now_ms())
         if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
             self._execute(actions)
@@ -602,8 +591,9 @@ class LedgerHandle(ReadHandle):
 
 
 class _AddAnswers:
-    """How a ledger handle hears from one bookie about its adds: one
-    answer at a time, or (`many`) those that arrived together."""
+    """How a ledger handle hears from one bookie about its adds: a run of
+    OK answers at once (`acknowledged`, see BookieClient._dispatch), any
+    other answer or a lost connection one at a time."""
 
     __slots__ = ("_handle", "_bookie_id")
 
@@ -614,8 +604,8 @@ class _AddAnswers:
     def __call__(self, response) -> None:
         self._handle._on_add_response(self._bookie_id, response)
 
-    def many(self, responses: list) -> None:
-        self._handle._on_add_responses(self._bookie_id, responses)
+    def acknowledged(self, ledger_id: int, entry_ids: list[int]) -> None:
+        self._handle._acknowledged(self._bookie_id, ledger_id, entry_ids)
 
 
 class CoreTicker:

@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import json
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from types import MappingProxyType
 from typing import Mapping
 
@@ -132,8 +133,19 @@ class LedgerMetadata:
 
     def write_set(self, entry_id: int) -> list[str]:
         """The bookies that store `entry_id`: (e + i) mod E, i < WQ."""
+        last_key, _ = self.ensembles[-1]
+        if entry_id >= last_key:  # the writer's case, on every add
+            return list(self._last_write_sets[entry_id % self.ensemble_size])
         _, bookies = self.ensemble_at(entry_id)
         return [bookies[(entry_id + i) % self.ensemble_size] for i in range(self.write_quorum)]
+
+    @cached_property
+    def _last_write_sets(self) -> tuple[tuple[str, ...], ...]:
+        """The last ensemble's write set for each entry id modulo E (the
+        metadata never changes: a change makes a new value)."""
+        _, bookies = self.ensembles[-1]
+        size = self.ensemble_size
+        return tuple(tuple(bookies[(first + i) % size] for i in range(self.write_quorum)) for first in range(size))
 
     def all_bookies(self) -> set[str]:
         return {bookie for _, bookies in self.ensembles for bookie in bookies}
