@@ -324,7 +324,9 @@ class BookieClient:
                             run_entry_ids.append(entry_id)
                             continue
                         if run_callback is not None:
-                            _call_back(run_callback, run_ledger_id, run_entry_ids)
+                            # Cleared before the call: a run is handed over once, whatever the callback raises.
+                            handing_over, run_callback = run_callback, None
+                            _call_back(handing_over, run_ledger_id, run_entry_ids)
                         run_callback, run_ledger_id, run_entry_ids = acknowledged, ledger_id, [entry_id]
                         continue
                     response = decode_response(fields)
@@ -335,8 +337,8 @@ class BookieClient:
                         continue
                     release()
                 if run_callback is not None:
-                    _call_back(run_callback, run_ledger_id, run_entry_ids)
-                    run_callback = None
+                    handing_over, run_callback = run_callback, None
+                    _call_back(handing_over, run_ledger_id, run_entry_ids)
                 _call_back(callback, response)
         finally:
             # Also when a later frame was malformed: these were taken off

@@ -500,7 +500,7 @@ def add_ok_fields(fields: list[Any]) -> tuple[int, int, int] | None:
         if (
             op == 1 and status == 0 and type(op) is int and type(status) is int
             and type(request_id) is int and type(ledger_id) is int and type(entry_id) is int
-            and 0 <= ledger_id <= U64_MAX and 0 <= entry_id <= U64_MAX
+            and 0 <= request_id <= U64_MAX and 0 <= ledger_id <= U64_MAX and 0 <= entry_id <= U64_MAX
         ):
             return request_id, ledger_id, entry_id
     return None

@@ -13,6 +13,7 @@ from bookie.protocol.wire import (
     Status,
     encode_add_ok,
     encode_add_tail,
+    encode_frame,
     encode_hello_reply,
     encode_response,
 )
@@ -102,3 +103,36 @@ async def test_runs_of_acknowledgements_keep_the_order_of_arrival():
         ("first", "ok", LEDGER + 1, [6]),
     ]
     assert [(response.status, response.entry_id) for response in plain] == [(Status.OK, 9)]
+
+
+async def test_a_malformed_answer_closes_the_connection_after_the_run_before_it():
+    # Two acknowledgements, then an answer with a negative request id (bad
+    # bytes from the bookie), then an acknowledgement that is never read:
+    # the run before the bad frame is delivered, the connection is failed,
+    # and the add still in flight hears that it was lost.
+    events: list = []
+    first = Writer("first", events)
+    sends = [(first, 0), (first, 1), (first, 2)]
+
+    def answers_for(request_ids):
+        return [
+            encode_add_ok(request_ids[0], LEDGER, 0),
+            encode_add_ok(request_ids[1], LEDGER, 1),
+            encode_frame([1, -5, 0, LEDGER, 1]),
+            encode_add_ok(request_ids[2], LEDGER, 2),
+        ]
+
+    answers_for.requests = len(sends)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stand_in_bookie, listeners, answers_for)
+        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
+            tail = encode_add_tail(0, b"key", b"entry")
+            for callback, _ in sends:
+                client.submit_add_tail_nowait(tail, callback)
+            with trio.fail_after(10):
+                reason = await client.wait_closed()
+        nursery.cancel_scope.cancel()
+    assert "protocol error" in str(reason)
+    assert events == [("first", "ok", LEDGER, [0, 1]), ("first", "lost")]
