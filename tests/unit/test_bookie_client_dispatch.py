@@ -63,6 +63,23 @@ async def stand_in_bookie(listeners, answers_for, task_status=trio.TASK_STATUS_I
     await trio.sleep_forever()
 
 
+async def exchange(sends: list, answers_for, until) -> None:
+    """Connect to a stand-in bookie, send an add for each (callback, _) of
+    `sends`, and return once `await until(client)` returns."""
+    answers_for.requests = len(sends)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stand_in_bookie, listeners, answers_for)
+        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
+            tail = encode_add_tail(0, b"key", b"entry")
+            for callback, _ in sends:
+                client.submit_add_tail_nowait(tail, callback)
+            with trio.fail_after(10):
+                await until(client)
+        nursery.cancel_scope.cancel()
+
+
 async def test_runs_of_acknowledgements_keep_the_order_of_arrival():
     events: list = []
     first, second = Writer("first", events), Writer("second", events)
@@ -83,17 +100,10 @@ async def test_runs_of_acknowledgements_keep_the_order_of_arrival():
         frames.append(encode_add_ok(10_000, LEDGER, 99))  # answers nothing asked: dropped
         return frames
 
-    answers_for.requests = len(sends)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(stand_in_bookie, listeners, answers_for)
-        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
-            tail = encode_add_tail(0, b"key", b"entry")
-            for callback, _ in sends:
-                client.submit_add_tail_nowait(tail, callback)
-            await wait_until_async(lambda: client.requests_in_flight == 0, deadline_s=10, what="every request answered")
-        nursery.cancel_scope.cancel()
+    async def all_answered(client) -> None:
+        await wait_until_async(lambda: client.requests_in_flight == 0, deadline_s=10, what="every request answered")
+
+    await exchange(sends, answers_for, all_answered)
     assert events == [
         ("first", "ok", LEDGER, [0, 1]),
         ("second", "ok", LEDGER, [5]),
@@ -122,17 +132,11 @@ async def test_a_malformed_answer_closes_the_connection_after_the_run_before_it(
             encode_add_ok(request_ids[2], LEDGER, 2),
         ]
 
-    answers_for.requests = len(sends)
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = listeners[0].socket.getsockname()[1]
-    async with trio.open_nursery() as nursery:
-        await nursery.start(stand_in_bookie, listeners, answers_for)
-        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
-            tail = encode_add_tail(0, b"key", b"entry")
-            for callback, _ in sends:
-                client.submit_add_tail_nowait(tail, callback)
-            with trio.fail_after(10):
-                reason = await client.wait_closed()
-        nursery.cancel_scope.cancel()
-    assert "protocol error" in str(reason)
+    reasons: list = []
+
+    async def closed(client) -> None:
+        reasons.append(await client.wait_closed())
+
+    await exchange(sends, answers_for, closed)
+    assert "protocol error" in str(reasons[0])
     assert events == [("first", "ok", LEDGER, [0, 1]), ("first", "lost")]
