@@ -306,7 +306,8 @@ class BookieClient:
         its OK answers to adds that came back to back as one run of entry
         ids; every other answer goes to the callback itself."""
         pending, release = self._pending, self._slots.release
-        run_callback = None  # the `acknowledged` of the run being gathered
+        run_owner = None  # the callback whose run is being gathered
+        run_callback = None  # its `acknowledged`
         run_ledger_id = -1
         run_entry_ids: list[int] = []
         try:
@@ -318,16 +319,16 @@ class BookieClient:
                     if callback is None:
                         continue
                     release()
+                    if callback is run_owner and ledger_id == run_ledger_id:
+                        run_entry_ids.append(entry_id)
+                        continue
                     acknowledged = getattr(callback, "acknowledged", None)
                     if acknowledged is not None:
-                        if acknowledged == run_callback and ledger_id == run_ledger_id:
-                            run_entry_ids.append(entry_id)
-                            continue
                         if run_callback is not None:
                             # Cleared before the call: a run is handed over once, whatever the callback raises.
-                            handing_over, run_callback = run_callback, None
+                            handing_over, run_owner, run_callback = run_callback, None, None
                             _call_back(handing_over, run_ledger_id, run_entry_ids)
-                        run_callback, run_ledger_id, run_entry_ids = acknowledged, ledger_id, [entry_id]
+                        run_owner, run_callback, run_ledger_id, run_entry_ids = callback, acknowledged, ledger_id, [entry_id]
                         continue
                     response = decode_response(fields)
                 else:
@@ -337,7 +338,7 @@ class BookieClient:
                         continue
                     release()
                 if run_callback is not None:
-                    handing_over, run_callback = run_callback, None
+                    handing_over, run_owner, run_callback = run_callback, None, None
                     _call_back(handing_over, run_ledger_id, run_entry_ids)
                 _call_back(callback, response)
         finally:

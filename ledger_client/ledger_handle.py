@@ -17,7 +17,8 @@ from bookie.protocol.entry_format import DigestManager, DigestMismatchError, Ent
 from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     AddFlag,
-    encode_add_tail,
+    encode_add_tail_after,
+    encode_add_tail_prefix,
     BatchReadRequest,
     ReadFlag,
     ReadLacRequest,
@@ -427,7 +428,8 @@ class LedgerHandle(ReadHandle):
         self._response_callbacks: dict[str, Callable] = {}
         self._close_done = trio.Event()
         self._close_error: BKError | None = None
-        self._flags = AddFlag.RECOVERY_ADD if core.recovery else AddFlag.NONE
+        # Flags and master key open every ADD of this writer: encoded once.
+        self._tail_prefix = encode_add_tail_prefix(AddFlag.RECOVERY_ADD if core.recovery else AddFlag.NONE, master_key)
 
     def start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._tick_loop)
@@ -463,7 +465,7 @@ class LedgerHandle(ReadHandle):
         not block)."""
         self._check_entry(data)
         await self.wait_for_room()
-        return self.submit_add_nowait(data, on_done)
+        return self._submit_checked(data, on_done)
 
     async def wait_for_room(self) -> None:
         """Take room under the pending-adds bound for the next
@@ -480,6 +482,9 @@ class LedgerHandle(ReadHandle):
         """`submit_add` without a scheduling point: uses the room
         `wait_for_room` took, or room free now (else trio.WouldBlock)."""
         self._check_entry(data)
+        return self._submit_checked(data, on_done)
+
+    def _submit_checked(self, data: bytes, on_done: Callable[[PendingAdd], None] | None) -> PendingAdd:
         if self._room_reserved:
             self._room_reserved = False
         else:
@@ -506,16 +511,17 @@ class LedgerHandle(ReadHandle):
 
     def _execute(self, actions: list) -> None:
         tail_entry_id, tail = -1, b""
+        send_add_tail = self._bk.pool.send_add_tail
         for action in actions:
             kind = type(action)
             if kind is SendAdd:
                 if action.entry_id != tail_entry_id:
                     # An entry's sends come together: encode its bytes once.
-                    tail_entry_id, tail = action.entry_id, encode_add_tail(self._flags, self._master_key, action.entry)
+                    tail_entry_id, tail = action.entry_id, encode_add_tail_after(self._tail_prefix, action.entry)
                 callback = self._response_callbacks.get(action.bookie_id)
                 if callback is None:
                     callback = self._response_callbacks[action.bookie_id] = _AddAnswers(self, action.bookie_id)
-                self._bk.pool.send_add_tail(action.bookie_id, tail, callback)
+                send_add_tail(action.bookie_id, tail, callback)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)

@@ -133,11 +133,16 @@ class LedgerMetadata:
 
     def write_set(self, entry_id: int) -> list[str]:
         """The bookies that store `entry_id`: (e + i) mod E, i < WQ."""
+        return list(self.write_set_tuple(entry_id))
+
+    def write_set_tuple(self, entry_id: int) -> tuple[str, ...]:
+        """`write_set` as a tuple, without a copy for the last ensemble (the
+        writer's case, on every add)."""
         last_key, _ = self.ensembles[-1]
-        if entry_id >= last_key:  # the writer's case, on every add
-            return list(self._last_write_sets[entry_id % self.ensemble_size])
+        if entry_id >= last_key:
+            return self._last_write_sets[entry_id % self.ensemble_size]
         _, bookies = self.ensemble_at(entry_id)
-        return [bookies[(entry_id + i) % self.ensemble_size] for i in range(self.write_quorum)]
+        return tuple(bookies[(entry_id + i) % self.ensemble_size] for i in range(self.write_quorum))
 
     @cached_property
     def _last_write_sets(self) -> tuple[tuple[str, ...], ...]:

@@ -213,7 +213,7 @@ class WriteCore:
         """Send the entry to each bookie of its write set that does not have
         it yet, except failed bookies waiting for their replacement."""
         actions: list[Action] = []
-        for bookie_id in self.metadata.write_set(pending.entry_id):
+        for bookie_id in self.metadata.write_set_tuple(pending.entry_id):
             if bookie_id not in pending.sent_to and bookie_id not in self._failed:
                 pending.sent_to.add(bookie_id)
                 actions.append(SendAdd(bookie_id, pending.entry_id, pending.entry, self.recovery))
@@ -306,15 +306,20 @@ class WriteCore:
             return []  # nothing completes while the ensemble is being changed
         completed: list[int] = []
         ack_quorum = self.metadata.ack_quorum
-        while self._pending:
-            entry_id, pending = next(iter(self._pending.items()))
+        pending_adds = self._pending
+        last = None
+        for entry_id, pending in pending_adds.items():
             if len(pending.acked_by) < ack_quorum:
                 break
-            del self._pending[entry_id]
-            self.last_add_confirmed = entry_id
-            self.length = pending.total_length
             completed.append(entry_id)
-        actions: list[Action] = [AddsCompleted(completed)] if completed else []
+            last = pending
+        actions: list[Action] = []
+        if last is not None:
+            for _ in completed:
+                pending_adds.popitem(last=False)
+            self.last_add_confirmed = last.entry_id
+            self.length = last.total_length
+            actions.append(AddsCompleted(completed))
         if self._closing and not self._pending:
             actions += self._start_close()
         return actions

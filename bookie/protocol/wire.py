@@ -362,15 +362,43 @@ def encode_add(request_id: int, flags: int, master_key: bytes, entry: bytes) -> 
 def encode_add_tail(flags: int, master_key: bytes, entry: bytes) -> bytes:
     """The part of an ADD frame after the request id; the same for every
     bookie an entry goes to, so a client encodes it once per entry."""
-    return _packer.pack(flags) + _packer.pack(master_key) + _packer.pack(entry)
+    return encode_add_tail_after(encode_add_tail_prefix(flags, master_key), entry)
+
+
+def encode_add_tail_prefix(flags: int, master_key: bytes) -> bytes:
+    """The start of an ADD's tail, the same for every entry of a writer."""
+    return _packer.pack(flags) + _packer.pack(master_key)
+
+
+_BIN8 = struct.Struct(">BB")
+_BIN16 = struct.Struct(">BH")
+_BIN32 = struct.Struct(">BI")
+
+
+def encode_add_tail_after(prefix: bytes, entry: bytes) -> bytes:
+    """`encode_add_tail` with its prefix encoded once: the entry goes in
+    as msgpack bin, copied once."""
+    size = len(entry)
+    if size < 0x100:
+        header = _BIN8.pack(0xC4, size)
+    elif size < 0x10000:
+        header = _BIN16.pack(0xC5, size)
+    else:
+        header = _BIN32.pack(0xC6, size)
+    return b"".join((prefix, header, entry))
 
 
 _ADD_ARRAY_AND_OP = bytes([0x95, 1])  # a msgpack array of 5, then op ADD
+# The head of an ADD whose request id takes msgpack's uint32 form (ids from
+# 65,536 up), as one struct: length prefix, array of 5, op ADD, 0xce, id.
+_ADD_HEAD_UINT32 = struct.Struct(">IBBBI")
 
 
 def encode_add_head(request_id: int, tail_bytes: int) -> bytes:
     """Length prefix, array header, op and request id of an ADD whose tail
     (see `encode_add_tail`) is `tail_bytes` long; head + tail is the frame."""
+    if 0x10000 <= request_id <= 0xFFFFFFFF:  # a writer's case after its first 65,536 requests
+        return _ADD_HEAD_UINT32.pack(7 + tail_bytes, 0x95, 1, 0xCE, request_id)
     request = _packer.pack(request_id)
     return LENGTH_PREFIX.pack(2 + len(request) + tail_bytes) + _ADD_ARRAY_AND_OP + request
 
@@ -571,6 +599,8 @@ def decode_response(fields: list[Any]) -> Response:
 __all__ = [
     "encode_add_head",
     "encode_add_tail",
+    "encode_add_tail_after",
+    "encode_add_tail_prefix",
     "PROTOCOL_VERSION",
     "FRAME_BYTES_MAX_DEFAULT",
     "LENGTH_PREFIX",

@@ -196,3 +196,13 @@ def test_an_add_encoded_once_for_many_bookies_is_the_same_frame(request_id, flag
 
     tail = encode_add_tail(flags, master_key, entry)
     assert encode_add_head(request_id, len(tail)) + tail == encode_add(request_id, flags, master_key, entry)
+
+
+@pytest.mark.parametrize("entry_bytes", [0, 255, 256, 65_535, 65_536, 70_000])
+@pytest.mark.parametrize("request_id", [0, 127, 65_535, 65_536, 2**32 - 1, 2**32])
+def test_an_add_encoded_once_is_the_same_frame_at_every_size_boundary(request_id, entry_bytes):
+    from bookie.protocol.wire import encode_add, encode_add_head, encode_add_tail
+
+    entry = bytes(range(256)) * (entry_bytes // 256) + bytes(entry_bytes % 256)
+    tail = encode_add_tail(3, b"key", entry)
+    assert encode_add_head(request_id, len(tail)) + tail == encode_add(request_id, 3, b"key", entry)
