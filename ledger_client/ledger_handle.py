@@ -7,6 +7,7 @@ mismatch; batch reads of ranges; tailing by long-polling the LAC), and
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import math
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -572,6 +573,10 @@ class LedgerHandle(ReadHandle):
             log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self._ledger_id, ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
+        if max(entry_ids) <= self._core.last_add_confirmed:
+            # Only adds that completed already (the third answer of three,
+            # with AQ 2): the core would change nothing.
+            return
         actions = self._core.bookie_acknowledged(bookie_id, entry_ids, now_ms())
         if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
             self._execute(actions)
@@ -601,17 +606,17 @@ class _AddAnswers:
     OK answers at once (`acknowledged`, see BookieClient._dispatch), any
     other answer or a lost connection one at a time."""
 
-    __slots__ = ("_handle", "_bookie_id")
+    __slots__ = ("_handle", "_bookie_id", "acknowledged")
 
     def __init__(self, handle: LedgerHandle, bookie_id: str) -> None:
         self._handle = handle
         self._bookie_id = bookie_id
+        # acknowledged(ledger_id, entry_ids): a partial, not a method, so
+        # that no bound method is made for each answer.
+        self.acknowledged = functools.partial(handle._acknowledged, bookie_id)
 
     def __call__(self, response) -> None:
         self._handle._on_add_response(self._bookie_id, response)
-
-    def acknowledged(self, ledger_id: int, entry_ids: list[int]) -> None:
-        self._handle._acknowledged(self._bookie_id, ledger_id, entry_ids)
 
 
 class CoreTicker:
