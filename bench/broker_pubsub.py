@@ -25,17 +25,13 @@ import asyncio
 import functools
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import trio
 
 from bench.cluster import bench_cluster, latency_summary
-from bench.ledger_write import start_nats_cluster
+from bench.ledger_write import jetstream_cluster
 from broker.client import Client
 from quire.progress import Progress
 
@@ -284,23 +280,8 @@ async def jetstream_run(servers: list[str], arguments: argparse.Namespace) -> di
 
 
 def run_jetstream(arguments: argparse.Namespace) -> dict[str, dict]:
-    base = Path(".bench")
-    base.mkdir(exist_ok=True)
-    directory = Path(tempfile.mkdtemp(prefix="jetstream-", dir=base))
-    processes: list[subprocess.Popen] = []
-    try:
-        processes, servers = start_nats_cluster(directory)
-        with Progress("jetstream publish and backlog", total=None, unit="s"):
-            return asyncio.run(jetstream_run(servers, arguments))
-    finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-        shutil.rmtree(directory, ignore_errors=True)
+    with jetstream_cluster() as servers, Progress("jetstream publish and backlog", total=None, unit="s"):
+        return asyncio.run(jetstream_run(servers, arguments))
 
 
 # --- main ----------------------------------------------------------------------------------
