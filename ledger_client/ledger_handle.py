@@ -540,7 +540,9 @@ class LedgerHandle(ReadHandle):
                 raise AssertionError(f"unknown action {action!r}")
         if self._core.closed or self._core.error is not None:
             self._ticker.wake()  # to see that it is done, and end
-        else:
+        elif len(actions) != 1 or type(actions[0]) is not AddsCompleted:
+            # (Completions alone, the step after most answers, only move a
+            # write core's deadline later or clear it: the timer needs no look.)
             self._ticker.poke()
 
     def _finish(self, entry_id: int, error: BKError | None) -> None:
