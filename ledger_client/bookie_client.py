@@ -307,9 +307,16 @@ class BookieClient:
         ids; every other answer goes to the callback itself."""
         pending, release = self._pending, self._slots.release
         run_owner = None  # the callback whose run is being gathered
-        run_callback = None  # its `acknowledged`
         run_ledger_id = -1
         run_entry_ids: list[int] = []
+
+        def hand_over_run() -> None:
+            # Cleared before the call: a run is handed over once, whatever
+            # the callback raises.
+            nonlocal run_owner
+            owner, run_owner = run_owner, None
+            _call_back(owner.acknowledged, run_ledger_id, run_entry_ids)
+
         try:
             for fields in frames:
                 ok = add_ok_fields(fields)
@@ -322,13 +329,10 @@ class BookieClient:
                     if callback is run_owner and ledger_id == run_ledger_id:
                         run_entry_ids.append(entry_id)
                         continue
-                    acknowledged = getattr(callback, "acknowledged", None)
-                    if acknowledged is not None:
-                        if run_callback is not None:
-                            # Cleared before the call: a run is handed over once, whatever the callback raises.
-                            handing_over, run_owner, run_callback = run_callback, None, None
-                            _call_back(handing_over, run_ledger_id, run_entry_ids)
-                        run_owner, run_callback, run_ledger_id, run_entry_ids = callback, acknowledged, ledger_id, [entry_id]
+                    if hasattr(callback, "acknowledged"):
+                        if run_owner is not None:
+                            hand_over_run()
+                        run_owner, run_ledger_id, run_entry_ids = callback, ledger_id, [entry_id]
                         continue
                     response = decode_response(fields)
                 else:
@@ -337,15 +341,14 @@ class BookieClient:
                     if callback is None:
                         continue
                     release()
-                if run_callback is not None:
-                    handing_over, run_owner, run_callback = run_callback, None, None
-                    _call_back(handing_over, run_ledger_id, run_entry_ids)
+                if run_owner is not None:
+                    hand_over_run()
                 _call_back(callback, response)
         finally:
             # Also when a later frame was malformed: these were taken off
             # `pending`, so nobody else would answer them.
-            if run_callback is not None:
-                _call_back(run_callback, run_ledger_id, run_entry_ids)
+            if run_owner is not None:
+                hand_over_run()
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

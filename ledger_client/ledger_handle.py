@@ -540,9 +540,7 @@ class LedgerHandle(ReadHandle):
                 raise AssertionError(f"unknown action {action!r}")
         if self._core.closed or self._core.error is not None:
             self._ticker.wake()  # to see that it is done, and end
-        elif len(actions) != 1 or type(actions[0]) is not AddsCompleted:
-            # (Completions alone, the step after most answers, only move a
-            # write core's deadline later or clear it: the timer needs no look.)
+        else:
             self._ticker.poke()
 
     def _finish(self, entry_id: int, error: BKError | None) -> None:
@@ -574,10 +572,6 @@ class LedgerHandle(ReadHandle):
         if ledger_id != self._ledger_id:
             log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self._ledger_id, ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
-            return
-        if max(entry_ids) <= self._core.last_add_confirmed:
-            # Only adds that completed already (the third answer of three,
-            # with AQ 2): the core would change nothing.
             return
         actions = self._core.bookie_acknowledged(bookie_id, entry_ids, now_ms())
         if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)

@@ -244,7 +244,9 @@ class WriteCore:
         with Status.OK is this for one). Taken together, the result is that
         of one at a time, the completions in one action: a writer's answers
         arrive by the thousand, and this checks for completions once."""
-        if self.error is not None or self.closed:
+        if self.error is not None or self.closed or not entry_ids or max(entry_ids) <= self.last_add_confirmed:
+            # (The last: only adds that completed already, such as the third
+            # answer of three with AQ 2.)
             return []
         pending_adds = self._pending
         acknowledged = False

@@ -370,22 +370,9 @@ def encode_add_tail_prefix(flags: int, master_key: bytes) -> bytes:
     return _packer.pack(flags) + _packer.pack(master_key)
 
 
-_BIN8 = struct.Struct(">BB")
-_BIN16 = struct.Struct(">BH")
-_BIN32 = struct.Struct(">BI")
-
-
 def encode_add_tail_after(prefix: bytes, entry: bytes) -> bytes:
-    """`encode_add_tail` with its prefix encoded once: the entry goes in
-    as msgpack bin, copied once."""
-    size = len(entry)
-    if size < 0x100:
-        header = _BIN8.pack(0xC4, size)
-    elif size < 0x10000:
-        header = _BIN16.pack(0xC5, size)
-    else:
-        header = _BIN32.pack(0xC6, size)
-    return b"".join((prefix, header, entry))
+    """`encode_add_tail` with its prefix encoded once (`encode_add_tail_prefix`)."""
+    return prefix + _packer.pack(entry)
 
 
 _ADD_ARRAY_AND_OP = bytes([0x95, 1])  # a msgpack array of 5, then op ADD
@@ -536,14 +523,7 @@ def add_ok_fields(fields: list[Any]) -> tuple[int, int, int] | None:
 
 def decode_response(fields: list[Any]) -> Response:
     """Turn a frame's fields into a response, or raise ProtocolError."""
-    if len(fields) == 5 and fields[0] == 1 and type(fields[0]) is int:
-        # The hot path: an ADD response whose fields have the right types.
-        _, request_id, status, ledger_id, entry_id = fields
-        if (
-            type(request_id) is int and 0 <= request_id <= U64_MAX and type(ledger_id) is int
-            and 0 <= ledger_id <= U64_MAX and type(entry_id) is int and 0 <= entry_id <= U64_MAX
-        ):
-            return AddResponse(request_id, _status(status), ledger_id, entry_id)
+    # (A writer's OK answers to adds take `add_ok_fields` instead.)
     op = fields[0]
     if type(op) is not int or op not in _RESPONSE_TYPES:
         raise ProtocolError(f"unknown response op {op!r:.40}")
