@@ -42,19 +42,15 @@ class BookieProcess(QuireProcess):
 
     async def wait_serving(self, deadline_s: float = START_DEADLINE_S) -> dict:
         """Wait until the bookie answers GET_INFO; return its info."""
-        end = trio.current_time() + deadline_s
-        while True:
-            if not self.running:
-                raise AssertionError(f"bookie exited with {self.process.returncode}:\n{self.log_tail()}")
+        async def info() -> dict | None:
             try:
                 with trio.fail_after(2):
                     async with BookieClient.connect(self.address) as client:
                         return (await client.get_info()).info
             except (BookieConnectionError, trio.TooSlowError):
-                pass
-            if trio.current_time() > end:
-                raise AssertionError(f"bookie {self.address} not serving after {deadline_s}s:\n{self.log_tail()}")
-            await trio.sleep(0.05)
+                return None
+
+        return await self.wait_until_probe_answers(info, deadline_s)
 
     async def started(self) -> "BookieProcess":
         self.start()

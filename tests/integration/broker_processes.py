@@ -32,19 +32,15 @@ class BrokerProcess(QuireProcess):
         ]
 
     async def wait_serving(self, deadline_s: float = START_DEADLINE_S) -> None:
-        end = trio.current_time() + deadline_s
-        while True:
-            if not self.running:
-                raise AssertionError(f"broker exited with {self.process.returncode}:\n{self.log_tail()}")
+        async def accepts() -> bool:
             try:
                 connection = await BrokerConnection.connect(self.address, "test", frame_bytes_max=1 << 20)
-                await connection.aclose()
-                return
             except ConnectionClosedError:
-                pass
-            if trio.current_time() > end:
-                raise AssertionError(f"broker {self.address} not serving after {deadline_s}s:\n{self.log_tail()}")
-            await trio.sleep(0.05)
+                return False
+            await connection.aclose()
+            return True
+
+        await self.wait_until_probe_answers(accepts, deadline_s)
 
     async def started(self) -> "BrokerProcess":
         self.start()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from coordination.zk_launcher import die_with_parent_hook
+from tests.support import wait_until_async
 
 
 @dataclass
@@ -84,6 +85,22 @@ class QuireProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+    async def wait_until_probe_answers(self, probe, deadline_s: float):
+        """Wait until `probe()` (async) returns something truthy and
+        return it; fail at once if the process exits, and after
+        `deadline_s` with its log."""
+        async def answered():
+            if not self.running:
+                raise AssertionError(f"{self.role} exited with {self.process.returncode}:\n{self.log_tail()}")
+            return await probe()
+
+        try:
+            return await wait_until_async(answered, deadline_s=deadline_s, what=f"{self.address} serving", poll_s=0.05)
+        except AssertionError as error:
+            if self.running:
+                raise AssertionError(f"{error}:\n{self.log_tail()}") from None
+            raise
 
 
 def print_logs(processes: list[QuireProcess], lines: int = 60) -> None:

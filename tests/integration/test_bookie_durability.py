@@ -12,6 +12,7 @@ from ledger_client.bookie_client import BookieClient, BookieConnectionError
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.protocol import LAST_ADD_CONFIRMED, AddFlag, Status
 from tests.integration.bookie_processes import BookieProcess, bookies  # noqa: F401  (fixture)
+from tests.support import wait_until_async
 
 PASSWORD = b"pw"
 KEY = master_key(PASSWORD)
@@ -95,9 +96,7 @@ async def kill_during_writes(bookie: BookieProcess, writer: PipelinedWriter, *, 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(lambda: writer.run(bookie.address, count=count))
         target = len(writer.acknowledged) + acknowledged_at_least
-        with trio.fail_after(60):
-            while len(writer.acknowledged) < target:
-                await trio.sleep(0.005)
+        await wait_until_async(lambda: len(writer.acknowledged) >= target, deadline_s=60, what=f"{target} adds acknowledged", poll_s=0.005)
         bookie.kill()
     assert writer.lost_connection, "the writer should have seen the bookie die mid-stream"
 
@@ -203,9 +202,7 @@ async def test_sigterm_under_load_stops_cleanly_and_loses_nothing(bookies):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: writer.run(bookie.address, count=200_000))
             target = len(writer.acknowledged) + 3000
-            with trio.fail_after(60):
-                while len(writer.acknowledged) < target:
-                    await trio.sleep(0.005)
+            await wait_until_async(lambda: len(writer.acknowledged) >= target, deadline_s=60, what=f"{target} adds acknowledged", poll_s=0.005)
             code = await trio.to_thread.run_sync(bookie.terminate)
         assert code == 0, bookie.log_tail()
         assert "Traceback" not in bookie.log_tail(200)

@@ -189,9 +189,10 @@ async def test_a_long_poll_returns_when_the_lac_moves(bookies):
 
             nursery.start_soon(poll)
             # The bookie holds the poll (it says so) until the LAC moves.
-            with trio.fail_after(10):
-                while (await reader.get_info()).info["long_poll_waiters"] != 1:
-                    await trio.sleep(0.01)
+            async def holding() -> bool:
+                return (await reader.get_info()).info["long_poll_waiters"] == 1
+
+            await wait_until_async(holding, deadline_s=10, what="the bookie to hold the long poll")
             assert answers == []
             await writer.run(bookie.address, count=1)  # entry 3 carries LAC 2
         (answer,) = answers

@@ -188,6 +188,8 @@ async def test_seek_by_offset_message_id_and_publish_time_and_a_reader(shared_cl
         for number in range(30):
             ids.append(await producer.send(f"{number}".encode()))
             if number == 19:
+                # Pacing, not synchronisation: a publish time with a clear
+                # gap to messages 19 and 20 on either side.
                 await trio.sleep(0.05)
                 middle_ms = int(time.time() * 1000)
                 await trio.sleep(0.05)
@@ -242,14 +244,15 @@ async def test_the_backlog_quota_refuses_producers_until_space_is_freed(shared_c
         assert 15 <= sent <= 40
         # The important subscription holds everything until it acknowledges.
         await receive(consumer, sent)
-        with trio.fail_after(20):
-            while True:
-                await client.apply_retention("quota")
-                try:
-                    await producer.send(b"accepted again")
-                    break
-                except PartitionOverflowError:
-                    await trio.sleep(0.2)
+        async def accepted_again() -> bool:
+            await client.apply_retention("quota")
+            try:
+                await producer.send(b"accepted again")
+            except PartitionOverflowError:
+                return False
+            return True
+
+        await wait_until_async(accepted_again, deadline_s=20, what="the producer accepted once the backlog was read", poll_s=0.2)
 
 
 async def test_retention_deletes_old_ledgers_and_their_entries_except_what_an_important_subscription_holds(shared_cluster):

@@ -202,7 +202,7 @@ async def test_a_reader_tails_an_open_ledger(bookies, zk_hosts, zk_root):
             for index in range(300):
                 await lh.add(b"t-%d" % index)
                 if index % 50 == 0:
-                    await trio.sleep(0.05)
+                    await trio.sleep(0.05)  # pacing: the reader also tails while the writer pauses
         assert seen == list(range(299))
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from quire.local_cluster import ClusterState, process_alive
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -80,10 +80,7 @@ def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
         # A process that died is reported as such by `down`.
         bookie_3 = next(record for record in state.processes if record.name == "bookie-3")
         os.kill(bookie_3.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 10
-        while process_alive(bookie_3):
-            assert time.monotonic() < deadline, "bookie-3 still alive after SIGKILL"
-            time.sleep(0.05)
+        wait_until(lambda: not process_alive(bookie_3), deadline_s=10, what="bookie-3 to die of SIGKILL", poll_s=0.05)
     finally:
         down = quire("cluster", "down", "--data-dir", data_dir)
     assert down.returncode == 0, down.stderr

@@ -32,7 +32,7 @@ from tests.integration.bookie_processes import BookieFactory, BookieProcess, boo
 from tests.integration.broker_processes import brokers  # noqa: F401 (fixture)
 from tests.integration.processes import print_logs
 from tests.integration.test_bookie_durability import KEY, PipelinedWriter
-from tests.support import free_port, raw_exchange, wait_until_async
+from tests.support import free_port, raw_exchange, wait_until, wait_until_async
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 ENTRIES = 200
@@ -226,15 +226,14 @@ async def test_a_scrape_answers_at_once_while_zookeeper_is_paused(bookies_of_own
         # The count is refreshed every 5 s in the background, each read bounded
         # by 1 s; a scrape only reads what was cached, so it answers at once,
         # and leaves the count out once it could not be refreshed.
-        with trio.fail_after(20):
-            while True:
-                started = time.monotonic()
-                samples = await scrape_async(metrics_port)
-                assert time.monotonic() - started < 2.0
-                assert value(samples, "quire_bookie_add_requests_total", result="ok") == 0
-                if ("quire_under_replicated_ledgers", ()) not in samples:
-                    break
-                await trio.sleep(0.2)
+        async def count_left_out() -> bool:
+            started = time.monotonic()
+            samples = await scrape_async(metrics_port)
+            assert time.monotonic() - started < 2.0
+            assert value(samples, "quire_bookie_add_requests_total", result="ok") == 0
+            return ("quire_under_replicated_ledgers", ()) not in samples
+
+        await wait_until_async(count_left_out, deadline_s=20, what="the under-replicated count left out", poll_s=0.2)
     finally:
         os.kill(zookeeper.pid, signal.SIGCONT)
 
@@ -262,10 +261,11 @@ def test_autorecovery_run_logs_its_role_and_name_as_json(zk_hosts, zk_root, tmp_
             cwd=REPOSITORY, stdout=subprocess.DEVNULL, stderr=log,
         )
     try:
-        deadline = time.monotonic() + 30
-        while "\n" not in log_path.read_text():  # a first whole line (in an empty cluster, a registry warning)
-            assert daemon.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.05)
+        def first_line() -> bool:  # a first whole line (in an empty cluster, a registry warning)
+            assert daemon.poll() is None, log_path.read_text()
+            return "\n" in log_path.read_text()
+
+        wait_until(first_line, deadline_s=30, what="a first log line", poll_s=0.05)
     finally:
         daemon.terminate()
         try:

@@ -25,6 +25,7 @@ from sim.parameters import FAULT_KINDS, choose_parameters
 from sim.runner import run_seed
 from sim.world import EVENTS_AT_ONE_INSTANT_MAX, LivelockError, World
 from tests.sim.sim_cli import REPOSITORY, assert_same_run_under_other_hash_seeds, forbid_trio, quire_sim
+from tests.support import wait_until
 
 # How many seeds the simulator may take to find a planted mistake. Measured
 # over seeds 0-149 (see the README): unfenced-recovery-reads first at seed 4
@@ -157,10 +158,9 @@ def test_a_batchs_worker_processes_die_with_it():
         parent.kill()
         parent.wait()
         parent.stdout.close()
-    deadline_s = time.monotonic() + 30
-    while running(worker) and time.monotonic() < deadline_s:
-        time.sleep(0.1)
-    if running(worker):
+    try:
+        wait_until(lambda: not running(worker), deadline_s=30, what=f"worker {worker} to die with its batch", poll_s=0.1)
+    except AssertionError:
         os.kill(worker, signal.SIGKILL)
         pytest.fail(f"worker {worker} outlived its batch")
 

@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from sim.jepsen.proxy import LinkProxy, ProxyMesh
+from tests.support import wait_until_async
 
 # How long a held direction must stay quiet to count as held. This is the only
 # use of time as evidence; everything else waits for a condition.
@@ -78,9 +79,7 @@ async def clients():
 
 
 async def wait_until(predicate) -> None:
-    with trio.fail_after(DEADLINE_S):
-        while not predicate():
-            await trio.sleep(POLL_S)
+    await wait_until_async(predicate, deadline_s=DEADLINE_S, what="the proxy's state", poll_s=POLL_S)
 
 
 async def comes_true_within_hold_check(predicate) -> bool:

@@ -10,6 +10,7 @@ from bookie.registration import Registration
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, ensure_cluster_layout, list_bookies
 from coordination.memory_store import InMemoryMetadataServer
+from tests.support import wait_until_async
 
 LAYOUT = ClusterLayout()
 INFO = BookieRegistrationInfo("b1:3181", "127.0.0.1:3181", "rack-a", False)
@@ -24,9 +25,7 @@ def registered(store) -> dict[str, str]:
 
 
 async def wait_for(condition, what: str, deadline_s: float = 5) -> None:
-    with trio.fail_after(deadline_s):
-        while not condition():
-            await trio.sleep(0.01)
+    await wait_until_async(condition, deadline_s=deadline_s, what=what)
 
 
 async def test_registration_follows_mode_and_survives_session_loss():
