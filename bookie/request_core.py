@@ -18,6 +18,8 @@ from bookie.protocol.entry_format import EntryFormatError, header_fields
 from bookie.protocol.wire import (
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
+    AddBatchRequest,
+    AddBatchResponse,
     AddFlag,
     AddRequest,
     AddResponse,
@@ -69,13 +71,34 @@ class StoreEntry:
     data: bytes
 
 
+class _BatchAnswer:
+    """The answer an ADD_BATCH gets once every one of its adds is settled:
+    one status per add, OK unless an add was refused or failed."""
+
+    __slots__ = ("connection_id", "request_id", "statuses", "unsettled")
+
+    def __init__(self, connection_id: int, request_id: int, count: int) -> None:
+        self.connection_id = connection_id
+        self.request_id = request_id
+        self.statuses = [Status.OK] * count
+        self.unsettled = count
+
+    def settled(self) -> list[Action]:
+        """One more add is settled: the Respond once it was the last."""
+        self.unsettled -= 1
+        if self.unsettled:
+            return []
+        return [Respond(self.connection_id, AddBatchResponse(self.request_id, self.statuses))]
+
+
 @dataclass(slots=True)
 class DurableAdd:
     """An add on its way: `AppendJournal` carries it as the journal record
     (it has a record's kind, ledger_id, entry_id and data); once durable,
     `journal_synced` returns the same object as the action "store the entry
     and acknowledge it". One object per add instead of five keeps the hot
-    path short."""
+    path short. An add of an ADD_BATCH (`batch`) is only stored: the
+    batch's one answer follows as a Respond once all its adds are settled."""
 
     connection_id: int
     request_id: int
@@ -83,6 +106,8 @@ class DurableAdd:
     entry_id: int
     last_add_confirmed: int
     data: bytes
+    batch: _BatchAnswer | None = None
+    index: int = 0  # in the batch
     kind = RecordKind.ADD
 
 
@@ -139,10 +164,12 @@ class _WaitingAdd:
 
     deadline_ms: float
     connection_id: int
-    request: AddRequest
+    request: AddRequest  # of an ADD_BATCH's add: its own fields, with the batch's request id
     ledger_id: int
     entry_id: int
     last_add_confirmed: int
+    batch: _BatchAnswer | None
+    index: int
 
 
 @dataclass(slots=True)
@@ -202,8 +229,10 @@ class BookieCore:
     # --- events -------------------------------------------------------------
 
     def receive(self, connection_id: int, request: Request, now_ms: float) -> list[Action]:
+        if type(request) is AddBatchRequest:
+            return self._receive_add_batch(connection_id, request, now_ms)
         if type(request) is AddRequest:
-            return self._receive_add(connection_id, request, now_ms)
+            return self._receive_add(connection_id, request.request_id, request.flags, request.master_key, request.entry, now_ms)
         if isinstance(request, ReadRequest):
             return self._receive_read(connection_id, request, now_ms)
         if isinstance(request, BatchReadRequest):
@@ -236,6 +265,8 @@ class BookieCore:
                     self._dirty.add(pending.ledger_id)
                     advanced.append(pending.ledger_id)
                 actions.append(pending)  # store the entry, then answer OK
+                if pending.batch is not None:
+                    actions += pending.batch.settled()
             else:
                 # The fence is durable: only now may the fencing read answer.
                 request = pending.request
@@ -251,8 +282,9 @@ class BookieCore:
             pending = self._pending.pop(token, None)
             if isinstance(pending, DurableAdd):
                 self.adds_in_flight -= 1
-                response = AddResponse(pending.request_id, Status.IO_ERROR, pending.ledger_id, pending.entry_id)
-                actions.append(Respond(pending.connection_id, response))
+                actions += self._refuse_add(
+                    pending.connection_id, pending.request_id, Status.IO_ERROR, pending.ledger_id, pending.entry_id, pending.batch, pending.index
+                )
             elif isinstance(pending, _PendingFence):
                 self.reads_in_flight -= 1
                 request = pending.request
@@ -296,8 +328,7 @@ class BookieCore:
         while self._waiting_adds and self._waiting_adds[0].deadline_ms <= now_ms:
             waiting = self._waiting_adds.popleft()
             self.adds_in_flight -= 1
-            response = AddResponse(waiting.request.request_id, Status.TOO_MANY_REQUESTS, waiting.ledger_id, waiting.entry_id)
-            actions.append(Respond(waiting.connection_id, response))
+            actions += self._refuse_waiting(waiting, Status.TOO_MANY_REQUESTS)
         deadlines = self._waiter_deadlines
         while deadlines and deadlines[0][0] <= now_ms:
             _, _, waiter = heapq.heappop(deadlines)
@@ -341,8 +372,7 @@ class BookieCore:
         while self._waiting_adds:
             waiting = self._waiting_adds.popleft()
             self.adds_in_flight -= 1
-            response = AddResponse(waiting.request.request_id, Status.READ_ONLY, waiting.ledger_id, waiting.entry_id)
-            actions.append(Respond(waiting.connection_id, response))
+            actions += self._refuse_waiting(waiting, Status.READ_ONLY)
         return actions
 
     def set_adds_paused(self, paused: bool, now_ms: float) -> list[Action]:
@@ -352,7 +382,11 @@ class BookieCore:
         while not self.adds_paused and self._waiting_adds:
             waiting = self._waiting_adds.popleft()
             self.adds_in_flight -= 1
-            actions.extend(self._receive_add(waiting.connection_id, waiting.request, now_ms))
+            request = waiting.request
+            actions += self._receive_add(
+                waiting.connection_id, request.request_id, request.flags, request.master_key, request.entry, now_ms,
+                waiting.batch, waiting.index,
+            )
         return actions
 
     # --- journal replay and checkpoints --------------------------------------
@@ -433,37 +467,72 @@ class BookieCore:
 
     # --- adds -----------------------------------------------------------------
 
-    def _receive_add(self, connection_id: int, request: AddRequest, now_ms: float) -> list[Action]:
+    def _receive_add_batch(self, connection_id: int, request: AddBatchRequest, now_ms: float) -> list[Action]:
+        """Each add of the batch as if it came alone, in order; the batch is
+        answered once, when the last of them is settled."""
+        adds = iter(request.adds)
+        request_id = request.request_id
+        batch = _BatchAnswer(connection_id, request_id, len(request.adds) // 3)
+        receive_add = self._receive_add
+        actions: list[Action] = []
+        for index, (flags, master_key, entry) in enumerate(zip(adds, adds, adds)):
+            actions += receive_add(connection_id, request_id, flags, master_key, entry, now_ms, batch, index)
+        return actions
+
+    def _receive_add(
+        self, connection_id: int, request_id: int, flags: int, master_key: bytes, entry: bytes, now_ms: float,
+        batch: _BatchAnswer | None = None, index: int = 0,
+    ) -> list[Action]:
         try:
-            ledger_id, entry_id, last_add_confirmed, _ = header_fields(request.entry)
+            ledger_id, entry_id, last_add_confirmed, _ = header_fields(entry)
         except EntryFormatError:
-            return [Respond(connection_id, AddResponse(request.request_id, Status.BAD_REQUEST, 0, 0))]
+            return self._refuse_add(connection_id, request_id, Status.BAD_REQUEST, 0, 0, batch, index)
         status = None
         state = self.ledgers.get(ledger_id)
-        if not request.master_key or ledger_id > ID_MAX or entry_id > ID_MAX:
+        if not master_key or ledger_id > ID_MAX or entry_id > ID_MAX:
             status = Status.BAD_REQUEST
         elif self.read_only:
             status = Status.READ_ONLY
         elif self.adds_in_flight >= self.limits.adds_in_flight_max:
             status = Status.TOO_MANY_REQUESTS
         elif state is not None:
-            if state.master_key != request.master_key:
+            if state.master_key != master_key:
                 status = Status.UNAUTHORIZED
-            elif state.fenced and not request.flags & AddFlag.RECOVERY_ADD:
+            elif state.fenced and not flags & AddFlag.RECOVERY_ADD:
                 status = Status.FENCED
         if status is not None:
-            return [Respond(connection_id, AddResponse(request.request_id, status, ledger_id, entry_id))]
-        actions: list[Action] = [] if state is not None else self._create_ledger(ledger_id, request.master_key)
+            return self._refuse_add(connection_id, request_id, status, ledger_id, entry_id, batch, index)
+        actions: list[Action] = [] if state is not None else self._create_ledger(ledger_id, master_key)
         self.adds_in_flight += 1
         if self.adds_paused:
             deadline_ms = now_ms + self.limits.write_cache_wait_ms_max
-            self._waiting_adds.append(_WaitingAdd(deadline_ms, connection_id, request, ledger_id, entry_id, last_add_confirmed))
+            request = AddRequest(request_id, flags, master_key, entry)
+            self._waiting_adds.append(
+                _WaitingAdd(deadline_ms, connection_id, request, ledger_id, entry_id, last_add_confirmed, batch, index)
+            )
             return actions
         token = self._next_token
         self._next_token = token + 1
-        add = self._pending[token] = DurableAdd(connection_id, request.request_id, ledger_id, entry_id, last_add_confirmed, request.entry)
+        add = self._pending[token] = DurableAdd(
+            connection_id, request_id, ledger_id, entry_id, last_add_confirmed, entry, batch, index
+        )
         actions.append(AppendJournal(add, token))
         return actions
+
+    @staticmethod
+    def _refuse_add(
+        connection_id: int, request_id: int, status: Status, ledger_id: int, entry_id: int, batch: _BatchAnswer | None, index: int
+    ) -> list[Action]:
+        """An add settled with an error: its own answer, or its status in its batch's."""
+        if batch is None:
+            return [Respond(connection_id, AddResponse(request_id, status, ledger_id, entry_id))]
+        batch.statuses[index] = status
+        return batch.settled()
+
+    def _refuse_waiting(self, waiting: _WaitingAdd, status: Status) -> list[Action]:
+        return self._refuse_add(
+            waiting.connection_id, waiting.request.request_id, status, waiting.ledger_id, waiting.entry_id, waiting.batch, waiting.index
+        )
 
     def _create_ledger(self, ledger_id: int, master_key: bytes) -> list[Action]:
         self.ledgers[ledger_id] = LedgerStateRecord(master_key=master_key)

@@ -25,6 +25,9 @@ from bookie.metrics import BookieMetrics
 from bookie.protocol.frame_output import FrameOutput
 from bookie.protocol.wire import (
     PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+    AddBatchRequest,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     BatchReadRequest,
@@ -260,10 +263,12 @@ class BookieServer:
                 self._journal_tokens.append(action.token)
                 self._journal_record_bytes += len(action.record.data)
             elif kind is DurableAdd:
+                batch = action.batch
                 if measured:
-                    self._measure_add(action.connection_id, action.request_id, finished_ms)
+                    self._measure_add(action.connection_id, action.request_id, finished_ms, batch is None)
                 self._store(action.ledger_id, action.entry_id, action.data)
-                self._respond(action.connection_id, encode_add_ok(action.request_id, action.ledger_id, action.entry_id))
+                if batch is None:  # (an ADD_BATCH's answer is a Respond of its own, after its last add)
+                    self._respond(action.connection_id, encode_add_ok(action.request_id, action.ledger_id, action.entry_id))
             elif kind is StoreEntry:
                 self._store(action.ledger_id, action.entry_id, action.data)
             elif kind is ReadEntries:
@@ -273,19 +278,29 @@ class BookieServer:
             else:
                 raise AssertionError(f"unknown action {action!r}")
 
-    def _measure_add(self, connection_id: int, request_id: int, finished_ms: float) -> None:
-        # The hot path of measuring: no more than a dict pop and a bucket.
+    def _measure_add(self, connection_id: int, request_id: int, finished_ms: float, alone: bool) -> None:
+        # The hot path of measuring: no more than a dict look-up and a bucket.
+        # An ADD_BATCH's start is forgotten with its answer (`_measure`).
         metrics = self.metrics
         metrics.adds_ok += 1
         connection = self._connections.get(connection_id)
         if connection is not None:
-            started_ms = connection.started_ms.pop(request_id, None)
+            started = connection.started_ms
+            started_ms = started.pop(request_id, None) if alone else started.get(request_id)
             if started_ms is not None:
                 metrics.add_latency_s.observe((finished_ms - started_ms) / 1000)
 
     def _measure(self, connection_id: int, response, finished_ms: float) -> None:
         kind = type(response)
-        if kind is AddResponse or kind is ReadResponse or kind is BatchReadResponse:
+        if kind is AddBatchResponse:
+            # Its OK adds were counted as they were stored; count the others.
+            connection = self._connections.get(connection_id)
+            if connection is not None:
+                connection.started_ms.pop(response.request_id, None)
+            for status in response.statuses:
+                if status is not Status.OK:
+                    self.metrics.answered(True, status, None)
+        elif kind is AddResponse or kind is ReadResponse or kind is BatchReadResponse:
             connection = self._connections.get(connection_id)
             started_ms = None if connection is None else connection.started_ms.pop(response.request_id, None)
             latency_s = None if started_ms is None else (finished_ms - started_ms) / 1000
@@ -563,7 +578,7 @@ class BookieServer:
             while True:
                 for fields in decoder.frames():
                     hello = decode_hello(fields)
-                    if hello.protocol_version != PROTOCOL_VERSION:
+                    if not PROTOCOL_VERSION_MIN <= hello.protocol_version <= PROTOCOL_VERSION:
                         reply = HelloReply(Status.BAD_VERSION, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
                         await connection.stream.send_all(encode_hello_reply(reply))
                         log.info("refusing %s: protocol version %d", connection.peer, hello.protocol_version)
@@ -611,7 +626,10 @@ class BookieServer:
                         request = decode_request(fields)
                         kind = type(request)
                         # A long poll waits on purpose: its time says nothing of the bookie.
-                        if kind is AddRequest or kind is BatchReadRequest or kind is ReadRequest and request.previous_lac is None:
+                        if (
+                            kind is AddRequest or kind is AddBatchRequest or kind is BatchReadRequest
+                            or kind is ReadRequest and request.previous_lac is None
+                        ):
                             started_ms[request.request_id] = now
                         actions += core.receive(connection.id, request, now)
             finally:

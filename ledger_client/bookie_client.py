@@ -2,6 +2,10 @@
 matched to responses by request id, writes coalesced into one send, and a
 bound on requests in flight (callers wait for a slot).
 
+A writer's adds (`submit_add_tail_nowait`) that queue up while earlier
+requests are in flight leave together as one ADD_BATCH (protocol 2), which
+the bookie answers once; with nothing in flight an add leaves at once.
+
     async with BookieClient.connect("127.0.0.1:3181") as client:
         response = await client.add(entry_bytes, master_key)
 """
@@ -20,6 +24,8 @@ from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
+    ADD_BATCH_ADDS_MAX,
+    AddBatchResponse,
     AddFlag,
     AddRequest,
     AddResponse,
@@ -40,11 +46,13 @@ from bookie.protocol.wire import (
     Request,
     Response,
     Status,
+    add_batch_ok_fields,
     add_ok_fields,
     decode_hello_reply,
     decode_response,
     encode_hello,
     encode_add,
+    encode_add_batch_head,
     encode_add_head,
     encode_request,
 )
@@ -52,6 +60,10 @@ from ledger_client.exception_groups import unwrap_single_exception
 
 log = logging.getLogger(__name__)
 RECEIVE_BYTES = 256 * 1024
+# An ADD_BATCH being gathered is sent once it holds this many adds or bytes
+# (or when the connection's writer runs, whichever comes first).
+ADD_BATCH_GATHER_ADDS = 128
+ADD_BATCH_GATHER_BYTES = 128 * 1024
 Callback = Callable[["Response | BookieConnectionError"], None]
 
 
@@ -77,16 +89,45 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _AddBatch:
+    """Adds gathered for one ADD_BATCH: their encoded tails, and for each
+    the callback, ledger id and entry id to hand its answer to (columns,
+    not a tuple per add: they live until the answer, and every object that
+    lives that long is one more for the garbage collector to look at)."""
+
+    __slots__ = ("tails", "tails_bytes", "callbacks", "ledger_ids", "entry_ids")
+
+    def __init__(self) -> None:
+        self.tails: list[bytes] = []
+        self.tails_bytes = 0
+        self.callbacks: list[Callback] = []
+        self.ledger_ids: list[int] = []
+        self.entry_ids: list[int] = []
+
+    def adds(self):
+        """(callback, ledger id, entry id) of each add, in order."""
+        return zip(self.callbacks, self.ledger_ids, self.entry_ids)
+
+
 class BookieClient:
-    def __init__(self, stream: trio.SocketStream, address: str, bookie_id: str, frame_bytes_max: int, requests_in_flight_max: int):
+    def __init__(
+        self, stream: trio.SocketStream, address: str, bookie_id: str, frame_bytes_max: int, requests_in_flight_max: int,
+        *, batching: bool = True,
+    ):
         self.address = address
         self.bookie_id = bookie_id
         self.frame_bytes_max = frame_bytes_max
         self._stream = stream
-        self._slots = trio.Semaphore(requests_in_flight_max)
-        self._pending: dict[int, Callback] = {}
+        # The in-flight bound counts adds, batched or not, and other requests.
+        self._in_flight = 0
+        self._in_flight_max = requests_in_flight_max
+        self._room = trio.Event()  # set whenever a slot was freed since a waiter looked
+        self._pending: dict[int, Callback | _AddBatch] = {}
         self._next_request_id = 1
-        self._output = FrameOutput(stream)
+        self._batching = batching  # the bookie speaks protocol 2
+        self._gathering: _AddBatch | None = None
+        self._gather_bytes_max = min(ADD_BATCH_GATHER_BYTES, frame_bytes_max - 64)
+        self._output = FrameOutput(stream, gather=self._seal_batch)
         self._failure: BookieConnectionError | None = None
         self._failed = trio.Event()
         self._decoder: FrameDecoder | None = None
@@ -138,7 +179,10 @@ class BookieClient:
             raise BookieConnectionError(
                 f"bookie {address} refused the handshake ({reply.status.name}, it speaks protocol {reply.protocol_version})"
             )
-        client = cls(stream, address, reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max)
+        client = cls(
+            stream, address, reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max,
+            batching=reply.protocol_version >= 2,
+        )
         client._decoder = decoder
         client._early_frames = frames[1:]
         return client
@@ -149,7 +193,9 @@ class BookieClient:
 
     @property
     def requests_in_flight(self) -> int:
-        return len(self._pending)
+        """Adds (each add of a batch counts) and other requests sent or
+        about to be, not answered yet."""
+        return self._in_flight
 
     async def wait_closed(self) -> BookieConnectionError:
         """Return (the reason) once the connection has failed or closed."""
@@ -162,9 +208,20 @@ class BookieClient:
             self._failure = BookieConnectionError(f"connection to bookie {self.address} lost: {reason}")
             self._failed.set()
         pending, self._pending = self._pending, {}
+        gathering, self._gathering = self._gathering, None
+        if gathering is not None:
+            pending[0] = gathering  # (0: no request id was given to it)
         for callback in pending.values():
-            self._slots.release()
-            _call_back(callback, self._failure)
+            if type(callback) is _AddBatch:
+                self._release(len(callback.tails))
+                told = None
+                for add_callback in callback.callbacks:
+                    if add_callback is not told:  # once per run of one writer's adds
+                        told = add_callback
+                        _call_back(add_callback, self._failure)
+            else:
+                self._release(1)
+                _call_back(callback, self._failure)
 
     # --- requests -------------------------------------------------------------
 
@@ -180,23 +237,31 @@ class BookieClient:
         """Wait for room in the in-flight bound; return a fresh request id."""
         if self._failure is not None:
             raise self._failure
-        try:
-            # No scheduling point while the window has room: requests queued
-            # back to back then leave in one send instead of one each.
-            self._slots.acquire_nowait()
-        except trio.WouldBlock:
-            await self._slots.acquire()
-        if self._failure is not None:
-            self._slots.release()
-            raise self._failure
+        # No scheduling point while the window has room: requests queued
+        # back to back then leave in one send instead of one each.
+        while self._in_flight >= self._in_flight_max:
+            if self._room.is_set():
+                self._room = trio.Event()
+            await self._room.wait()
+            if self._failure is not None:
+                raise self._failure
+        self._in_flight += 1
+        return self._new_request_id()
+
+    def _new_request_id(self) -> int:
         request_id = self._next_request_id
         self._next_request_id = request_id + 1
         return request_id
 
+    def _release(self, count: int) -> None:
+        self._in_flight -= count
+        self._room.set()
+
     def _send(self, request_id: int, frame: bytes, callback: Callback) -> int:
         if len(frame) - 4 > self.frame_bytes_max:
-            self._slots.release()
+            self._release(1)
             raise ValueError(f"request of {len(frame)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
+        self._seal_batch()  # adds gathered before this request leave before it
         self._pending[request_id] = callback
         self._output.queue(frame)
         self._send_queued()
@@ -211,30 +276,59 @@ class BookieClient:
         else:
             self._output.schedule()
 
-    def submit_add_tail_nowait(self, tail: bytes, callback: Callback) -> int:
+    def submit_add_tail_nowait(self, tail: bytes, callback: Callback, ledger_id: int, entry_id: int) -> None:
         """`submit_add` for callers that cannot wait (a driver carrying out a
-        core's actions), for an ADD whose tail (flags, master key, entry) was
-        encoded once with `encode_add_tail` for every bookie the entry goes
-        to. Raises trio.WouldBlock at the in-flight bound and
-        BookieConnectionError when the connection is gone."""
-        request_id = self._take_slot_nowait()
-        head = encode_add_head(request_id, len(tail))
-        if len(head) + len(tail) - 4 > self.frame_bytes_max:
-            self._slots.release()
-            raise ValueError(f"request of {len(head) + len(tail)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
-        self._pending[request_id] = callback
-        self._output.queue(head)
-        self._output.queue(tail)
-        self._send_queued()
-        return request_id
+        core's actions), for the add of entry `entry_id` of `ledger_id`
+        whose tail (flags, master key, entry) was encoded once with
+        `encode_add_tail` for every bookie the entry goes to. Raises
+        trio.WouldBlock at the in-flight bound, ValueError for an entry past
+        the bookie's frame bound and BookieConnectionError when the
+        connection is gone.
 
-    def _take_slot_nowait(self) -> int:
+        With requests in flight the add joins the ADD_BATCH being gathered,
+        which the writer task sends when it runs; with none it leaves now."""
         if self._failure is not None:
             raise self._failure
-        self._slots.acquire_nowait()
-        request_id = self._next_request_id
-        self._next_request_id = request_id + 1
-        return request_id
+        if self._in_flight >= self._in_flight_max:
+            raise trio.WouldBlock
+        tail_bytes = len(tail)
+        if tail_bytes + 32 > self.frame_bytes_max:
+            raise ValueError(f"an add of {tail_bytes} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
+        self._in_flight += 1
+        if not self._batching:
+            request_id = self._new_request_id()
+            self._pending[request_id] = callback
+            self._output.queue(encode_add_head(request_id, tail_bytes))
+            self._output.queue(tail)
+            self._send_queued()
+            return
+        batch = self._gathering
+        if batch is None:
+            batch = self._gathering = _AddBatch()
+        elif len(batch.tails) >= ADD_BATCH_GATHER_ADDS or batch.tails_bytes + tail_bytes > self._gather_bytes_max:
+            self._seal_batch()
+            batch = self._gathering = _AddBatch()
+        batch.tails.append(tail)
+        batch.tails_bytes += tail_bytes
+        batch.callbacks.append(callback)
+        batch.ledger_ids.append(ledger_id)
+        batch.entry_ids.append(entry_id)
+        if not self._pending:
+            self._output.flush()  # nothing in flight: this add's latency is all there is (it gathers the batch)
+        else:
+            self._output.schedule()
+
+    def _seal_batch(self) -> None:
+        """Give the ADD_BATCH being gathered its request id and queue it."""
+        batch = self._gathering
+        if batch is None:
+            return
+        self._gathering = None
+        request_id = self._new_request_id()
+        self._pending[request_id] = batch
+        output = self._output
+        output.queue(encode_add_batch_head(request_id, len(batch.tails), batch.tails_bytes))
+        output.queue_parts(batch.tails, batch.tails_bytes)
 
     async def submit_add(self, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> int:
         """`submit` for an ADD without building a request object: the path
@@ -257,7 +351,7 @@ class BookieClient:
             # Nobody will look at the answer: forget the request (its answer,
             # if it comes, is dropped) and free its slot.
             if self._pending.pop(request_id, None) is not None:
-                self._slots.release()
+                self._release(1)
             raise
         if isinstance(result[0], BookieConnectionError):
             raise result[0]
@@ -303,9 +397,10 @@ class BookieClient:
         """Hand the answers that arrived together to their callbacks, in
         order. A callback with an `acknowledged(ledger_id, entry_ids)`
         method (a writer's, answered for thousands of adds a second) gets
-        its OK answers to adds that came back to back as one run of entry
-        ids; every other answer goes to the callback itself."""
-        pending, release = self._pending, self._slots.release
+        its OK answers to adds that came back to back, alone or in batches,
+        as one run of entry ids; every other answer goes to the callback
+        itself (an add of a batch as its own AddResponse)."""
+        pending, release = self._pending, self._release
         run_owner = None  # the callback whose run is being gathered
         run_ledger_id = -1
         run_entry_ids: list[int] = []
@@ -322,28 +417,55 @@ class BookieClient:
                 ok = add_ok_fields(fields)
                 if ok is not None:
                     request_id, ledger_id, entry_id = ok
-                    callback = pending.pop(request_id, None)
+                    callback = pending.get(request_id)
                     if callback is None:
                         continue
-                    release()
+                    if type(callback) is _AddBatch:
+                        raise ProtocolError(f"an answer for one add to request {request_id}, a batch")
+                    del pending[request_id]
+                    release(1)
+                    acknowledged = ((callback, ledger_id, entry_id),)
+                else:
+                    batch_ok = add_batch_ok_fields(fields)
+                    if batch_ok is None:
+                        # Anything but OK: each callback hears its own answer.
+                        response = decode_response(fields)
+                        callback = pending.get(response.request_id)
+                        if callback is None:
+                            continue
+                        batched = type(callback) is _AddBatch
+                        if batched != (type(response) is AddBatchResponse) or batched and len(response.statuses) != len(callback.tails):
+                            raise ProtocolError(f"an answer of the wrong kind to request {response.request_id}")
+                        del pending[response.request_id]
+                        if run_owner is not None:
+                            hand_over_run()
+                        if batched:  # (rare: some adds of the batch were refused)
+                            release(len(callback.tails))
+                            for (add_callback, ledger_id, entry_id), status in zip(callback.adds(), response.statuses):
+                                _call_back(add_callback, AddResponse(response.request_id, status, ledger_id, entry_id))
+                        else:
+                            release(1)
+                            _call_back(callback, response)
+                        continue
+                    request_id, count = batch_ok
+                    batch = pending.get(request_id)
+                    if batch is None:
+                        continue
+                    if type(batch) is not _AddBatch or len(batch.tails) != count:
+                        raise ProtocolError(f"an answer for {count} batched adds to request {request_id}, which is not such a batch")
+                    del pending[request_id]
+                    release(count)
+                    acknowledged = batch.adds()
+                for callback, ledger_id, entry_id in acknowledged:
                     if callback is run_owner and ledger_id == run_ledger_id:
                         run_entry_ids.append(entry_id)
                         continue
+                    if run_owner is not None:
+                        hand_over_run()
                     if hasattr(callback, "acknowledged"):
-                        if run_owner is not None:
-                            hand_over_run()
                         run_owner, run_ledger_id, run_entry_ids = callback, ledger_id, [entry_id]
-                        continue
-                    response = decode_response(fields)
-                else:
-                    response = decode_response(fields)
-                    callback = pending.pop(response.request_id, None)
-                    if callback is None:
-                        continue
-                    release()
-                if run_owner is not None:
-                    hand_over_run()
-                _call_back(callback, response)
+                    else:
+                        _call_back(callback, AddResponse(request_id, Status.OK, ledger_id, entry_id))
         finally:
             # Also when a later frame was malformed: these were taken off
             # `pending`, so nobody else would answer them.

@@ -45,18 +45,19 @@ class BookiePool:
 
     # --- sending --------------------------------------------------------------------
 
-    def send_add_tail(self, bookie_id: str, tail: bytes, callback: Callback) -> None:
-        """An ADD encoded once for all its bookies (`encode_add_tail`); the answer, or a
-        BookieConnectionError, comes back through `callback`."""
+    def send_add_tail(self, bookie_id: str, tail: bytes, callback: Callback, ledger_id: int, entry_id: int) -> None:
+        """The add of entry `entry_id` of `ledger_id`, encoded once for all its
+        bookies (`encode_add_tail`); the answer, or a BookieConnectionError,
+        comes back through `callback` (see BookieClient.submit_add_tail_nowait)."""
         connection = self._connections.get(bookie_id)
         if connection is not None and connection.client is not None and not self._closed:
             # The hot path: connected, no closure to build.
             try:
-                connection.client.submit_add_tail_nowait(tail, callback)
+                connection.client.submit_add_tail_nowait(tail, callback, ledger_id, entry_id)
                 return
             except (BookieConnectionError, trio.WouldBlock, ValueError):
                 pass  # _dispatch reports it (later, through the callback)
-        self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback), callback)
+        self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback, ledger_id, entry_id), callback)
 
     async def call(self, bookie_id: str, request_factory: Callable[[int], Request]):
         """Send one request and wait for its answer (or raise

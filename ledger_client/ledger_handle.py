@@ -513,6 +513,7 @@ class LedgerHandle(ReadHandle):
     def _execute(self, actions: list) -> None:
         tail_entry_id, tail = -1, b""
         send_add_tail = self._bk.pool.send_add_tail
+        ledger_id = self._ledger_id
         for action in actions:
             kind = type(action)
             if kind is SendAdd:
@@ -522,7 +523,7 @@ class LedgerHandle(ReadHandle):
                 callback = self._response_callbacks.get(action.bookie_id)
                 if callback is None:
                     callback = self._response_callbacks[action.bookie_id] = _AddAnswers(self, action.bookie_id)
-                send_add_tail(action.bookie_id, tail, callback)
+                send_add_tail(action.bookie_id, tail, callback, ledger_id, tail_entry_id)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)

@@ -100,7 +100,7 @@ class _RecoveryDriver:
             elif kind is SendAdd:
                 pool.send_add_tail(
                     action.bookie_id, encode_add_tail(AddFlag.RECOVERY_ADD, self._master_key, action.entry),
-                    functools.partial(self._on_add, action.bookie_id, action.entry_id),
+                    functools.partial(self._on_add, action.bookie_id, action.entry_id), self._ledger_id, action.entry_id,
                 )
             elif kind is WriteMetadata:
                 assert self._nursery is not None

@@ -168,7 +168,8 @@ class SimBookie(SimNode):
                 self._store(action.ledger_id, action.entry_id, action.data)
                 if self._connection_names.get(action.connection_id, "").startswith("writer"):
                     self.checker.add_accepted(self.name, action.ledger_id, action.entry_id)
-                self._respond(action.connection_id, AddResponse(action.request_id, Status.OK, action.ledger_id, action.entry_id))
+                if action.batch is None:  # an ADD_BATCH is answered by a Respond after its last add
+                    self._respond(action.connection_id, AddResponse(action.request_id, Status.OK, action.ledger_id, action.entry_id))
             elif kind is StoreEntry:
                 self._store(action.ledger_id, action.entry_id, action.data)
             elif kind is ReadEntries:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping
 
-from bookie.protocol.wire import Response
+from bookie.protocol.wire import AddBatchRequest, Response
 from coordination.store import BadVersionError, MetadataError
 from ledger_client.errors import BKError
 from ledger_client.ledger_store import LedgerStore
 from ledger_client.metadata import LedgerMetadata
-from ledger_client.write_core import WriteMetadata
+from ledger_client.write_core import SendAdd, WriteMetadata
 from sim.bookie_node import LAYOUT
 from sim.checker import SimChecker
 from sim.metadata_node import MetadataLink, MetadataReply, ZkNode
@@ -55,6 +55,26 @@ class SimClient(SimNode):
         timeout_ms = self.request_timeout_ms if timeout_ms is None else timeout_ms
         if timeout_ms != math.inf:
             self.after(timeout_ms, self._timed_out, request_id)
+
+    def send_add_batches(self, sends: list[SendAdd], flags: int, master_key: bytes,
+                         on_add: Callable[[str, int, Any], None]) -> None:
+        """A step's adds, one ADD_BATCH per bookie, as BookieClient sends the
+        adds that queue up behind others. `on_add(bookie_id, entry_id,
+        status)` hears each add's status (None: the connection broke); adds
+        wait for ever, their timeout is the core's (tick)."""
+        by_bookie: dict[str, list[SendAdd]] = {}
+        for send in sends:
+            by_bookie.setdefault(send.bookie_id, []).append(send)
+        for bookie_id, batch in by_bookie.items():
+            entry_ids = [send.entry_id for send in batch]
+            adds = [field for send in batch for field in (flags, master_key, send.entry)]
+
+            def answered(response: Any, bookie_id: str = bookie_id, entry_ids: list[int] = entry_ids) -> None:
+                statuses = [None] * len(entry_ids) if response is None else response.statuses
+                for entry_id, status in zip(entry_ids, statuses):
+                    on_add(bookie_id, entry_id, status)
+
+            self.call(bookie_id, lambda request_id, adds=adds: AddBatchRequest(request_id, adds), answered, timeout_ms=math.inf)
 
     def _timed_out(self, request_id: int) -> None:
         pending = self._requests.pop(request_id, None)

@@ -7,12 +7,11 @@ recovery that does not end waits, for the liveness phase's verdict."""
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from bookie.protocol.entry_format import DigestManager, DigestMismatchError, EntryFormatError
-from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, AddRequest, ReadFlag, ReadRequest, Status
+from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, ReadFlag, ReadRequest, Status
 from ledger_client.metadata import LedgerMetadata
 from ledger_client.recovery_core import (
     FenceRead,
@@ -159,6 +158,7 @@ class SimRecoverer(SimClient):
 
     def _execute(self, core: RecoveryCore, actions: list) -> None:
         ledger_id = core.metadata.ledger_id
+        sends: list[SendAdd] = []
         for action in actions:
             kind = type(action)
             if kind is FenceRead:
@@ -176,13 +176,7 @@ class SimRecoverer(SimClient):
                     functools.partial(self._on_read, core, action.bookie_id, entry_id),
                 )
             elif kind is SendAdd:
-                entry = action.entry
-                self.call(
-                    action.bookie_id,
-                    lambda request_id, entry=entry: AddRequest(request_id, AddFlag.RECOVERY_ADD, MASTER_KEY, entry),
-                    functools.partial(self._on_add, core, action.bookie_id, action.entry_id),
-                    timeout_ms=math.inf,  # the rewriter's add timeout acts (tick)
-                )
+                sends.append(action)
             elif kind is WriteMetadata:
                 self.write_metadata(action, functools.partial(self._on_metadata, core))
             elif kind is RecoveryDone:
@@ -193,6 +187,8 @@ class SimRecoverer(SimClient):
                 self.world.log(f"{self.name} recovery of ledger {ledger_id} failed: {type(action.error).__name__}")
             else:
                 raise AssertionError(f"unknown recovery action {action!r}")
+        if sends:  # (the rewriter's add timeout acts, its tick)
+            self.send_add_batches(sends, AddFlag.RECOVERY_ADD, MASTER_KEY, functools.partial(self._on_add, core))
         if core.phase not in (Phase.NEW, Phase.MARKING, Phase.FENCING):
             self.checker.fence_complete(ledger_id)
         if core.result is not None:
@@ -222,11 +218,10 @@ class SimRecoverer(SimClient):
             self.digest_mismatches += 1  # a corrupt copy served as OK: the core counts it neither present nor absent
         self._execute(core, core.read_response(bookie_id, entry_id, status, entry, self.world.now_ms))
 
-    def _on_add(self, core: RecoveryCore, bookie_id: str, entry_id: int, response: Any) -> None:
+    def _on_add(self, core: RecoveryCore, bookie_id: str, entry_id: int, status: Any) -> None:
         if self.core is not core:
             return
         core.bookies_changed(self.writable_bookies())
-        status = None if response is None else response.status
         self._execute(core, core.add_response(bookie_id, entry_id, status, self.world.now_ms))
 
     def _on_metadata(self, core, outcome: str, value: Any) -> None:

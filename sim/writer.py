@@ -6,11 +6,10 @@ abandons it open, as a crashed application would) and starts another."""
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from bookie.protocol.wire import AddFlag, AddRequest
+from bookie.protocol.wire import AddFlag
 from ledger_client.errors import BKError, NotEnoughBookiesError
 from ledger_client.ledger_store import LedgerStore
 from ledger_client.metadata import LedgerMetadata, password_hash
@@ -159,18 +158,13 @@ class SimWriter(SimClient):
 
     def _execute(self, core: WriteCore, actions: list) -> None:
         ledger_id = core.metadata.ledger_id
+        sends: list[SendAdd] = []
         for action in actions:
             kind = type(action)
             if kind is SendAdd:
                 if (ledger_id, action.entry_id) not in self.checker.written:
                     self.checker.entry_written(ledger_id, action.entry_id, action.entry, self._payloads[action.entry_id])
-                entry = action.entry
-                self.call(
-                    action.bookie_id,
-                    lambda request_id, entry=entry: AddRequest(request_id, AddFlag.NONE, MASTER_KEY, entry),
-                    functools.partial(self._on_add_response, core, action.bookie_id),
-                    timeout_ms=math.inf,  # the write core's add timeout acts (tick), as in LedgerHandle
-                )
+                sends.append(action)
             elif kind is WriteMetadata:
                 self.write_metadata(action, functools.partial(self._on_metadata, core))
             elif kind is AddsCompleted:
@@ -183,18 +177,20 @@ class SimWriter(SimClient):
                 self.world.log(f"{self.name} {kind.__name__} ledger {ledger_id}")
             else:
                 raise AssertionError(f"unknown action {action!r}")
+        if sends:
+            self.send_add_batches(sends, AddFlag.NONE, MASTER_KEY, functools.partial(self._on_add_status, core))
         if core.closed or core.error is not None:
             return self._done(core)
         self.arm_core_timer(core.next_deadline_ms(), functools.partial(self._tick, core))
 
-    def _on_add_response(self, core: WriteCore, bookie_id: str, response: Any) -> None:
+    def _on_add_status(self, core: WriteCore, bookie_id: str, entry_id: int, status: Any) -> None:
         if self.core is not core:
             return
         core.bookies_changed(self.writable_bookies())
-        if response is None:
+        if status is None:
             actions = core.bookie_failed(bookie_id, self.world.now_ms)
         else:
-            actions = core.bookie_responded(bookie_id, response.entry_id, response.status, self.world.now_ms)
+            actions = core.bookie_responded(bookie_id, entry_id, status, self.world.now_ms)
         self._execute(core, actions)
         self._pump()
 

@@ -16,13 +16,17 @@ through `send_all` as before.
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 import trio
 
 
 class FrameOutput:
-    def __init__(self, stream: trio.SocketStream) -> None:
+    def __init__(self, stream: trio.SocketStream, *, gather: Callable[[], None] | None = None) -> None:
+        """`gather`, if given, is called before every send to queue what its
+        owner was still gathering (a client's ADD_BATCH)."""
         self._stream = stream
+        self._gather = gather
         self._frames: list[bytes] = []
         self.bytes = 0  # queued and not yet handed to the socket
         self._writer_sending = False
@@ -38,15 +42,22 @@ class FrameOutput:
         self._frames.append(frame)
         self.bytes += len(frame)
 
+    def queue_parts(self, parts: list[bytes], nbytes: int) -> None:
+        """Queue the parts of frames, `nbytes` in all."""
+        self._frames += parts
+        self.bytes += nbytes
+
     def schedule(self) -> None:
-        """Leave what is queued to the writer task, which sends it in one
-        write with whatever else is queued before it runs."""
-        if self._frames:
+        """Leave what is queued (or being gathered) to the writer task, which
+        sends it in one write with whatever else is queued before it runs."""
+        if self._frames or self._gather is not None:
             self._writer_wakeup.set()
 
     def flush(self) -> None:
         """Write what is queued now, without a scheduling point, unless the
         writer task is in the middle of a send (order would break)."""
+        if self._gather is not None:
+            self._gather()
         if not self._frames or self._writer_sending or self._socket_full:
             # (A full socket: the writer task waits for room and sends what
             # is queued; trying here again would copy it all at every call.)
@@ -86,6 +97,8 @@ class FrameOutput:
         """Send what `flush()` did not, until cancelled; raises what
         `send_all` raises when the connection breaks."""
         while True:
+            if self._gather is not None:
+                self._gather()
             if not self._frames:
                 self._writer_wakeup = trio.Event()
                 await self._writer_wakeup.wait()

@@ -15,7 +15,8 @@ from typing import Any, Iterator, Union
 
 import msgpack
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2 added ADD_BATCH
+PROTOCOL_VERSION_MIN = 1  # the oldest a bookie still serves (a client of 1 never batches)
 FRAME_BYTES_MAX_DEFAULT = 16 * 1024 * 1024
 LENGTH_PREFIX = struct.Struct(">I")
 U64_MAX = 2**64 - 1
@@ -36,6 +37,7 @@ class Op(enum.IntEnum):
     BATCH_READ = 4
     GET_INFO = 5
     LIST_ENTRIES = 6
+    ADD_BATCH = 7  # protocol 2: many ADDs in one frame, one answer for all
 
 
 class Status(enum.IntEnum):
@@ -90,6 +92,17 @@ class AddRequest:
 
 
 @dataclass(slots=True)
+class AddBatchRequest:
+    """Many ADDs in one frame (protocol 2), each as an ADD would carry it:
+    `adds` is the flat list [flags, master_key, entry, flags, ...]. The
+    bookie handles each add on its own (they may name different ledgers)
+    and answers once, when every one of them is settled."""
+
+    request_id: int
+    adds: list
+
+
+@dataclass(slots=True)
 class ReadRequest:
     request_id: int
     flags: int
@@ -137,6 +150,14 @@ class AddResponse:
 
 
 @dataclass(slots=True)
+class AddBatchResponse:
+    """One status per add of an AddBatchRequest, in its order."""
+
+    request_id: int
+    statuses: list[Status]
+
+
+@dataclass(slots=True)
 class ReadResponse:
     request_id: int
     status: Status
@@ -178,8 +199,12 @@ class ListEntriesResponse:
     ranges: list[tuple[int, int]] = field(default_factory=list)  # inclusive [first, last] runs
 
 
-Request = Union[AddRequest, ReadRequest, ReadLacRequest, BatchReadRequest, GetInfoRequest, ListEntriesRequest]
-Response = Union[AddResponse, ReadResponse, ReadLacResponse, BatchReadResponse, GetInfoResponse, ListEntriesResponse]
+Request = Union[AddRequest, AddBatchRequest, ReadRequest, ReadLacRequest, BatchReadRequest, GetInfoRequest, ListEntriesRequest]
+Response = Union[
+    AddResponse, AddBatchResponse, ReadResponse, ReadLacResponse, BatchReadResponse, GetInfoResponse, ListEntriesResponse
+]
+# The most adds one ADD_BATCH may carry (a frame's byte bound applies too).
+ADD_BATCH_ADDS_MAX = 65_536
 
 _REQUEST_OPS: dict[type, Op] = {
     AddRequest: Op.ADD,
@@ -188,6 +213,7 @@ _REQUEST_OPS: dict[type, Op] = {
     BatchReadRequest: Op.BATCH_READ,
     GetInfoRequest: Op.GET_INFO,
     ListEntriesRequest: Op.LIST_ENTRIES,
+    AddBatchRequest: Op.ADD_BATCH,
 }
 _RESPONSE_OPS: dict[type, Op] = {
     AddResponse: Op.ADD,
@@ -196,6 +222,7 @@ _RESPONSE_OPS: dict[type, Op] = {
     BatchReadResponse: Op.BATCH_READ,
     GetInfoResponse: Op.GET_INFO,
     ListEntriesResponse: Op.LIST_ENTRIES,
+    AddBatchResponse: Op.ADD_BATCH,
 }
 _REQUEST_TYPES = {op: cls for cls, op in _REQUEST_OPS.items()}
 _RESPONSE_TYPES = {op: cls for cls, op in _RESPONSE_OPS.items()}
@@ -390,9 +417,24 @@ def encode_add_head(request_id: int, tail_bytes: int) -> bytes:
     return LENGTH_PREFIX.pack(2 + len(request) + tail_bytes) + _ADD_ARRAY_AND_OP + request
 
 
+_ADD_BATCH_ARRAY_AND_OP = bytes([0x93, Op.ADD_BATCH])  # a msgpack array of 3, then op ADD_BATCH
+
+
+def encode_add_batch_head(request_id: int, count: int, tails_bytes: int) -> bytes:
+    """Length prefix, array header, op, request id and the adds' array
+    header of an ADD_BATCH carrying `count` adds whose tails (see
+    `encode_add_tail`), `tails_bytes` long in all, follow it: head + tails
+    is the frame. A writer encodes an entry's tail once for all its bookies
+    and a batch only joins them."""
+    middle = _packer.pack(request_id) + _packer.pack_array_header(3 * count)
+    return LENGTH_PREFIX.pack(2 + len(middle) + tails_bytes) + _ADD_BATCH_ARRAY_AND_OP + middle
+
+
 def encode_request(request: Request) -> bytes:
     if type(request) is AddRequest:  # the hot path
         return encode_add(request.request_id, request.flags, request.master_key, request.entry)
+    if type(request) is AddBatchRequest:
+        return encode_frame([Op.ADD_BATCH, request.request_id, request.adds])
     op = _REQUEST_OPS[type(request)]
     if op is Op.ADD:
         return encode_frame([op, request.request_id, request.flags, request.master_key, request.entry])
@@ -444,6 +486,9 @@ def decode_request(fields: list[Any]) -> Request:
             _bytes(fields[3], "master_key"),
             _bytes(fields[4], "entry"),
         )
+    if op == Op.ADD_BATCH:
+        _arity(fields, 3, "ADD_BATCH")
+        return AddBatchRequest(request_id, _add_batch_adds(fields[2]))
     if op == Op.READ:
         _arity(fields, 8, "READ")
         return ReadRequest(
@@ -476,6 +521,20 @@ def decode_request(fields: list[Any]) -> Request:
     )
 
 
+def _add_batch_adds(adds: Any) -> list:
+    if type(adds) is not list or not adds or len(adds) % 3:
+        raise ProtocolError("ADD_BATCH adds must be a non-empty array of (flags, master_key, entry) triples")
+    if len(adds) > 3 * ADD_BATCH_ADDS_MAX:
+        raise ProtocolError(f"ADD_BATCH of {len(adds) // 3} adds exceeds the bound of {ADD_BATCH_ADDS_MAX}")
+    # The same checks as an ADD's, in one pass over each field's column.
+    flags, keys, entries = adds[0::3], adds[1::3], adds[2::3]
+    if not all(type(value) is int and 0 <= value <= 2**31 for value in flags):
+        raise ProtocolError("ADD_BATCH flags must be integers in [0, 2**31]")
+    if not all(type(value) is bytes for value in keys) or not all(type(value) is bytes for value in entries):
+        raise ProtocolError("ADD_BATCH master keys and entries must be binary")
+    return adds
+
+
 # --- responses ----------------------------------------------------------------
 
 
@@ -489,6 +548,12 @@ def encode_response(response: Response) -> bytes:
     if type(response) is AddResponse:  # the hot path
         body = _packer.pack([1, response.request_id, response.status, response.ledger_id, response.entry_id])
         return LENGTH_PREFIX.pack(len(body)) + body
+    if type(response) is AddBatchResponse:
+        # [op, request id, count, status]: one status when all are the same
+        # (the usual case: all OK), else a list of one per add.
+        statuses = response.statuses
+        uniform = statuses.count(statuses[0]) == len(statuses)
+        return encode_frame([Op.ADD_BATCH, response.request_id, len(statuses), statuses[0] if uniform else statuses])
     op = _RESPONSE_OPS[type(response)]
     head = [op, response.request_id, int(response.status)]
     if op is Op.ADD:
@@ -521,6 +586,21 @@ def add_ok_fields(fields: list[Any]) -> tuple[int, int, int] | None:
     return None
 
 
+def add_batch_ok_fields(fields: list[Any]) -> tuple[int, int] | None:
+    """(request id, count) of a well-formed answer to an ADD_BATCH whose
+    adds were all OK, without building the response object; None for any
+    other frame, which `decode_response` takes."""
+    if len(fields) == 4:
+        op, request_id, count, status = fields
+        if (
+            op == 7 and status == 0 and type(op) is int and type(status) is int
+            and type(request_id) is int and type(count) is int
+            and 0 <= request_id <= U64_MAX and 1 <= count <= ADD_BATCH_ADDS_MAX
+        ):
+            return request_id, count
+    return None
+
+
 def decode_response(fields: list[Any]) -> Response:
     """Turn a frame's fields into a response, or raise ProtocolError."""
     # (A writer's OK answers to adds take `add_ok_fields` instead.)
@@ -530,6 +610,15 @@ def decode_response(fields: list[Any]) -> Response:
     if len(fields) < 3:
         raise ProtocolError("response without request id and status")
     request_id = _u64(fields[1], "request_id")
+    if op == Op.ADD_BATCH:
+        _arity(fields, 4, "ADD_BATCH response")
+        count = _int(fields[2], "count", 1, ADD_BATCH_ADDS_MAX)
+        statuses = fields[3]
+        if type(statuses) is list:
+            if len(statuses) != count:
+                raise ProtocolError(f"ADD_BATCH response has {len(statuses)} statuses for {count} adds")
+            return AddBatchResponse(request_id, [_status(status) for status in statuses])
+        return AddBatchResponse(request_id, [_status(statuses)] * count)
     status = _status(fields[2])
     if op == Op.ADD:
         _arity(fields, 5, "ADD response")
@@ -581,7 +670,13 @@ __all__ = [
     "encode_add_tail",
     "encode_add_tail_after",
     "encode_add_tail_prefix",
+    "encode_add_batch_head",
+    "add_batch_ok_fields",
+    "ADD_BATCH_ADDS_MAX",
+    "AddBatchRequest",
+    "AddBatchResponse",
     "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION_MIN",
     "FRAME_BYTES_MAX_DEFAULT",
     "LENGTH_PREFIX",
     "LAST_ADD_CONFIRMED",

@@ -377,7 +377,7 @@ class ReplicationWorker:
         for offset, entry in enumerate(entries):
             self._bk.pool.send_add_tail(
                 new_bookie, encode_add_tail(AddFlag.RECOVERY_ADD, key, entry),
-                functools.partial(on_answer, first_entry_id + offset),
+                functools.partial(on_answer, first_entry_id + offset), ledger_id, first_entry_id + offset,
             )
         with trio.fail_after(REQUEST_TIMEOUT_S):
             await answered.wait()

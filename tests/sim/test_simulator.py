@@ -242,11 +242,11 @@ def test_an_undecidable_corrupt_entry_is_excused_and_its_ledger_read_back():
 
 
 def test_a_ledger_whose_fencing_a_corrupt_copy_blocks_is_excused_and_its_acknowledged_entries_read():
-    # Seed 94 (E/WQ/AQ 3/3/1): fencing needs all three bookies, and one
-    # answers every fence read IO_ERROR (its copy of the last entry is
-    # corrupt). The acknowledged entries of the ledger left open are read
-    # back all the same.
-    result = run_seed(94)
+    # Seed 234 (E/WQ/AQ 3/3/1): fencing ledger 20 needs all three bookies,
+    # and one answers every fence read IO_ERROR (its copy of the last entry
+    # is corrupt). The acknowledged entries of the ledger left open are
+    # read back all the same.
+    result = run_seed(234)
     assert result.ok, result.summary()
     assert any("fencing needs 3 of 3 bookies" in note for note in result.notes), result.notes
     assert result.stats["unclosed_entries_read"] > 0

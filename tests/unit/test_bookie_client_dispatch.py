@@ -1,16 +1,25 @@
 """BookieClient hands answers that arrive together to their callbacks in
 arrival order: back-to-back OK answers to one writer's adds of one ledger as
 a single run of entry ids, everything else one answer at a time. A stand-in
-bookie on loopback sends a crafted mix of answers in one write."""
+bookie on loopback sends a crafted mix of answers in one write.
 
+A stand-in of protocol 1 gets one ADD per add; one of protocol 2 gets the
+adds that queue up behind the first as ADD_BATCH requests."""
+
+import pytest
 import trio
 
 from bookie.protocol.wire import (
     PROTOCOL_VERSION,
+    AddBatchRequest,
+    AddBatchResponse,
+    AddRequest,
     AddResponse,
     FrameDecoder,
     HelloReply,
+    Op,
     Status,
+    decode_request,
     encode_add_ok,
     encode_add_tail,
     encode_frame,
@@ -41,43 +50,53 @@ class Writer:
         self.events.append((self.name, "ok", ledger_id, list(entry_ids)))
 
 
-async def stand_in_bookie(listeners, answers_for, task_status=trio.TASK_STATUS_IGNORED):
-    """Accept one client, answer its hello, wait for `len(answers_for)`
-    requests and send every answer (answers_for(request_ids)) in one write."""
+def adds_of(request) -> int:
+    return 1 if type(request) is AddRequest else len(request.adds) // 3
+
+
+async def stand_in_bookie(listeners, answers_for, protocol_version, task_status=trio.TASK_STATUS_IGNORED):
+    """Accept one client, answer its hello as a bookie of `protocol_version`,
+    wait for `answers_for.adds` adds and send every answer
+    (answers_for(requests)) in one write."""
     task_status.started()
     stream = await listeners[0].accept()
     decoder = FrameDecoder()
-    request_ids: list[int] = []
+    requests: list = []
     hello_answered = False
-    while len(request_ids) < answers_for.requests:
+    while sum(map(adds_of, requests)) < answers_for.adds:
         data = await stream.receive_some(65536)
         assert data
         decoder.feed(data)
         for fields in decoder.frames():
             if not hello_answered:
-                await stream.send_all(encode_hello_reply(HelloReply(Status.OK, PROTOCOL_VERSION, "stand-in", 1 << 20)))
+                await stream.send_all(encode_hello_reply(HelloReply(Status.OK, protocol_version, "stand-in", 1 << 20)))
                 hello_answered = True
             else:
-                request_ids.append(fields[1])
-    await stream.send_all(b"".join(answers_for(request_ids)))
+                requests.append(decode_request(fields))
+    await stream.send_all(b"".join(answers_for(requests)))
     await trio.sleep_forever()
 
 
-async def exchange(sends: list, answers_for, until) -> None:
-    """Connect to a stand-in bookie, send an add for each (callback, _) of
-    `sends`, and return once `await until(client)` returns."""
-    answers_for.requests = len(sends)
+async def exchange(sends: list, answers_for, until, *, protocol_version: int = 1) -> None:
+    """Connect to a stand-in bookie, send an add of entry e of `LEDGER` for
+    each (callback, e) of `sends`, and return once `await until(client)`
+    returns."""
+    answers_for.adds = len(sends)
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
     port = listeners[0].socket.getsockname()[1]
     async with trio.open_nursery() as nursery:
-        await nursery.start(stand_in_bookie, listeners, answers_for)
+        await nursery.start(stand_in_bookie, listeners, answers_for, protocol_version)
         async with BookieClient.connect(f"127.0.0.1:{port}") as client:
             tail = encode_add_tail(0, b"key", b"entry")
-            for callback, _ in sends:
-                client.submit_add_tail_nowait(tail, callback)
+            for callback, entry_id in sends:
+                client.submit_add_tail_nowait(tail, callback, LEDGER, entry_id)
             with trio.fail_after(10):
                 await until(client)
         nursery.cancel_scope.cancel()
+
+
+async def all_answered(client) -> None:
+    await wait_until_async(lambda: client.requests_in_flight == 0, deadline_s=10, what="every request answered")
 
 
 async def test_runs_of_acknowledgements_keep_the_order_of_arrival():
@@ -88,9 +107,9 @@ async def test_runs_of_acknowledgements_keep_the_order_of_arrival():
     # What each request is, in the order the client sends them.
     sends = [(first, 0), (first, 1), (second, 5), (first, 2), (first, 3), (first, 4), (first, 6), (plain.append, 9)]
 
-    def answers_for(request_ids):
+    def answers_for(requests):
         frames = []
-        for request_id, (_, entry_id) in zip(request_ids, sends):
+        for request_id, (_, entry_id) in zip([request.request_id for request in requests], sends):
             if entry_id == 3:
                 frames.append(encode_response(AddResponse(request_id, Status.FENCED, LEDGER, entry_id)))
             elif entry_id == 6:
@@ -99,9 +118,6 @@ async def test_runs_of_acknowledgements_keep_the_order_of_arrival():
                 frames.append(encode_add_ok(request_id, LEDGER, entry_id))
         frames.append(encode_add_ok(10_000, LEDGER, 99))  # answers nothing asked: dropped
         return frames
-
-    async def all_answered(client) -> None:
-        await wait_until_async(lambda: client.requests_in_flight == 0, deadline_s=10, what="every request answered")
 
     await exchange(sends, answers_for, all_answered)
     assert events == [
@@ -124,7 +140,8 @@ async def test_a_malformed_answer_closes_the_connection_after_the_run_before_it(
     first = Writer("first", events)
     sends = [(first, 0), (first, 1), (first, 2)]
 
-    def answers_for(request_ids):
+    def answers_for(requests):
+        request_ids = [request.request_id for request in requests]
         return [
             encode_add_ok(request_ids[0], LEDGER, 0),
             encode_add_ok(request_ids[1], LEDGER, 1),
@@ -140,3 +157,65 @@ async def test_a_malformed_answer_closes_the_connection_after_the_run_before_it(
     await exchange(sends, answers_for, closed)
     assert "protocol error" in str(reasons[0])
     assert events == [("first", "ok", LEDGER, [0, 1]), ("first", "lost")]
+
+
+async def test_batched_adds_are_answered_in_runs_across_batches():
+    # The first add leaves alone (nothing was in flight), the rest queue up
+    # behind it and leave as one ADD_BATCH. Both answers arrive in one
+    # write: runs continue across them, a plain callback gets its own
+    # AddResponse, and the second writer's add splits the first's run.
+    events: list = []
+    first, second = Writer("first", events), Writer("second", events)
+    plain: list = []
+    sends = [(first, 0), (first, 1), (first, 2), (second, 5), (first, 3), (plain.append, 9), (first, 4)]
+
+    def answers_for(requests):
+        assert all(type(request) is AddBatchRequest for request in requests)
+        assert [adds_of(request) for request in requests] == [1, 6]
+        frames = [encode_response(AddBatchResponse(request.request_id, [Status.OK] * adds_of(request))) for request in requests]
+        frames.append(encode_frame([Op.ADD_BATCH, 10_000, 3, 0]))  # answers nothing asked: dropped
+        return frames
+
+    await exchange(sends, answers_for, all_answered, protocol_version=2)
+    assert events == [
+        ("first", "ok", LEDGER, [0, 1, 2]),
+        ("second", "ok", LEDGER, [5]),
+        ("first", "ok", LEDGER, [3]),
+        ("first", "ok", LEDGER, [4]),
+    ]
+    assert [(response.status, response.ledger_id, response.entry_id) for response in plain] == [(Status.OK, LEDGER, 9)]
+
+
+@pytest.mark.parametrize(
+    "batch_answer, expected",
+    [
+        # Not all OK: each add of the batch hears its own status.
+        (
+            lambda request_id: encode_response(AddBatchResponse(request_id, [Status.OK, Status.FENCED, Status.OK])),
+            [("first", "ok", LEDGER, [0]), ("first", "OK", 1), ("first", "FENCED", 2), ("first", "OK", 3)],
+        ),
+        # An answer counting 2 adds where the batch had 3 (bad bytes from
+        # the bookie) fails the connection: the batch's adds hear once (one
+        # writer) that they were lost.
+        (
+            lambda request_id: encode_frame([Op.ADD_BATCH, request_id, 2, 0]),
+            [("first", "ok", LEDGER, [0]), ("first", "lost")],
+        ),
+    ],
+    ids=["mixed statuses", "wrong count"],
+)
+async def test_the_answer_to_a_batch_behind_a_first_add(batch_answer, expected):
+    events: list = []
+    first = Writer("first", events)
+    sends = [(first, 0), (first, 1), (first, 2), (first, 3)]
+
+    def answers_for(requests):
+        alone, batch = requests
+        return [encode_response(AddBatchResponse(alone.request_id, [Status.OK])), batch_answer(batch.request_id)]
+
+    async def answered_or_closed(client) -> None:
+        await wait_until_async(lambda: client.requests_in_flight == 0, deadline_s=10, what="every add answered or lost")
+
+    await exchange(sends, answers_for, answered_or_closed, protocol_version=2)
+    assert events == expected
+    assert PROTOCOL_VERSION == 2

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from bookie.protocol import (
     LAST_ADD_CONFIRMED,
+    AddBatchRequest,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     BatchReadRequest,
@@ -47,8 +49,10 @@ flags = st.integers(0, 3)
 blobs = st.binary(max_size=300)
 statuses = st.sampled_from(list(Status))
 
+add_triples = st.lists(st.tuples(flags, blobs, blobs), min_size=1, max_size=5).map(lambda adds: [f for add in adds for f in add])
 requests = st.one_of(
     st.builds(AddRequest, u64, flags, blobs, blobs),
+    st.builds(AddBatchRequest, u64, add_triples),
     st.builds(
         ReadRequest, u64, flags, u64, entry_ids, st.none() | blobs, st.none() | i64, st.none() | st.integers(0, 2**31)
     ),
@@ -59,6 +63,7 @@ requests = st.one_of(
 )
 responses = st.one_of(
     st.builds(AddResponse, u64, statuses, u64, u64),
+    st.builds(AddBatchResponse, u64, st.lists(statuses, min_size=1, max_size=5)),
     st.builds(ReadResponse, u64, statuses, u64, entry_ids, i64, st.none() | blobs),
     st.builds(ReadLacResponse, u64, statuses, u64, i64),
     st.builds(BatchReadResponse, u64, statuses, u64, u64, st.lists(blobs, max_size=5)),
@@ -167,6 +172,14 @@ def test_empty_frame_is_a_protocol_error():
         [2, 1, 0, 1, -2, None, None, None],  # entry id below LAST_ADD_CONFIRMED
         [4, 1, 1, 0, 0, 10],  # entries_max 0
         [True, 1],  # a boolean is not an op
+        [7, 1, []],  # a batch of no adds
+        [7, 1, [0, b"k"]],  # not whole triples
+        [7, 1, [0, "k", b"e"]],  # key must be binary
+        [7, 1, [0, b"k", b"e", -1, b"k", b"e"]],  # negative flags
+        [7, 1, [0, b"k", None]],  # entry must be binary
+        [7, 1, b"adds"],  # not an array
+        [7, 1],  # missing field
+        [7, 1, [0, b"k", b"e"] * 65_537],  # past ADD_BATCH_ADDS_MAX
     ],
 )
 def test_ill_shaped_requests(fields):
@@ -206,3 +219,49 @@ def test_an_add_encoded_once_is_the_same_frame_at_every_size_boundary(request_id
     entry = bytes(range(256)) * (entry_bytes // 256) + bytes(entry_bytes % 256)
     tail = encode_add_tail(3, b"key", entry)
     assert encode_add_head(request_id, len(tail)) + tail == encode_add(request_id, 3, b"key", entry)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [7, 1, 2, [0]],  # one status for two adds
+        [7, 1, 0, 0],  # no adds
+        [7, 1, 2, 99],  # unknown status
+        [7, 1, 2, [0, 99]],  # unknown status in the list
+        [7, 1, 2],  # missing field
+        [7, -1, 2, 0],  # negative request id
+    ],
+)
+def test_ill_shaped_batch_answers(fields):
+    from bookie.protocol.wire import add_batch_ok_fields
+
+    with pytest.raises(ProtocolError):
+        decode_response(fields)
+    assert add_batch_ok_fields(fields) is None
+
+
+def test_a_batch_answer_sends_one_status_when_all_agree():
+    from bookie.protocol.wire import add_batch_ok_fields
+
+    (all_ok,), _ = frames_of(encode_response(AddBatchResponse(3, [Status.OK] * 4)))
+    assert all_ok == [7, 3, 4, 0] and add_batch_ok_fields(all_ok) == (3, 4)
+    (mixed,), _ = frames_of(encode_response(AddBatchResponse(3, [Status.OK, Status.FENCED])))
+    assert mixed == [7, 3, 2, [0, 6]] and add_batch_ok_fields(mixed) is None
+    (all_fenced,), _ = frames_of(encode_response(AddBatchResponse(3, [Status.FENCED] * 2)))
+    assert decode_response(all_fenced) == AddBatchResponse(3, [Status.FENCED] * 2) and add_batch_ok_fields(all_fenced) is None
+
+
+# Counts either side of msgpack's array-header forms for 3 * count elements:
+# fixarray (up to 15), array16 (up to 65,535), array32.
+@pytest.mark.parametrize("count", [1, 5, 6, 21_845, 21_846])
+@pytest.mark.parametrize("request_id", [0, 65_536, 2**32])
+def test_a_batch_joined_from_encoded_tails_is_the_frame_of_its_request(count, request_id):
+    from bookie.protocol.wire import encode_add_batch_head, encode_add_tail
+
+    adds = [(index % 2, b"key", b"entry %d" % index) for index in range(count)]
+    tails = [encode_add_tail(*add) for add in adds]
+    frame = encode_add_batch_head(request_id, count, sum(map(len, tails))) + b"".join(tails)
+    request = AddBatchRequest(request_id, [field for add in adds for field in add])
+    assert frame == encode_request(request)
+    (fields,), _ = frames_of(frame, frame_bytes_max=1 << 24)
+    assert decode_request(fields) == request

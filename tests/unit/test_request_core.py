@@ -8,6 +8,8 @@ import pytest
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.protocol import (
     LAST_ADD_CONFIRMED,
+    AddBatchRequest,
+    AddBatchResponse,
     AddFlag,
     AddRequest,
     AddResponse,
@@ -51,12 +53,13 @@ def of(actions, kind):
 
 
 def responses(actions):
-    """The answers the actions send: a DurableAdd answers OK once stored."""
+    """The answers the actions send: a DurableAdd answers OK once stored
+    (one of an ADD_BATCH leaves that to the batch's Respond)."""
     answers = []
     for action in actions:
         if isinstance(action, Respond):
             answers.append(action.response)
-        elif isinstance(action, DurableAdd):
+        elif isinstance(action, DurableAdd) and action.batch is None:
             answers.append(AddResponse(action.request_id, Status.OK, action.ledger_id, action.entry_id))
     return answers
 
@@ -334,3 +337,93 @@ def test_get_info_reports_mode_and_counts():
 def test_limits_must_be_positive(bad):
     with pytest.raises(ValueError):
         CoreLimits(adds_in_flight_max=bad)
+
+
+# --- ADD_BATCH -------------------------------------------------------------------
+
+
+def batch(request_id: int, *adds: AddRequest) -> AddBatchRequest:
+    """The adds as one ADD_BATCH (their own request ids are not sent)."""
+    return AddBatchRequest(request_id, [field for a in adds for field in (a.flags, a.master_key, a.entry)])
+
+
+def batch_answer(actions) -> AddBatchResponse | None:
+    answers = [r for r in responses(actions) if isinstance(r, AddBatchResponse)]
+    assert len(answers) <= 1
+    return answers[0] if answers else None
+
+
+def test_a_batch_is_answered_once_all_its_adds_are_durable_and_after_they_are_stored():
+    core = BookieCore(bookie_id="b1")
+    actions = core.receive(1, batch(9, add(0, 0), add(0, 1), add(0, 2, lac=0)), now_ms=0)
+    assert [a.record.kind for a in of(actions, AppendJournal)] == [RecordKind.MASTER_KEY] + [RecordKind.ADD] * 3
+    assert responses(actions) == [] and core.adds_in_flight == 3
+    journalled = tokens(actions)
+    first_two = core.journal_synced(journalled[:2], 0)
+    assert [type(a) for a in first_two] == [DurableAdd, DurableAdd]  # stored, not answered yet
+    synced = core.journal_synced(journalled[2:], 0)
+    # The last add is stored, then the batch answered: OK for all three.
+    assert [type(a) for a in synced] == [DurableAdd, Respond]
+    assert synced[1].response == AddBatchResponse(9, [Status.OK] * 3) and synced[1].connection_id == 1
+    assert core.adds_in_flight == 0 and core.ledgers[LEDGER].last_add_confirmed == 0
+
+
+def test_each_add_of_a_batch_is_judged_alone_and_the_answer_lists_every_status():
+    core = BookieCore(bookie_id="b1", limits=CoreLimits(adds_in_flight_max=3))
+    durable_add(core, 0)
+    fenced = 8
+    core.receive(1, ReadRequest(1, ReadFlag.FENCE, fenced, 0, KEY), 0)  # creates ledger 8, fenced
+    adds = [
+        add(0, 1),
+        AddRequest(0, 0, KEY, entry(0, ledger_id=fenced)),  # fenced
+        AddRequest(0, 0, KEY, b"short"),  # malformed
+        AddRequest(0, 0, OTHER_KEY, entry(2)),  # another key
+        AddRequest(0, AddFlag.RECOVERY_ADD, KEY, entry(1, ledger_id=fenced)),  # a recovery add passes the fence
+        add(0, 2),
+        add(0, 3),  # past the in-flight bound of 3 (with the fence's none and two adds before)
+    ]
+    actions = core.receive(1, batch(5, *adds), 0)
+    assert batch_answer(actions) is None
+    assert [a.record.entry_id for a in of(actions, AppendJournal)] == [1, 1, 2]
+    synced = core.journal_synced(tokens(actions), 0)
+    assert batch_answer(synced) == AddBatchResponse(5, [
+        Status.OK, Status.FENCED, Status.BAD_REQUEST, Status.UNAUTHORIZED, Status.OK, Status.OK, Status.TOO_MANY_REQUESTS,
+    ])
+
+
+def test_a_batch_refused_whole_is_answered_at_once():
+    core = BookieCore(bookie_id="b1")
+    core.set_read_only(True)
+    assert batch_answer(core.receive(1, batch(3, add(0, 0), add(0, 1)), 0)) == AddBatchResponse(3, [Status.READ_ONLY] * 2)
+
+
+def test_a_journal_failure_fails_the_batch_adds_still_waiting_for_it():
+    core = BookieCore(bookie_id="b1")
+    actions = core.receive(1, batch(4, add(0, 0), add(0, 1)), 0)
+    first, second = tokens(actions)
+    assert batch_answer(core.journal_synced([first], 0)) is None
+    assert batch_answer(core.journal_failed([second])) == AddBatchResponse(4, [Status.OK, Status.IO_ERROR])
+    assert core.adds_in_flight == 0
+
+
+def test_batch_adds_wait_for_write_cache_room_then_proceed_or_time_out():
+    core = BookieCore(bookie_id="b1", limits=CoreLimits(write_cache_wait_ms_max=100))
+    durable_add(core, 0)
+    core.set_adds_paused(True, now_ms=0)
+    assert core.receive(1, batch(6, add(0, 1), add(0, 2)), now_ms=0) == []
+    later = core.receive(1, batch(7, add(0, 3)), now_ms=50)
+    assert later == []
+    assert batch_answer(core.tick(now_ms=100)) == AddBatchResponse(6, [Status.TOO_MANY_REQUESTS] * 2)
+    resumed = core.set_adds_paused(False, now_ms=120)
+    assert [a.record.entry_id for a in of(resumed, AppendJournal)] == [3]
+    assert batch_answer(core.journal_synced(tokens(resumed), 120)) == AddBatchResponse(7, [Status.OK])
+
+
+def test_a_batch_of_a_closed_connection_is_never_answered():
+    core = BookieCore(bookie_id="b1")
+    durable_add(core, 0)
+    core.set_adds_paused(True, now_ms=0)
+    assert core.receive(2, batch(6, add(0, 1)), now_ms=0) == []
+    core.connection_closed(2)
+    assert core.adds_in_flight == 0
+    assert core.set_adds_paused(False, now_ms=1) == [] and core.tick(now_ms=10_000) == []
