@@ -57,6 +57,7 @@ from bookie.protocol.wire import (
     encode_request,
 )
 from ledger_client.exception_groups import unwrap_single_exception
+from ledger_client.room import Room
 
 log = logging.getLogger(__name__)
 RECEIVE_BYTES = 256 * 1024
@@ -119,9 +120,8 @@ class BookieClient:
         self.frame_bytes_max = frame_bytes_max
         self._stream = stream
         # The in-flight bound counts adds, batched or not, and other requests.
-        self._in_flight = 0
         self._in_flight_max = requests_in_flight_max
-        self._room = trio.Event()  # set whenever a slot was freed since a waiter looked
+        self._room = Room(requests_in_flight_max)
         self._pending: dict[int, Callback | _AddBatch] = {}
         self._next_request_id = 1
         self._batching = batching  # the bookie speaks protocol 2
@@ -195,7 +195,7 @@ class BookieClient:
     def requests_in_flight(self) -> int:
         """Adds (each add of a batch counts) and other requests sent or
         about to be, not answered yet."""
-        return self._in_flight
+        return self._in_flight_max - self._room.free
 
     async def wait_closed(self) -> BookieConnectionError:
         """Return (the reason) once the connection has failed or closed."""
@@ -213,14 +213,14 @@ class BookieClient:
             pending[0] = gathering  # (0: no request id was given to it)
         for callback in pending.values():
             if type(callback) is _AddBatch:
-                self._release(len(callback.tails))
+                self._room.give(len(callback.tails))
                 told = None
                 for add_callback in callback.callbacks:
                     if add_callback is not told:  # once per run of one writer's adds
                         told = add_callback
                         _call_back(add_callback, self._failure)
             else:
-                self._release(1)
+                self._room.give(1)
                 _call_back(callback, self._failure)
 
     # --- requests -------------------------------------------------------------
@@ -239,13 +239,10 @@ class BookieClient:
             raise self._failure
         # No scheduling point while the window has room: requests queued
         # back to back then leave in one send instead of one each.
-        while self._in_flight >= self._in_flight_max:
-            if self._room.is_set():
-                self._room = trio.Event()
-            await self._room.wait()
-            if self._failure is not None:
-                raise self._failure
-        self._in_flight += 1
+        await self._room.take()
+        if self._failure is not None:
+            self._room.give()
+            raise self._failure
         return self._new_request_id()
 
     def _new_request_id(self) -> int:
@@ -253,13 +250,9 @@ class BookieClient:
         self._next_request_id = request_id + 1
         return request_id
 
-    def _release(self, count: int) -> None:
-        self._in_flight -= count
-        self._room.set()
-
     def _send(self, request_id: int, frame: bytes, callback: Callback) -> int:
         if len(frame) - 4 > self.frame_bytes_max:
-            self._release(1)
+            self._room.give(1)
             raise ValueError(f"request of {len(frame)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
         self._seal_batch()  # adds gathered before this request leave before it
         self._pending[request_id] = callback
@@ -289,12 +282,10 @@ class BookieClient:
         which the writer task sends when it runs; with none it leaves now."""
         if self._failure is not None:
             raise self._failure
-        if self._in_flight >= self._in_flight_max:
-            raise trio.WouldBlock
         tail_bytes = len(tail)
         if tail_bytes + 32 > self.frame_bytes_max:
             raise ValueError(f"an add of {tail_bytes} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
-        self._in_flight += 1
+        self._room.take_nowait()
         if not self._batching:
             request_id = self._new_request_id()
             self._pending[request_id] = callback
@@ -351,7 +342,7 @@ class BookieClient:
             # Nobody will look at the answer: forget the request (its answer,
             # if it comes, is dropped) and free its slot.
             if self._pending.pop(request_id, None) is not None:
-                self._release(1)
+                self._room.give(1)
             raise
         if isinstance(result[0], BookieConnectionError):
             raise result[0]
@@ -400,7 +391,7 @@ class BookieClient:
         its OK answers to adds that came back to back, alone or in batches,
         as one run of entry ids; every other answer goes to the callback
         itself (an add of a batch as its own AddResponse)."""
-        pending, release = self._pending, self._release
+        pending, release = self._pending, self._room.give
         run_owner = None  # the callback whose run is being gathered
         run_ledger_id = -1
         run_entry_ids: list[int] = []
@@ -410,7 +401,10 @@ class BookieClient:
             # the callback raises.
             nonlocal run_owner
             owner, run_owner = run_owner, None
-            _call_back(owner.acknowledged, run_ledger_id, run_entry_ids)
+            try:  # (`_call_back`, inlined: one per answer with many ledgers)
+                owner.acknowledged(run_ledger_id, run_entry_ids)
+            except Exception:
+                log.exception("a bookie request's callback failed")
 
         try:
             for fields in frames:

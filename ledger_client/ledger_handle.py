@@ -35,6 +35,7 @@ from ledger_client.errors import (
     NoSuchEntryError,
 )
 from ledger_client.metadata import LedgerMetadata
+from ledger_client.room import Room
 from ledger_client.write_core import (
     AddsCompleted,
     AddsFailed,
@@ -421,7 +422,10 @@ class LedgerHandle(ReadHandle):
     ) -> None:
         super().__init__(bk, core.metadata, core.version, core.digest, master_key)
         self._core = core
-        self._slots = trio.Semaphore(pending_adds_max)
+        self._slots = Room(pending_adds_max)
+        # now_ms() for the paths every entry takes: the run's clock, asked
+        # directly (trio.current_time() is three calls deep).
+        self._clock_s = trio.lowlevel.current_clock().current_time
         self._room_reserved = False
         self._adds: dict[int, PendingAdd] = {}
         self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
@@ -473,10 +477,7 @@ class LedgerHandle(ReadHandle):
         `submit_add_nowait` (kept until that call): a caller that must not
         wait once it has changed its own state waits here first."""
         if not self._room_reserved:
-            try:
-                self._slots.acquire_nowait()
-            except trio.WouldBlock:
-                await self._slots.acquire()
+            await self._slots.take()  # (not a scheduling point while there is room)
             self._room_reserved = True
 
     def submit_add_nowait(self, data: bytes, on_done: Callable[[PendingAdd], None] | None = None) -> PendingAdd:
@@ -489,11 +490,11 @@ class LedgerHandle(ReadHandle):
         if self._room_reserved:
             self._room_reserved = False
         else:
-            self._slots.acquire_nowait()
+            self._slots.take_nowait()
         try:
-            entry_id, actions = self._core.add(bytes(data), now_ms())
+            entry_id, actions = self._core.add(bytes(data), self._clock_s() * 1000.0)
         except BKError:
-            self._slots.release()
+            self._slots.give()
             raise
         pending = self._adds[entry_id] = PendingAdd(entry_id, on_done)
         self._execute(actions)
@@ -547,7 +548,7 @@ class LedgerHandle(ReadHandle):
     def _finish(self, entry_id: int, error: BKError | None) -> None:
         pending = self._adds.pop(entry_id, None)
         if pending is not None:
-            self._slots.release()
+            self._slots.give()
             pending._complete(error)
 
     def _on_add_response(self, bookie_id: str, response) -> None:
@@ -574,7 +575,7 @@ class LedgerHandle(ReadHandle):
             log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self._ledger_id, ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
-        actions = self._core.bookie_acknowledged(bookie_id, entry_ids, now_ms())
+        actions = self._core.bookie_acknowledged(bookie_id, entry_ids, self._clock_s() * 1000.0)
         if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
             self._execute(actions)
 

@@ -29,7 +29,7 @@ from tests.support import wait_until
 
 # How many seeds the simulator may take to find a planted mistake. Measured
 # over seeds 0-149 (see the README): unfenced-recovery-reads first at seed 4
-# (9% of seeds), io-error-is-negative at 37 (3%), ack-before-ensemble-written
+# (7% of seeds), io-error-is-negative at 60 (2%), ack-before-ensemble-written
 # at 48 (5%); the bound leaves room for changes that move the random stream.
 MISTAKE_SEEDS_MAX = 300
 
