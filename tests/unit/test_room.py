@@ -20,18 +20,22 @@ async def test_free_room_is_taken_without_a_scheduling_point_and_then_would_bloc
     assert room.free == 2
 
 
+async def waiter(room: Room, served: list, name, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Take a slot, then note `name` in `served`; started, it hands over a
+    cancel scope around the wait."""
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        await room.take()
+        served.append(name)
+
+
 async def test_waiters_are_served_in_order_and_a_slot_goes_straight_to_the_first():
     room = Room(1)
     room.take_nowait()
     served: list[int] = []
-
-    async def waiter(number: int) -> None:
-        await room.take()
-        served.append(number)
-
     async with trio.open_nursery() as nursery:
         for number in range(3):
-            nursery.start_soon(waiter, number)
+            nursery.start_soon(waiter, room, served, number)
             await trio.testing.wait_all_tasks_blocked()
         room.give()
         # Handed to waiter 0 before anyone else could take it.
@@ -52,17 +56,10 @@ async def test_a_cancelled_waiter_takes_no_slot():
     room = Room(1)
     room.take_nowait()
     got: list[str] = []
-
-    async def waiter(name: str, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        with trio.CancelScope() as scope:
-            task_status.started(scope)
-            await room.take()
-            got.append(name)
-
     async with trio.open_nursery() as nursery:
-        first = await nursery.start(waiter, "first")
+        first = await nursery.start(waiter, room, got, "first")
         await trio.testing.wait_all_tasks_blocked()
-        nursery.start_soon(waiter, "second")
+        nursery.start_soon(waiter, room, got, "second")
         await trio.testing.wait_all_tasks_blocked()
         first.cancel()
         await trio.testing.wait_all_tasks_blocked()
