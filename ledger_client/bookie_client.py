@@ -24,6 +24,7 @@ from bookie.protocol.wire import (
     FRAME_BYTES_MAX_DEFAULT,
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
     ADD_BATCH_ADDS_MAX,
     AddBatchResponse,
     AddFlag,
@@ -73,6 +74,14 @@ class BookieConnectionError(Exception):
     flight on it have an unknown outcome."""
 
 
+class _OlderBookie(Exception):
+    """The bookie refused our protocol version and speaks an older one we speak too."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(version)
+        self.version = version
+
+
 def _call_back(callback: Callable, *results) -> None:
     """Run a caller's callback from the connection's reader task. Its bug is
     logged and stays its own: it must neither break this connection nor
@@ -91,10 +100,11 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class _AddBatch:
-    """Adds gathered for one ADD_BATCH: their encoded tails, and for each
-    the callback, ledger id and entry id to hand its answer to (columns,
-    not a tuple per add: they live until the answer, and every object that
-    lives that long is one more for the garbage collector to look at)."""
+    """Adds gathered for one ADD_BATCH: their encoded tails (until sent),
+    and for each the callback, ledger id and entry id to hand its answer to
+    (columns, not a tuple per add: they live until the answer, and every
+    object that lives that long is one more for the garbage collector to
+    look at)."""
 
     __slots__ = ("tails", "tails_bytes", "callbacks", "ledger_ids", "entry_ids")
 
@@ -145,12 +155,25 @@ class BookieClient:
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
     ) -> AsyncIterator["BookieClient"]:
         host, port = parse_address(address)
+        version = PROTOCOL_VERSION
+        while True:
+            try:
+                stream = await trio.open_tcp_stream(host, port)
+            except OSError as error:
+                raise BookieConnectionError(f"cannot connect to bookie {address}: {error}") from None
+            try:
+                client = await cls._handshake(
+                    stream, address, peer_name, requests_in_flight_max, frame_bytes_max, version
+                )
+                break
+            except _OlderBookie as older:
+                # A bookie not upgraded yet: speak its protocol (no ADD_BATCH) on a new connection.
+                await trio.aclose_forcefully(stream)
+                version = older.version
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
         try:
-            stream = await trio.open_tcp_stream(host, port)
-        except OSError as error:
-            raise BookieConnectionError(f"cannot connect to bookie {address}: {error}") from None
-        try:
-            client = await cls._handshake(stream, address, peer_name, requests_in_flight_max, frame_bytes_max)
             with unwrap_single_exception():
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(client._read_loop)
@@ -164,24 +187,27 @@ class BookieClient:
 
     @classmethod
     async def _handshake(
-        cls, stream: trio.SocketStream, address: str, peer_name: str, requests_in_flight_max: int, frame_bytes_max: int
+        cls, stream: trio.SocketStream, address: str, peer_name: str, requests_in_flight_max: int, frame_bytes_max: int,
+        version: int,
     ) -> "BookieClient":
         decoder = FrameDecoder(frame_bytes_max)
         try:
-            await stream.send_all(encode_hello(Hello(PROTOCOL_VERSION, peer_name)))
+            await stream.send_all(encode_hello(Hello(version, peer_name)))
             frames = await receive_first_frames(stream, decoder)
             if not frames:
                 raise BookieConnectionError(f"bookie {address} closed the connection during the handshake")
             reply = decode_hello_reply(frames[0])
         except (ProtocolError, trio.BrokenResourceError) as error:
             raise BookieConnectionError(f"handshake with bookie {address} failed: {error}") from None
+        if reply.status is Status.BAD_VERSION and PROTOCOL_VERSION_MIN <= reply.protocol_version < version:
+            raise _OlderBookie(reply.protocol_version)
         if reply.status is not Status.OK:
             raise BookieConnectionError(
                 f"bookie {address} refused the handshake ({reply.status.name}, it speaks protocol {reply.protocol_version})"
             )
         client = cls(
             stream, address, reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max,
-            batching=reply.protocol_version >= 2,
+            batching=min(version, reply.protocol_version) >= 2,
         )
         client._decoder = decoder
         client._early_frames = frames[1:]
@@ -213,10 +239,13 @@ class BookieClient:
             pending[0] = gathering  # (0: no request id was given to it)
         for callback in pending.values():
             if type(callback) is _AddBatch:
-                self._room.give(len(callback.tails))
+                self._room.give(len(callback.entry_ids))
                 told = None
                 for add_callback in callback.callbacks:
-                    if add_callback is not told:  # once per run of one writer's adds
+                    # Each add hears it, except that a writer's callback (with
+                    # `acknowledged`: about the bookie, not the add) hears it
+                    # once per run of its adds.
+                    if add_callback is not told or not hasattr(add_callback, "acknowledged"):
                         told = add_callback
                         _call_back(add_callback, self._failure)
             else:
@@ -320,6 +349,7 @@ class BookieClient:
         output = self._output
         output.queue(encode_add_batch_head(request_id, len(batch.tails), batch.tails_bytes))
         output.queue_parts(batch.tails, batch.tails_bytes)
+        batch.tails = []  # the output holds them until sent; the answer needs only the ids
 
     async def submit_add(self, flags: int, master_key: bytes, entry: bytes, callback: Callback) -> int:
         """`submit` for an ADD without building a request object: the path
@@ -428,13 +458,13 @@ class BookieClient:
                         if callback is None:
                             continue
                         batched = type(callback) is _AddBatch
-                        if batched != (type(response) is AddBatchResponse) or batched and len(response.statuses) != len(callback.tails):
+                        if batched != (type(response) is AddBatchResponse) or batched and len(response.statuses) != len(callback.entry_ids):
                             raise ProtocolError(f"an answer of the wrong kind to request {response.request_id}")
                         del pending[response.request_id]
                         if run_owner is not None:
                             hand_over_run()
                         if batched:  # (rare: some adds of the batch were refused)
-                            release(len(callback.tails))
+                            release(len(callback.entry_ids))
                             for (add_callback, ledger_id, entry_id), status in zip(callback.adds(), response.statuses):
                                 _call_back(add_callback, AddResponse(response.request_id, status, ledger_id, entry_id))
                         else:
@@ -445,7 +475,7 @@ class BookieClient:
                     batch = pending.get(request_id)
                     if batch is None:
                         continue
-                    if type(batch) is not _AddBatch or len(batch.tails) != count:
+                    if type(batch) is not _AddBatch or len(batch.entry_ids) != count:
                         raise ProtocolError(f"an answer for {count} batched adds to request {request_id}, which is not such a batch")
                     del pending[request_id]
                     release(count)

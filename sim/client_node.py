@@ -71,6 +71,7 @@ class SimClient(SimNode):
 
             def answered(response: Any, bookie_id: str = bookie_id, entry_ids: list[int] = entry_ids) -> None:
                 statuses = [None] * len(entry_ids) if response is None else response.statuses
+                assert len(statuses) == len(entry_ids), f"an answer for {len(statuses)} adds to a batch of {len(entry_ids)}"
                 for entry_id, status in zip(entry_ids, statuses):
                     on_add(bookie_id, entry_id, status)
 

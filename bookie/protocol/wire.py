@@ -204,7 +204,7 @@ Response = Union[
     AddResponse, AddBatchResponse, ReadResponse, ReadLacResponse, BatchReadResponse, GetInfoResponse, ListEntriesResponse
 ]
 # The most adds one ADD_BATCH may carry (a frame's byte bound applies too).
-ADD_BATCH_ADDS_MAX = 65_536
+ADD_BATCH_ADDS_MAX = 1_024
 
 _REQUEST_OPS: dict[type, Op] = {
     AddRequest: Op.ADD,

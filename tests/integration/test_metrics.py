@@ -306,9 +306,13 @@ def quire(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
 
 def test_cluster_up_gives_every_process_a_metrics_port(tmp_path):
     data_dir = tmp_path / "cluster"
-    metrics_base = consecutive_free_ports(4)
-    up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", free_port(), "--bookie-base-port", free_port(),
-               "--broker-base-port", free_port(), "--metrics-base-port", metrics_base)
+    # One run of free ports for all of them: ports picked one by one can
+    # collide (a free port can be handed out twice, and each base is the
+    # first of a run).
+    zk_port = consecutive_free_ports(1 + 3 + 1 + 4)
+    bookie_base, broker_base, metrics_base = zk_port + 1, zk_port + 4, zk_port + 5
+    up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_base,
+               "--broker-base-port", broker_base, "--metrics-base-port", metrics_base)
     try:
         assert up.returncode == 0, up.stderr
         state = ClusterState.load(data_dir)

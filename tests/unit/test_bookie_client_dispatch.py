@@ -10,7 +10,6 @@ import pytest
 import trio
 
 from bookie.protocol.wire import (
-    PROTOCOL_VERSION,
     AddBatchRequest,
     AddBatchResponse,
     AddRequest,
@@ -218,4 +217,48 @@ async def test_the_answer_to_a_batch_behind_a_first_add(batch_answer, expected):
 
     await exchange(sends, answers_for, answered_or_closed, protocol_version=2)
     assert events == expected
-    assert PROTOCOL_VERSION == 2
+
+
+async def test_a_bookie_of_protocol_1_is_spoken_to_in_protocol_1():
+    # It refuses a HELLO of protocol 2 (BAD_VERSION, saying it speaks 1), as
+    # a bookie not yet upgraded does; the client connects again with 1 and
+    # sends plain ADDs, never an ADD_BATCH.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    hellos: list[int] = []
+    requests: list = []
+
+    async def serve(stream) -> None:
+        decoder = FrameDecoder()
+        while data := await stream.receive_some(65536):
+            decoder.feed(data)
+            for fields in decoder.frames():
+                if fields[0] == Op.HELLO:
+                    hellos.append(fields[1])
+                    status = Status.OK if fields[1] == 1 else Status.BAD_VERSION
+                    await stream.send_all(encode_hello_reply(HelloReply(status, 1, "old", 1 << 20)))
+                    if status is not Status.OK:
+                        return  # and the connection closes, as a bookie's does
+                else:
+                    requests.append(decode_request(fields))
+                    await stream.send_all(encode_add_ok(requests[-1].request_id, LEDGER, len(requests) - 1))
+
+    async def old_bookie() -> None:
+        while True:
+            async with await listeners[0].accept() as stream:
+                await serve(stream)
+
+    events: list = []
+    first = Writer("first", events)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(old_bookie)
+        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
+            tail = encode_add_tail(0, b"key", b"entry")
+            for entry_id in range(3):
+                client.submit_add_tail_nowait(tail, first, LEDGER, entry_id)
+            with trio.fail_after(10):
+                await all_answered(client)
+        nursery.cancel_scope.cancel()
+    assert hellos == [2, 1]
+    assert [type(request) for request in requests] == [AddRequest] * 3
+    assert sorted(entry for event in events for entry in event[3]) == [0, 1, 2]

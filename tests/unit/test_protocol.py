@@ -179,7 +179,7 @@ def test_empty_frame_is_a_protocol_error():
         [7, 1, [0, b"k", None]],  # entry must be binary
         [7, 1, b"adds"],  # not an array
         [7, 1],  # missing field
-        [7, 1, [0, b"k", b"e"] * 65_537],  # past ADD_BATCH_ADDS_MAX
+        [7, 1, [0, b"k", b"e"] * 1_025],  # past ADD_BATCH_ADDS_MAX
     ],
 )
 def test_ill_shaped_requests(fields):
@@ -252,11 +252,12 @@ def test_a_batch_answer_sends_one_status_when_all_agree():
 
 
 # Counts either side of msgpack's array-header forms for 3 * count elements:
-# fixarray (up to 15), array16 (up to 65,535), array32.
-@pytest.mark.parametrize("count", [1, 5, 6, 21_845, 21_846])
+# fixarray (up to 15), array16 (up to 65,535), array32; and either side of
+# the bound of adds a bookie takes in one batch.
+@pytest.mark.parametrize("count", [1, 5, 6, 1_024, 1_025, 21_845, 21_846])
 @pytest.mark.parametrize("request_id", [0, 65_536, 2**32])
 def test_a_batch_joined_from_encoded_tails_is_the_frame_of_its_request(count, request_id):
-    from bookie.protocol.wire import encode_add_batch_head, encode_add_tail
+    from bookie.protocol.wire import ADD_BATCH_ADDS_MAX, encode_add_batch_head, encode_add_tail
 
     adds = [(index % 2, b"key", b"entry %d" % index) for index in range(count)]
     tails = [encode_add_tail(*add) for add in adds]
@@ -264,4 +265,16 @@ def test_a_batch_joined_from_encoded_tails_is_the_frame_of_its_request(count, re
     request = AddBatchRequest(request_id, [field for add in adds for field in add])
     assert frame == encode_request(request)
     (fields,), _ = frames_of(frame, frame_bytes_max=1 << 24)
-    assert decode_request(fields) == request
+    if count <= ADD_BATCH_ADDS_MAX:
+        assert decode_request(fields) == request
+    else:
+        with pytest.raises(ProtocolError, match="exceeds the bound"):
+            decode_request(fields)
+
+
+def test_protocol_2_is_spoken_and_a_client_gathers_no_more_than_a_bookie_takes():
+    from bookie.protocol.wire import ADD_BATCH_ADDS_MAX, PROTOCOL_VERSION, PROTOCOL_VERSION_MIN
+    from ledger_client.bookie_client import ADD_BATCH_GATHER_ADDS
+
+    assert (PROTOCOL_VERSION_MIN, PROTOCOL_VERSION) == (1, 2)
+    assert ADD_BATCH_GATHER_ADDS <= ADD_BATCH_ADDS_MAX
