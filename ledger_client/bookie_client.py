@@ -308,14 +308,17 @@ class BookieClient:
         connection is gone.
 
         With requests in flight the add joins the ADD_BATCH being gathered,
-        which the writer task sends when it runs; with none it leaves now."""
+        which the writer task sends when it runs; with none it leaves now,
+        as a plain ADD."""
         if self._failure is not None:
             raise self._failure
         tail_bytes = len(tail)
         if tail_bytes + 32 > self.frame_bytes_max:
             raise ValueError(f"an add of {tail_bytes} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
         self._room.take_nowait()
-        if not self._batching:
+        if not self._batching or not self._pending and self._gathering is None:
+            # A bookie of protocol 1, or nothing in flight: a plain ADD
+            # leaves now (a batch of one would cost both sides more work).
             request_id = self._new_request_id()
             self._pending[request_id] = callback
             self._output.queue(encode_add_head(request_id, tail_bytes))
@@ -333,10 +336,7 @@ class BookieClient:
         batch.callbacks.append(callback)
         batch.ledger_ids.append(ledger_id)
         batch.entry_ids.append(entry_id)
-        if not self._pending:
-            self._output.flush()  # nothing in flight: this add's latency is all there is (it gathers the batch)
-        else:
-            self._output.schedule()
+        self._output.schedule()
 
     def _seal_batch(self) -> None:
         """Give the ADD_BATCH being gathered its request id and queue it."""

@@ -159,8 +159,8 @@ async def test_a_malformed_answer_closes_the_connection_after_the_run_before_it(
 
 
 async def test_batched_adds_are_answered_in_runs_across_batches():
-    # The first add leaves alone (nothing was in flight), the rest queue up
-    # behind it and leave as one ADD_BATCH. Both answers arrive in one
+    # The first add leaves alone as a plain ADD (nothing was in flight), the
+    # rest queue up behind it and leave as one ADD_BATCH. Both answers arrive in one
     # write: runs continue across them, a plain callback gets its own
     # AddResponse, and the second writer's add splits the first's run.
     events: list = []
@@ -169,9 +169,9 @@ async def test_batched_adds_are_answered_in_runs_across_batches():
     sends = [(first, 0), (first, 1), (first, 2), (second, 5), (first, 3), (plain.append, 9), (first, 4)]
 
     def answers_for(requests):
-        assert all(type(request) is AddBatchRequest for request in requests)
-        assert [adds_of(request) for request in requests] == [1, 6]
-        frames = [encode_response(AddBatchResponse(request.request_id, [Status.OK] * adds_of(request))) for request in requests]
+        alone, batch = requests
+        assert type(alone) is AddRequest and type(batch) is AddBatchRequest and adds_of(batch) == 6
+        frames = [encode_add_ok(alone.request_id, LEDGER, 0), encode_response(AddBatchResponse(batch.request_id, [Status.OK] * 6))]
         frames.append(encode_frame([Op.ADD_BATCH, 10_000, 3, 0]))  # answers nothing asked: dropped
         return frames
 
@@ -210,7 +210,7 @@ async def test_the_answer_to_a_batch_behind_a_first_add(batch_answer, expected):
 
     def answers_for(requests):
         alone, batch = requests
-        return [encode_response(AddBatchResponse(alone.request_id, [Status.OK])), batch_answer(batch.request_id)]
+        return [encode_add_ok(alone.request_id, LEDGER, 0), batch_answer(batch.request_id)]
 
     async def answered_or_closed(client) -> None:
         await wait_until_async(lambda: client.requests_in_flight == 0, deadline_s=10, what="every add answered or lost")
