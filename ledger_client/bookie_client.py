@@ -233,11 +233,12 @@ class BookieClient:
         if self._failure is None:
             self._failure = BookieConnectionError(f"connection to bookie {self.address} lost: {reason}")
             self._failed.set()
-        pending, self._pending = self._pending, {}
-        gathering, self._gathering = self._gathering, None
-        if gathering is not None:
-            pending[0] = gathering  # (0: no request id was given to it)
-        for callback in pending.values():
+        unanswered = list(self._pending.values())
+        self._pending = {}
+        if self._gathering is not None:
+            unanswered.append(self._gathering)  # never sent
+            self._gathering = None
+        for callback in unanswered:
             if type(callback) is _AddBatch:
                 self._room.give(len(callback.entry_ids))
                 told = None
