@@ -670,7 +670,11 @@ class BookieCore:
             return []
         lac = self.ledgers[ledger_id].last_add_confirmed
         actions: list[Action] = []
-        for waiter in [waiter for waiter in waiters if waiter.request.previous_lac < lac]:
+        woken = []  # (a loop, not a comprehension: `lac` would be a cell, made on every call)
+        for waiter in waiters:
+            if waiter.request.previous_lac < lac:
+                woken.append(waiter)
+        for waiter in woken:
             self._finish_waiter(waiter)
             self.reads_in_flight += 1
             request = waiter.request

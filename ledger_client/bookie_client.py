@@ -421,22 +421,15 @@ class BookieClient:
         method (a writer's, answered for thousands of adds a second) gets
         its OK answers to adds that came back to back, alone or in batches,
         as one run of entry ids; every other answer goes to the callback
-        itself (an add of a batch as its own AddResponse)."""
+        itself (an add of a batch as its own AddResponse).
+
+        (Plain locals, no closure: with many ledgers open each answer is a
+        run of its own, and this loop is a writer's per-answer cost.)"""
         pending, release = self._pending, self._room.give
         run_owner = None  # the callback whose run is being gathered
+        run_acknowledged = None  # its `acknowledged`
         run_ledger_id = -1
         run_entry_ids: list[int] = []
-
-        def hand_over_run() -> None:
-            # Cleared before the call: a run is handed over once, whatever
-            # the callback raises.
-            nonlocal run_owner
-            owner, run_owner = run_owner, None
-            try:  # (`_call_back`, inlined: one per answer with many ledgers)
-                owner.acknowledged(run_ledger_id, run_entry_ids)
-            except Exception:
-                log.exception("a bookie request's callback failed")
-
         try:
             for fields in frames:
                 ok = add_ok_fields(fields)
@@ -463,7 +456,8 @@ class BookieClient:
                             raise ProtocolError(f"an answer of the wrong kind to request {response.request_id}")
                         del pending[response.request_id]
                         if run_owner is not None:
-                            hand_over_run()
+                            run_owner = None
+                            _call_back(run_acknowledged, run_ledger_id, run_entry_ids)
                         if batched:  # (rare: some adds of the batch were refused)
                             release(len(callback.entry_ids))
                             for (add_callback, ledger_id, entry_id), status in zip(callback.adds(), response.statuses):
@@ -486,8 +480,15 @@ class BookieClient:
                         run_entry_ids.append(entry_id)
                         continue
                     if run_owner is not None:
-                        hand_over_run()
-                    if hasattr(callback, "acknowledged"):
+                        # Cleared before the call: a run is handed over
+                        # once, whatever the callback raises.
+                        run_owner = None
+                        try:  # (`_call_back`, inlined)
+                            run_acknowledged(run_ledger_id, run_entry_ids)
+                        except Exception:
+                            log.exception("a bookie request's callback failed")
+                    run_acknowledged = getattr(callback, "acknowledged", None)
+                    if run_acknowledged is not None:
                         run_owner, run_ledger_id, run_entry_ids = callback, ledger_id, [entry_id]
                     else:
                         _call_back(callback, AddResponse(request_id, Status.OK, ledger_id, entry_id))
@@ -495,7 +496,7 @@ class BookieClient:
             # Also when a later frame was malformed: these were taken off
             # `pending`, so nobody else would answer them.
             if run_owner is not None:
-                hand_over_run()
+                _call_back(run_acknowledged, run_ledger_id, run_entry_ids)
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

@@ -57,6 +57,12 @@ class BookiePool:
                 return
             except (BookieConnectionError, trio.WouldBlock, ValueError):
                 pass  # _dispatch reports it (later, through the callback)
+        self._send_add_tail_waiting(bookie_id, tail, callback, ledger_id, entry_id)
+
+    def _send_add_tail_waiting(self, bookie_id: str, tail: bytes, callback: Callback, ledger_id: int, entry_id: int) -> None:
+        # Apart from `send_add_tail`: the closure's variables are cells,
+        # made on every call of the function that holds it (four objects for
+        # the garbage collector per send, where no closure is needed).
         self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback, ledger_id, entry_id), callback)
 
     async def call(self, bookie_id: str, request_factory: Callable[[int], Request]):
@@ -139,9 +145,7 @@ class BookiePool:
                 ) as client:
                     scope.deadline = math.inf
                     connection.client = client
-                    waiting, connection.waiting = connection.waiting, []
-                    for submit, callback in waiting:
-                        self._submit(client, submit, callback)
+                    self._submit_waiting(client, connection)
                     reason = await client.wait_closed()
                     log.info("connection to bookie %s closed: %s", bookie_id, reason)
             if scope.cancelled_caught:
@@ -159,6 +163,14 @@ class BookiePool:
         waiting, connection.waiting = connection.waiting, []
         for _, callback in waiting:
             callback(failure or BookieConnectionError(f"connection to bookie {bookie_id} closed"))
+
+    def _submit_waiting(self, client: BookieClient, connection: _Connection) -> None:
+        # Apart from `_run_connection`, whose frame lives as long as the
+        # connection: a local there would keep every request that waited,
+        # entry bytes and all, for that long.
+        waiting, connection.waiting = connection.waiting, []
+        for submit, callback in waiting:
+            self._submit(client, submit, callback)
 
     def close(self) -> None:
         """Refuse new requests; the owner cancels the nursery to close

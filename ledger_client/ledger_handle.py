@@ -426,6 +426,7 @@ class LedgerHandle(ReadHandle):
         # now_ms() for the paths every entry takes: the run's clock, asked
         # directly (trio.current_time() is three calls deep).
         self._clock_s = trio.lowlevel.current_clock().current_time
+        self._send_add_tail = bk.pool.send_add_tail  # (the pool is the client's for good)
         self._room_reserved = False
         self._adds: dict[int, PendingAdd] = {}
         self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
@@ -513,7 +514,7 @@ class LedgerHandle(ReadHandle):
 
     def _execute(self, actions: list) -> None:
         tail_entry_id, tail = -1, b""
-        send_add_tail = self._bk.pool.send_add_tail
+        send_add_tail = self._send_add_tail
         ledger_id = self._ledger_id
         for action in actions:
             kind = type(action)
@@ -575,7 +576,7 @@ class LedgerHandle(ReadHandle):
             log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self._ledger_id, ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
-        actions = self._core.bookie_acknowledged(bookie_id, entry_ids, self._clock_s() * 1000.0)
+        actions = self._core.bookie_acknowledged(bookie_id, entry_ids)
         if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
             self._execute(actions)
 

@@ -141,6 +141,11 @@ class LedgerMetadata:
         last_key, _ = self.ensembles[-1]
         if entry_id >= last_key:
             return self._last_write_sets[entry_id % self.ensemble_size]
+        return self._earlier_write_set(entry_id)
+
+    def _earlier_write_set(self, entry_id: int) -> tuple[str, ...]:
+        # Apart from `write_set_tuple`, whose every call would otherwise make
+        # cells for the generator's variables.
         _, bookies = self.ensemble_at(entry_id)
         return tuple(bookies[(entry_id + i) % self.ensemble_size] for i in range(self.write_quorum))
 

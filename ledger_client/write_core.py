@@ -114,8 +114,19 @@ class _PendingAdd:
     entry: bytes
     total_length: int
     sent_at_ms: float
-    sent_to: set[str] = field(default_factory=set)
-    acked_by: set[str] = field(default_factory=set)
+    # Each bookie it was sent to -> whether that bookie acknowledged it;
+    # `acks` counts the True values. (One dict of str -> bool, not two
+    # sets: the garbage collector does not track such a dict, and an add
+    # pending across a collection would otherwise bring two more objects
+    # into the older generations, whose full collections cost a writer
+    # with many ledgers open several microseconds per entry.)
+    sent_to: dict[str, bool] = field(default_factory=dict)
+    acks: int = 0
+
+    def keep_only(self, bookie_ids: set[str]) -> None:
+        """Forget the sends to (and acknowledgements from) every other bookie."""
+        self.sent_to = {bookie_id: acked for bookie_id, acked in self.sent_to.items() if bookie_id in bookie_ids}
+        self.acks = sum(self.sent_to.values())
 
 
 class WriteCore:
@@ -215,7 +226,7 @@ class WriteCore:
         actions: list[Action] = []
         for bookie_id in self.metadata.write_set_tuple(pending.entry_id):
             if bookie_id not in pending.sent_to and bookie_id not in self._failed:
-                pending.sent_to.add(bookie_id)
+                pending.sent_to[bookie_id] = False
                 actions.append(SendAdd(bookie_id, pending.entry_id, pending.entry, self.recovery))
         if actions:
             pending.sent_at_ms = now_ms
@@ -225,7 +236,7 @@ class WriteCore:
 
     def bookie_responded(self, bookie_id: str, entry_id: int, status: Status, now_ms: float) -> list[Action]:
         if status is Status.OK:
-            return self.bookie_acknowledged(bookie_id, [entry_id], now_ms)
+            return self.bookie_acknowledged(bookie_id, [entry_id])
         if self.error is not None or self.closed:
             return []
         pending = self._pending.get(entry_id)
@@ -239,24 +250,32 @@ class WriteCore:
         # the bookie cannot take writes now, replace it.
         return self.bookie_failed(bookie_id, now_ms)
 
-    def bookie_acknowledged(self, bookie_id: str, entry_ids: list[int], now_ms: float) -> list[Action]:
+    def bookie_acknowledged(self, bookie_id: str, entry_ids: list[int]) -> list[Action]:
         """The bookie answered OK for each of `entry_ids` (`bookie_responded`
         with Status.OK is this for one). Taken together, the result is that
         of one at a time, the completions in one action: a writer's answers
-        arrive by the thousand, and this checks for completions once."""
+        arrive by the thousand, and this checks for completions once. (No
+        time: nothing here depends on it, and a writer with many ledgers
+        open would read the clock for every answer.)"""
         if self.error is not None or self.closed or not entry_ids or max(entry_ids) <= self.last_add_confirmed:
             # (The last: only adds that completed already, such as the third
             # answer of three with AQ 2.)
             return []
         pending_adds = self._pending
-        acknowledged = False
+        ack_quorum = self.metadata.ack_quorum
+        quorum_reached = False
         for entry_id in entry_ids:
             pending = pending_adds.get(entry_id)
             # Not pending or not sent there: late, duplicate, or from a bookie replaced since.
-            if pending is not None and bookie_id in pending.sent_to:
-                pending.acked_by.add(bookie_id)
-                acknowledged = True
-        return self._deliver(now_ms) if acknowledged else []
+            if pending is not None and pending.sent_to.get(bookie_id) is False:
+                pending.sent_to[bookie_id] = True
+                pending.acks += 1
+                if pending.acks >= ack_quorum:
+                    quorum_reached = True
+        # Adds complete only when the first pending one has AQ answers: an
+        # answer that leaves every add it names short of AQ completes none
+        # (the first of three, with AQ 2).
+        return self._deliver() if quorum_reached else []
 
     def bookie_failed(self, bookie_id: str, now_ms: float) -> list[Action]:
         """The connection to a bookie broke or it answered an error: replace
@@ -272,8 +291,8 @@ class WriteCore:
         # Sends to it that were not acknowledged are void; the entries go to
         # the replacement once the new ensemble is written.
         for pending in self._pending.values():
-            if bookie_id not in pending.acked_by:
-                pending.sent_to.discard(bookie_id)
+            if pending.sent_to.get(bookie_id) is False:
+                del pending.sent_to[bookie_id]
         return True
 
     def tick(self, now_ms: float) -> list[Action]:
@@ -288,7 +307,7 @@ class WriteCore:
         if now_ms < oldest.sent_at_ms + self.add_timeout_ms:
             return []
         # Every bookie late on it is replaced in one ensemble change.
-        if not any([self._mark_failed(bookie_id) for bookie_id in sorted(oldest.sent_to - oldest.acked_by)]):
+        if not any([self._mark_failed(bookie_id) for bookie_id in sorted(bookie_id for bookie_id, acked in oldest.sent_to.items() if not acked)]):
             return []
         return self._maybe_change_ensemble(now_ms)
 
@@ -303,7 +322,7 @@ class WriteCore:
 
     # --- completion -----------------------------------------------------------------
 
-    def _deliver(self, now_ms: float) -> list[Action]:
+    def _deliver(self) -> list[Action]:
         if self._change_in_flight is not None:
             return []  # nothing completes while the ensemble is being changed
         completed: list[int] = []
@@ -311,7 +330,7 @@ class WriteCore:
         pending_adds = self._pending
         last = None
         for entry_id, pending in pending_adds.items():
-            if len(pending.acked_by) < ack_quorum:
+            if pending.acks < ack_quorum:
                 break
             completed.append(entry_id)
             last = pending
@@ -379,12 +398,11 @@ class WriteCore:
         actions: list[Action] = []
         for pending in self._pending.values():
             write_set = set(self.metadata.write_set(pending.entry_id))
-            pending.sent_to &= write_set
-            pending.acked_by &= write_set
+            pending.keep_only(write_set)
             actions += self._send_missing(pending, now_ms)
         if self._failed:
             return actions + self._maybe_change_ensemble(now_ms)
-        return actions + self._deliver(now_ms)
+        return actions + self._deliver()
 
     def metadata_conflict(self, current: LedgerMetadata, version: int, now_ms: float) -> list[Action]:
         """The compare-and-set lost: `current` is what the store holds now."""

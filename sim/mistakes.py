@@ -43,12 +43,12 @@ class AckBeforeEnsembleWritten(WriteCore):
         self.metadata = proposed
         return actions + self._adopt_ensemble(now_ms)
 
-    def _deliver(self, now_ms: float) -> list:
+    def _deliver(self) -> list:
         if self._closing:
-            return super()._deliver(now_ms)
+            return super()._deliver()
         in_flight, self._change_in_flight = self._change_in_flight, None
         try:
-            return super()._deliver(now_ms)
+            return super()._deliver()
         finally:
             self._change_in_flight = in_flight
 

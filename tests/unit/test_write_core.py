@@ -301,7 +301,7 @@ def test_answers_taken_together_complete_exactly_as_one_by_one(answers, cuts):
             same = 0
             while same < len(run) and run[same][0] == bookie_id:
                 same += 1
-            got += completed(together.bookie_acknowledged(bookie_id, [entry for _, entry in run[:same]], 1.0))
+            got += completed(together.bookie_acknowledged(bookie_id, [entry for _, entry in run[:same]]))
             run = run[same:]
         start = end
     assert got == expected == list(range(6))
@@ -388,7 +388,7 @@ def test_random_interleavings_keep_the_quorum_and_order_rules(data):
             for send in answered:
                 in_flight.remove(send)
                 delivered_ok.add((send.bookie_id, send.entry_id))
-            handle(core.bookie_acknowledged(bookie_id, [send.entry_id for send in answered], now))
+            handle(core.bookie_acknowledged(bookie_id, [send.entry_id for send in answered]))
         elif choice == "metadata":
             write, metadata_write = metadata_write, None
             assert write is not None

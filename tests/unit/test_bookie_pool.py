@@ -1,0 +1,85 @@
+"""BookiePool against a stand-in bookie on loopback that answers every add
+OK at once: what the pool keeps of a request once it is answered."""
+
+import gc
+import weakref
+
+import trio
+
+from bookie.protocol.wire import (
+    AddBatchRequest,
+    FrameDecoder,
+    HelloReply,
+    Op,
+    Status,
+    decode_request,
+    encode_add_ok,
+    encode_add_tail,
+    encode_frame,
+    encode_hello_reply,
+)
+from ledger_client.bookie_pool import BookiePool
+from tests.support import wait_until_async
+
+LEDGER = 7
+
+
+class Registry:
+    """The one thing the pool asks of the registry: where a bookie listens."""
+
+    def __init__(self, address: str) -> None:
+        self._address = address
+
+    def address(self, bookie_id: str) -> str:
+        return self._address
+
+
+class Writer:
+    def __init__(self) -> None:
+        self.acknowledged_entry_ids: list[int] = []
+
+    def __call__(self, response) -> None:
+        raise AssertionError(f"only OK answers were expected, got {response!r}")
+
+    def acknowledged(self, ledger_id: int, entry_ids: list[int]) -> None:
+        self.acknowledged_entry_ids += entry_ids
+
+
+async def answer_every_add(stream: trio.SocketStream) -> None:
+    decoder = FrameDecoder()
+    hello_answered = False
+    while data := await stream.receive_some(65536):
+        decoder.feed(data)
+        for fields in decoder.frames():
+            if not hello_answered:
+                await stream.send_all(encode_hello_reply(HelloReply(Status.OK, 2, "stand-in", 1 << 20)))
+                hello_answered = True
+                continue
+            request = decode_request(fields)
+            if type(request) is AddBatchRequest:
+                await stream.send_all(encode_frame([Op.ADD_BATCH, request.request_id, len(request.adds) // 3, Status.OK]))
+            else:
+                header = request.entry
+                await stream.send_all(encode_add_ok(request.request_id, LEDGER, int.from_bytes(header[8:16], "big")))
+
+
+async def test_adds_that_waited_for_the_connection_are_let_go_once_answered():
+    # Adds sent before the connection is up wait in a list, handed to the
+    # client once it connects. That list must not outlive the hand-over:
+    # kept in the connection's task for as long as the connection lasts, it
+    # held every waiting add's callback and bytes.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, answer_every_add, listeners)
+        pool = BookiePool(Registry(address), nursery)
+        writer = Writer()
+        for entry_id in range(3):
+            pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+        await wait_until_async(lambda: writer.acknowledged_entry_ids == [0, 1, 2], deadline_s=10, what="the three adds answered")
+        gone = weakref.ref(writer)
+        del writer
+        gc.collect()
+        assert gone() is None, f"still held by {[type(referrer).__name__ for referrer in gc.get_referrers(gone())]}"
+        pool.close()
+        nursery.cancel_scope.cancel()
