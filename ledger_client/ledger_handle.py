@@ -470,7 +470,10 @@ class LedgerHandle(ReadHandle):
         `on_done(pending)`, if given, runs on completion or failure (it must
         not block)."""
         self._check_entry(data)
-        await self.wait_for_room()
+        if not self._room_reserved:
+            # `wait_for_room`, inlined: a writer's every entry comes this way.
+            await self._slots.take()  # (not a scheduling point while there is room)
+            self._room_reserved = True
         return self._submit_checked(data, on_done)
 
     async def wait_for_room(self) -> None:
@@ -577,7 +580,15 @@ class LedgerHandle(ReadHandle):
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
         actions = self._core.bookie_acknowledged(bookie_id, entry_ids)
-        if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
+        if not actions:
+            return  # nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
+        if len(actions) == 1 and type(actions[0]) is AddsCompleted:
+            # The common case, short of `_execute`: completions alone only
+            # move the core's deadline later (or away), which the ticker
+            # finds when it wakes; it needs no poke.
+            for entry_id in actions[0].entry_ids:
+                self._finish(entry_id, None)
+        else:
             self._execute(actions)
 
     async def _write_metadata(self, action: WriteMetadata) -> None:
