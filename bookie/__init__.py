@@ -6,7 +6,8 @@ core and its trio server, identity cookies and registration.
 from bookie.bookie_process import StartupError, run_bookie
 from bookie.config import BookieConfig
 from bookie.ledger_storage import LedgerStorage
-from bookie.request_core import BookieCore, CoreLimits
+from bookie.core_actions import CoreLimits
+from bookie.request_core import BookieCore
 from bookie.server import BookieServer
 
 __all__ = ["BookieConfig", "BookieCore", "BookieServer", "CoreLimits", "LedgerStorage", "StartupError", "run_bookie"]

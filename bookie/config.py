@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT
-from bookie.request_core import CoreLimits
+from bookie.core_actions import CoreLimits
 
 MIB = 1024 * 1024
 

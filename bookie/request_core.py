@@ -12,14 +12,13 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable, Union
+from typing import Iterable
 
 from bookie.protocol.entry_format import EntryFormatError, header_fields
 from bookie.protocol.wire import (
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
     AddBatchRequest,
-    AddBatchResponse,
     AddFlag,
     AddRequest,
     AddResponse,
@@ -38,122 +37,22 @@ from bookie.protocol.wire import (
     Response,
     Status,
 )
+from bookie.core_actions import (
+    Action,
+    AppendJournal,
+    BatchAnswer,
+    CoreLimits,
+    DurableAdd,
+    ListEntries,
+    ReadEntries,
+    Respond,
+    StoreEntry,
+)
 from bookie.storage_interfaces import JournalRecord, LedgerStateRecord, ReadOutcome, RecordKind
 
 # Ledger and entry ids are signed 64-bit values, as in BookKeeper: the header
 # has room for more, but the journal and index store them signed.
 ID_MAX = 2**63 - 1
-
-# --- actions ------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Respond:
-    connection_id: int
-    response: Response
-
-
-@dataclass(slots=True)
-class AppendJournal:
-    """Append the record; report `journal_synced([token])` once it is durable
-    (token 0: nobody waits for this record on its own)."""
-
-    record: JournalRecord | DurableAdd
-    token: int
-
-
-@dataclass(slots=True)
-class StoreEntry:
-    """Put a durable entry into ledger storage (the write cache)."""
-
-    ledger_id: int
-    entry_id: int
-    data: bytes
-
-
-class _BatchAnswer:
-    """The answer an ADD_BATCH gets once every one of its adds is settled:
-    one status per add, OK unless an add was refused or failed."""
-
-    __slots__ = ("connection_id", "request_id", "statuses", "unsettled")
-
-    def __init__(self, connection_id: int, request_id: int, count: int) -> None:
-        self.connection_id = connection_id
-        self.request_id = request_id
-        self.statuses = [Status.OK] * count
-        self.unsettled = count
-
-    def settled(self) -> list[Action]:
-        """One more add is settled: the Respond once it was the last."""
-        self.unsettled -= 1
-        if self.unsettled:
-            return []
-        return [Respond(self.connection_id, AddBatchResponse(self.request_id, self.statuses))]
-
-
-@dataclass(slots=True)
-class DurableAdd:
-    """An add on its way: `AppendJournal` carries it as the journal record
-    (it has a record's kind, ledger_id, entry_id and data); once durable,
-    `journal_synced` returns the same object as the action "store the entry
-    and acknowledge it". One object per add instead of five keeps the hot
-    path short. An add of an ADD_BATCH (`batch`) is only stored: the
-    batch's one answer follows as a Respond once all its adds are settled."""
-
-    connection_id: int
-    request_id: int
-    ledger_id: int
-    entry_id: int
-    last_add_confirmed: int
-    data: bytes
-    batch: _BatchAnswer | None = None
-    index: int = 0  # in the batch
-    kind = RecordKind.ADD
-
-
-@dataclass(slots=True)
-class ReadEntries:
-    """Read consecutive entries from `first_entry_id`, stopping at the first
-    missing or unreadable one; report `read_completed(token, ReadOutcome)`."""
-
-    token: int
-    ledger_id: int
-    first_entry_id: int
-    entries_max: int
-    bytes_max: int
-
-
-@dataclass(slots=True)
-class ListEntries:
-    """List stored entry ids; report `list_completed(token, ids, failed)`."""
-
-    token: int
-    ledger_id: int
-    first_entry_id: int
-    last_entry_id: int
-    ids_max: int
-
-
-Action = Union[Respond, AppendJournal, StoreEntry, DurableAdd, ReadEntries, ListEntries]
-
-
-@dataclass(frozen=True, slots=True)
-class CoreLimits:
-    adds_in_flight_max: int = 20_000
-    reads_in_flight_max: int = 10_000
-    long_poll_waiters_max: int = 10_000
-    long_poll_timeout_ms_max: int = 120_000
-    write_cache_wait_ms_max: int = 10_000
-    batch_read_entries_max: int = 10_000
-    batch_read_bytes_max: int = 8 * 1024 * 1024
-    read_bytes_max: int = 15 * 1024 * 1024
-    list_entries_ids_max: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1")
-
 
 # --- pending operations -------------------------------------------------------
 
@@ -168,7 +67,7 @@ class _WaitingAdd:
     ledger_id: int
     entry_id: int
     last_add_confirmed: int
-    batch: _BatchAnswer | None
+    batch: BatchAnswer | None
     index: int
 
 
@@ -472,7 +371,7 @@ class BookieCore:
         answered once, when the last of them is settled."""
         adds = iter(request.adds)
         request_id = request.request_id
-        batch = _BatchAnswer(connection_id, request_id, len(request.adds) // 3)
+        batch = BatchAnswer(connection_id, request_id, len(request.adds) // 3)
         receive_add = self._receive_add
         actions: list[Action] = []
         for index, (flags, master_key, entry) in enumerate(zip(adds, adds, adds)):
@@ -481,7 +380,7 @@ class BookieCore:
 
     def _receive_add(
         self, connection_id: int, request_id: int, flags: int, master_key: bytes, entry: bytes, now_ms: float,
-        batch: _BatchAnswer | None = None, index: int = 0,
+        batch: BatchAnswer | None = None, index: int = 0,
     ) -> list[Action]:
         try:
             ledger_id, entry_id, last_add_confirmed, _ = header_fields(entry)
@@ -521,7 +420,7 @@ class BookieCore:
 
     @staticmethod
     def _refuse_add(
-        connection_id: int, request_id: int, status: Status, ledger_id: int, entry_id: int, batch: _BatchAnswer | None, index: int
+        connection_id: int, request_id: int, status: Status, ledger_id: int, entry_id: int, batch: BatchAnswer | None, index: int
     ) -> list[Action]:
         """An add settled with an error: its own answer, or its status in its batch's."""
         if batch is None:

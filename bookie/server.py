@@ -44,15 +44,8 @@ from bookie.protocol.wire import (
     encode_hello_reply,
     encode_response,
 )
-from bookie.request_core import (
-    AppendJournal,
-    BookieCore,
-    DurableAdd,
-    ListEntries,
-    ReadEntries,
-    Respond,
-    StoreEntry,
-)
+from bookie.core_actions import AppendJournal, DurableAdd, ListEntries, ReadEntries, Respond, StoreEntry
+from bookie.request_core import BookieCore
 from bookie.storage_interfaces import Journal, JournalPosition, JournalRecord, ReadOutcome
 from coordination.store import MetadataStore
 

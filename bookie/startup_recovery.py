@@ -9,7 +9,8 @@ import logging
 from dataclasses import dataclass
 
 from bookie.ledger_storage import LedgerStorage
-from bookie.request_core import BookieCore, CoreLimits, StoreEntry
+from bookie.core_actions import CoreLimits, StoreEntry
+from bookie.request_core import BookieCore
 from bookie.storage_interfaces import JOURNAL_START, Journal, JournalCorruptError, JournalPosition
 
 log = logging.getLogger(__name__)

@@ -83,7 +83,7 @@ def _threshold(text: str) -> float:
 def run(arguments: argparse.Namespace) -> int:
     from bookie.bookie_process import StartupError, run_bookie
     from bookie.config import BookieConfig
-    from bookie.request_core import CoreLimits
+    from bookie.core_actions import CoreLimits
 
     try:
         config = BookieConfig(

@@ -10,15 +10,7 @@ from typing import Any
 
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.protocol.wire import AddResponse, Request, Status
-from bookie.request_core import (
-    AppendJournal,
-    CoreLimits,
-    DurableAdd,
-    ListEntries,
-    ReadEntries,
-    Respond,
-    StoreEntry,
-)
+from bookie.core_actions import AppendJournal, CoreLimits, DurableAdd, ListEntries, ReadEntries, Respond, StoreEntry
 from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
 from bookie.startup_recovery import recover
 from bookie.storage_interfaces import JOURNAL_START, JournalPosition, RecordKind

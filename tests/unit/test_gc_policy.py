@@ -14,7 +14,8 @@ from bookie.garbage_collector import find_absent_ledgers
 from bookie.gc_policy import DeletedLedgerDetector, live_ratio, plan_entry_logs
 from bookie.protocol import AddFlag, AddRequest, ReadFlag, ReadRequest
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from bookie.request_core import AppendJournal, BookieCore, ReadEntries
+from bookie.core_actions import AppendJournal, ReadEntries
+from bookie.request_core import BookieCore
 from bookie.sim_storage import SimEntryLog
 from bookie.storage_interfaces import EntryLogUsage, ReadOutcome
 from coordination.cluster_layout import ledger_path

@@ -22,7 +22,7 @@ from bookie.journal import FileJournal
 from bookie.ledger_storage import LedgerStorage
 from bookie.protocol import AddFlag, AddRequest, ReadFlag, ReadRequest, Status
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from bookie.request_core import AppendJournal, CoreLimits, DurableAdd, ReadEntries, Respond
+from bookie.core_actions import AppendJournal, CoreLimits, DurableAdd, ReadEntries, Respond
 from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
 from bookie.startup_recovery import recover
 from coordination.cluster_layout import ledger_path

@@ -21,16 +21,8 @@ from bookie.protocol import (
     ReadRequest,
     Status,
 )
-from bookie.request_core import (
-    AppendJournal,
-    BookieCore,
-    CoreLimits,
-    DurableAdd,
-    ListEntries,
-    ReadEntries,
-    Respond,
-    StoreEntry,
-)
+from bookie.core_actions import AppendJournal, CoreLimits, DurableAdd, ListEntries, ReadEntries, Respond, StoreEntry
+from bookie.request_core import BookieCore
 from bookie.storage_interfaces import LedgerStateRecord, ReadOutcome, RecordKind
 
 KEY = master_key(b"pw")

@@ -16,7 +16,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.ledger_storage import LedgerStorage
 from bookie.protocol import LAST_ADD_CONFIRMED, AddFlag, AddRequest, AddResponse, ReadFlag, ReadRequest, ReadResponse, Status
-from bookie.request_core import AppendJournal, BookieCore, CoreLimits, DurableAdd, ReadEntries, Respond, StoreEntry
+from bookie.core_actions import AppendJournal, CoreLimits, DurableAdd, ReadEntries, Respond, StoreEntry
+from bookie.request_core import BookieCore
 from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
 from bookie.startup_recovery import recover
 
