@@ -391,7 +391,12 @@ class PendingAdd:
         if self._event is not None:
             self._event.set()
         if self._on_done is not None:
-            self._on_done(self)
+            # The caller's bug stays its own: raised here, it would stop the
+            # adds completing after this one, and keep their room.
+            try:
+                self._on_done(self)
+            except Exception:
+                log.exception("the on_done callback of entry %d failed", self.entry_id)
 
     @property
     def error(self) -> BKError | None:
@@ -468,7 +473,7 @@ class LedgerHandle(ReadHandle):
         acknowledged (only for room under the pending-adds bound): many adds
         in flight from one task. Completions arrive in entry order;
         `on_done(pending)`, if given, runs on completion or failure (it must
-        not block)."""
+        not block; what it raises is logged)."""
         self._check_entry(data)
         if not self._room_reserved:
             # `wait_for_room`, inlined: a writer's every entry comes this way.

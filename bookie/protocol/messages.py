@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 PROTOCOL_VERSION = 2  # 2 added ADD_BATCH
 PROTOCOL_VERSION_MIN = 1  # the oldest a bookie still serves (a client of 1 never batches)

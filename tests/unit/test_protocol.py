@@ -4,12 +4,14 @@ and malformed input that must raise ProtocolError and nothing else."""
 from __future__ import annotations
 
 import struct
+import typing
 
 import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bookie.protocol import messages
 from bookie.protocol import (
     LAST_ADD_CONFIRMED,
     AddBatchRequest,
@@ -278,3 +280,12 @@ def test_protocol_2_is_spoken_and_a_client_gathers_no_more_than_a_bookie_takes()
 
     assert (PROTOCOL_VERSION_MIN, PROTOCOL_VERSION) == (1, 2)
     assert ADD_BATCH_GATHER_ADDS <= ADD_BATCH_ADDS_MAX
+
+
+def test_every_message_type_has_annotations_that_resolve():
+    # Strategies built from the types (hypothesis's st.builds) and any other
+    # reader of the annotations need every name in them importable.
+    for name in messages.__all__:
+        value = getattr(messages, name)
+        if isinstance(value, type):
+            typing.get_type_hints(value)
