@@ -431,7 +431,6 @@ class LedgerHandle(ReadHandle):
         # now_ms() for the paths every entry takes: the run's clock, asked
         # directly (trio.current_time() is three calls deep).
         self._clock_s = trio.lowlevel.current_clock().current_time
-        self._send_add_tail = bk.pool.send_add_tail  # (the pool is the client's for good)
         self._room_reserved = False
         self._adds: dict[int, PendingAdd] = {}
         self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
@@ -475,10 +474,7 @@ class LedgerHandle(ReadHandle):
         `on_done(pending)`, if given, runs on completion or failure (it must
         not block; what it raises is logged)."""
         self._check_entry(data)
-        if not self._room_reserved:
-            # `wait_for_room`, inlined: a writer's every entry comes this way.
-            await self._slots.take()  # (not a scheduling point while there is room)
-            self._room_reserved = True
+        await self.wait_for_room()
         return self._submit_checked(data, on_done)
 
     async def wait_for_room(self) -> None:
@@ -522,7 +518,7 @@ class LedgerHandle(ReadHandle):
 
     def _execute(self, actions: list) -> None:
         tail_entry_id, tail = -1, b""
-        send_add_tail = self._send_add_tail
+        send_add_tail = self._bk.pool.send_add_tail
         ledger_id = self._ledger_id
         for action in actions:
             kind = type(action)
@@ -585,15 +581,7 @@ class LedgerHandle(ReadHandle):
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
         actions = self._core.bookie_acknowledged(bookie_id, entry_ids)
-        if not actions:
-            return  # nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
-        if len(actions) == 1 and type(actions[0]) is AddsCompleted:
-            # The common case, short of `_execute`: completions alone only
-            # move the core's deadline later (or away), which the ticker
-            # finds when it wakes; it needs no poke.
-            for entry_id in actions[0].entry_ids:
-                self._finish(entry_id, None)
-        else:
+        if actions:  # none: nothing completed, so no deadline moved (two answers in three, with AQ 2 of WQ 3)
             self._execute(actions)
 
     async def _write_metadata(self, action: WriteMetadata) -> None:
