@@ -92,6 +92,18 @@ def _call_back(callback: Callable, *results) -> None:
         log.exception("a bookie request's callback failed")
 
 
+def answer_add(callback, bookie_id: str, result) -> None:
+    """Hand an add's answer (any but an OK run: an error status, or a
+    BookieConnectionError) to its callback: `add_answered(bookie_id,
+    result)` for an add listener (see `BookieClient.submit_add_tail_nowait`),
+    else the call itself."""
+    add_answered = getattr(callback, "add_answered", None)
+    if add_answered is None:
+        _call_back(callback, result)
+    else:
+        _call_back(add_answered, bookie_id, result)
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, separator, port = address.rpartition(":")
     if not separator or not host or not port.isdigit():
@@ -153,7 +165,12 @@ class BookieClient:
         peer_name: str = "quire-client",
         requests_in_flight_max: int = 10_000,
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+        expected_bookie_id: str | None = None,
     ) -> AsyncIterator["BookieClient"]:
+        """Connect and shake hands. With `expected_bookie_id`, a bookie at
+        the address that calls itself anything else is refused (a stale
+        registration): adds meant for one bookie must not land on another,
+        and add listeners are told answers by that id."""
         host, port = parse_address(address)
         version = PROTOCOL_VERSION
         while True:
@@ -163,7 +180,7 @@ class BookieClient:
                 raise BookieConnectionError(f"cannot connect to bookie {address}: {error}") from None
             try:
                 client = await cls._handshake(
-                    stream, address, peer_name, requests_in_flight_max, frame_bytes_max, version
+                    stream, address, peer_name, requests_in_flight_max, frame_bytes_max, version, expected_bookie_id
                 )
                 break
             except _OlderBookie as older:
@@ -188,7 +205,7 @@ class BookieClient:
     @classmethod
     async def _handshake(
         cls, stream: trio.SocketStream, address: str, peer_name: str, requests_in_flight_max: int, frame_bytes_max: int,
-        version: int,
+        version: int, expected_bookie_id: str | None,
     ) -> "BookieClient":
         decoder = FrameDecoder(frame_bytes_max)
         try:
@@ -205,6 +222,8 @@ class BookieClient:
             raise BookieConnectionError(
                 f"bookie {address} refused the handshake ({reply.status.name}, it speaks protocol {reply.protocol_version})"
             )
+        if expected_bookie_id is not None and reply.bookie_id != expected_bookie_id:
+            raise BookieConnectionError(f"the bookie at {address} is {reply.bookie_id!r}, not {expected_bookie_id!r}")
         client = cls(
             stream, address, reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max,
             batching=min(version, reply.protocol_version) >= 2,
@@ -243,15 +262,14 @@ class BookieClient:
                 self._room.give(len(callback.entry_ids))
                 told = None
                 for add_callback in callback.callbacks:
-                    # Each add hears it, except that a writer's callback (with
-                    # `acknowledged`: about the bookie, not the add) hears it
-                    # once per run of its adds.
-                    if add_callback is not told or not hasattr(add_callback, "acknowledged"):
+                    # Each add hears it, except that an add listener (about
+                    # the bookie, not the add) hears it once per run of its adds.
+                    if add_callback is not told or not hasattr(add_callback, "add_answered"):
                         told = add_callback
-                        _call_back(add_callback, self._failure)
+                        answer_add(add_callback, self.bookie_id, self._failure)
             else:
                 self._room.give(1)
-                _call_back(callback, self._failure)
+                answer_add(callback, self.bookie_id, self._failure)
 
     # --- requests -------------------------------------------------------------
 
@@ -310,7 +328,15 @@ class BookieClient:
 
         With requests in flight the add joins the ADD_BATCH being gathered,
         which the writer task sends when it runs; with none it leaves now,
-        as a plain ADD."""
+        as a plain ADD.
+
+        The callback is called with the AddResponse or the
+        BookieConnectionError, unless it is an add listener (a ledger
+        handle, answered for thousands of adds a second): an object with
+        `adds_acknowledged(bookie_id, ledger_id, entry_ids)`, which gets
+        the OK answers to its adds that came back to back as one run, and
+        `add_answered(bookie_id, result)` for everything else. The bookie's
+        id comes with each, so that one listener serves every bookie."""
         if self._failure is not None:
             raise self._failure
         tail_bytes = len(tail)
@@ -417,17 +443,16 @@ class BookieClient:
 
     def _dispatch(self, frames: Iterable[list]) -> None:
         """Hand the answers that arrived together to their callbacks, in
-        order. A callback with an `acknowledged(ledger_id, entry_ids)`
-        method (a writer's, answered for thousands of adds a second) gets
-        its OK answers to adds that came back to back, alone or in batches,
-        as one run of entry ids; every other answer goes to the callback
-        itself (an add of a batch as its own AddResponse).
+        order. An add listener (see `submit_add_tail_nowait`) gets its OK
+        answers to adds that came back to back, alone or in batches, as one
+        run of entry ids; every other answer goes to `answer_add` (an add
+        of a batch as its own AddResponse).
 
         (Plain locals, no closure: with many ledgers open each answer is a
         run of its own, and this loop is a writer's per-answer cost.)"""
-        pending, release = self._pending, self._room.give
-        run_owner = None  # the callback whose run is being gathered
-        run_acknowledged = None  # its `acknowledged`
+        pending, release, bookie_id = self._pending, self._room.give, self.bookie_id
+        run_owner = None  # the listener whose run is being gathered
+        run_acknowledged = None  # its `adds_acknowledged`
         run_ledger_id = -1
         run_entry_ids: list[int] = []
         try:
@@ -457,14 +482,14 @@ class BookieClient:
                         del pending[response.request_id]
                         if run_owner is not None:
                             run_owner = None
-                            _call_back(run_acknowledged, run_ledger_id, run_entry_ids)
+                            _call_back(run_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
                         if batched:  # (rare: some adds of the batch were refused)
                             release(len(callback.entry_ids))
                             for (add_callback, ledger_id, entry_id), status in zip(callback.adds(), response.statuses):
-                                _call_back(add_callback, AddResponse(response.request_id, status, ledger_id, entry_id))
+                                answer_add(add_callback, bookie_id, AddResponse(response.request_id, status, ledger_id, entry_id))
                         else:
                             release(1)
-                            _call_back(callback, response)
+                            answer_add(callback, bookie_id, response)
                         continue
                     request_id, count = batch_ok
                     batch = pending.get(request_id)
@@ -484,10 +509,10 @@ class BookieClient:
                         # once, whatever the callback raises.
                         run_owner = None
                         try:  # (`_call_back`, inlined)
-                            run_acknowledged(run_ledger_id, run_entry_ids)
+                            run_acknowledged(bookie_id, run_ledger_id, run_entry_ids)
                         except Exception:
                             log.exception("a bookie request's callback failed")
-                    run_acknowledged = getattr(callback, "acknowledged", None)
+                    run_acknowledged = getattr(callback, "adds_acknowledged", None)
                     if run_acknowledged is not None:
                         run_owner, run_ledger_id, run_entry_ids = callback, ledger_id, [entry_id]
                     else:
@@ -496,7 +521,7 @@ class BookieClient:
             # Also when a later frame was malformed: these were taken off
             # `pending`, so nobody else would answer them.
             if run_owner is not None:
-                _call_back(run_acknowledged, run_ledger_id, run_entry_ids)
+                _call_back(run_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

@@ -15,7 +15,7 @@ from typing import Callable
 import trio
 
 from bookie.protocol.wire import Request
-from ledger_client.bookie_client import BookieClient, BookieConnectionError, Callback
+from ledger_client.bookie_client import BookieClient, BookieConnectionError, Callback, answer_add
 from ledger_client.registry import BookieRegistry
 
 log = logging.getLogger(__name__)
@@ -98,18 +98,18 @@ class BookiePool:
 
     def _dispatch(self, bookie_id: str, submit: Callable[[BookieClient], None], callback: Callback) -> None:
         if self._closed:
-            self._fail_later(callback, BookieConnectionError(f"the client is closed (bookie {bookie_id})"))
+            self._fail_later(bookie_id, callback, BookieConnectionError(f"the client is closed (bookie {bookie_id})"))
             return
         connection = self._connections.get(bookie_id)
         if connection is None:
             if trio.current_time() < self._down_until.get(bookie_id, 0.0):
-                self._fail_later(callback, BookieConnectionError(f"bookie {bookie_id} is unreachable (retrying shortly)"))
+                self._fail_later(bookie_id, callback, BookieConnectionError(f"bookie {bookie_id} is unreachable (retrying shortly)"))
                 return
             connection = self._connections[bookie_id] = _Connection(bookie_id)
             self._nursery.start_soon(self._run_connection, connection)
         if connection.client is None:
             if len(connection.waiting) >= CONNECTING_REQUESTS_MAX:
-                self._fail_later(callback, BookieConnectionError(f"too many requests wait for bookie {bookie_id}"))
+                self._fail_later(bookie_id, callback, BookieConnectionError(f"too many requests wait for bookie {bookie_id}"))
             else:
                 connection.waiting.append((submit, callback))
             return
@@ -119,15 +119,15 @@ class BookiePool:
         try:
             submit(client)
         except BookieConnectionError as error:
-            self._fail_later(callback, error)
+            self._fail_later(client.bookie_id, callback, error)
         except trio.WouldBlock:
-            self._fail_later(callback, BookieConnectionError(f"bookie {client.bookie_id}: {REQUESTS_IN_FLIGHT_MAX} requests in flight"))
+            self._fail_later(client.bookie_id, callback, BookieConnectionError(f"bookie {client.bookie_id}: {REQUESTS_IN_FLIGHT_MAX} requests in flight"))
         except ValueError as error:  # larger than the bookie's frame bound
-            self._fail_later(callback, BookieConnectionError(f"bookie {client.bookie_id} refused a request: {error}"))
+            self._fail_later(client.bookie_id, callback, BookieConnectionError(f"bookie {client.bookie_id} refused a request: {error}"))
 
-    def _fail_later(self, callback: Callback, error: BookieConnectionError) -> None:
+    def _fail_later(self, bookie_id: str, callback: Callback, error: BookieConnectionError) -> None:
         async def fail() -> None:
-            callback(error)
+            answer_add(callback, bookie_id, error)
 
         self._nursery.start_soon(fail)
 
@@ -141,7 +141,8 @@ class BookiePool:
             # The deadline covers connecting only: lifted once connected.
             with trio.CancelScope(deadline=trio.current_time() + CONNECT_TIMEOUT_S) as scope:
                 async with BookieClient.connect(
-                    address, peer_name=self.peer_name, requests_in_flight_max=REQUESTS_IN_FLIGHT_MAX
+                    address, peer_name=self.peer_name, requests_in_flight_max=REQUESTS_IN_FLIGHT_MAX,
+                    expected_bookie_id=bookie_id,
                 ) as client:
                     scope.deadline = math.inf
                     connection.client = client
@@ -162,7 +163,7 @@ class BookiePool:
             self._down_until[bookie_id] = trio.current_time() + RECONNECT_DELAY_S
         waiting, connection.waiting = connection.waiting, []
         for _, callback in waiting:
-            callback(failure or BookieConnectionError(f"connection to bookie {bookie_id} closed"))
+            answer_add(callback, bookie_id, failure or BookieConnectionError(f"connection to bookie {bookie_id} closed"))
 
     def _submit_waiting(self, client: BookieClient, connection: _Connection) -> None:
         # Apart from `_run_connection`, whose frame lives as long as the

@@ -7,7 +7,6 @@ mismatch; batch reads of ranges; tailing by long-polling the LAC), and
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import math
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -434,8 +433,6 @@ class LedgerHandle(ReadHandle):
         self._room_reserved = False
         self._adds: dict[int, PendingAdd] = {}
         self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
-        # One callback per bookie, made once: an add response names its entry.
-        self._response_callbacks: dict[str, Callable] = {}
         self._close_done = trio.Event()
         self._close_error: BKError | None = None
         # Flags and master key open every ADD of this writer: encoded once.
@@ -526,10 +523,8 @@ class LedgerHandle(ReadHandle):
                 if action.entry_id != tail_entry_id:
                     # An entry's sends come together: encode its bytes once.
                     tail_entry_id, tail = action.entry_id, encode_add_tail_after(self._tail_prefix, action.entry)
-                callback = self._response_callbacks.get(action.bookie_id)
-                if callback is None:
-                    callback = self._response_callbacks[action.bookie_id] = _AddAnswers(self, action.bookie_id)
-                send_add_tail(action.bookie_id, tail, callback, ledger_id, tail_entry_id)
+                # The handle hears the answers itself, as an add listener.
+                send_add_tail(action.bookie_id, tail, self, ledger_id, tail_entry_id)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)
@@ -556,7 +551,10 @@ class LedgerHandle(ReadHandle):
             self._slots.give()
             pending._complete(error)
 
-    def _on_add_response(self, bookie_id: str, response) -> None:
+    # --- answers: the handle is an add listener (BookieClient.submit_add_tail_nowait) ---
+
+    def add_answered(self, bookie_id: str, response) -> None:
+        """An add's answer other than OK, or the connection's failure."""
         if isinstance(response, BookieConnectionError):
             self._core.bookies_changed(self._bk.registry.writable_racks())
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
@@ -573,9 +571,11 @@ class LedgerHandle(ReadHandle):
             self._core.bookies_changed(self._bk.registry.writable_racks())
         self._execute(self._core.bookie_responded(bookie_id, entry_id, response.status, now_ms()))
 
-    def _acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
+    def adds_acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
         """A bookie's OK answers to adds that arrived together, in order: one
-        step of the core for all of them."""
+        step of the core for all of them. (The handle itself, not an object
+        per bookie: with many ledgers open each answer is a run of its own,
+        and every object it passes through is one more out of the caches.)"""
         if ledger_id != self._ledger_id:
             log.warning("bookie %s answered an add of ledger %d about ledger %d", bookie_id, self._ledger_id, ledger_id)
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
@@ -602,24 +602,6 @@ class LedgerHandle(ReadHandle):
 
     async def read_lac(self) -> int:
         return self._core.last_add_confirmed
-
-
-class _AddAnswers:
-    """How a ledger handle hears from one bookie about its adds: a run of
-    OK answers at once (`acknowledged`, see BookieClient._dispatch), any
-    other answer or a lost connection one at a time."""
-
-    __slots__ = ("_handle", "_bookie_id", "acknowledged")
-
-    def __init__(self, handle: LedgerHandle, bookie_id: str) -> None:
-        self._handle = handle
-        self._bookie_id = bookie_id
-        # acknowledged(ledger_id, entry_ids): a partial, not a method, so
-        # that no bound method is made for each answer.
-        self.acknowledged = functools.partial(handle._acknowledged, bookie_id)
-
-    def __call__(self, response) -> None:
-        self._handle._on_add_response(self._bookie_id, response)
 
 
 class CoreTicker:

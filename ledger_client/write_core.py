@@ -158,6 +158,9 @@ class WriteCore:
             raise LedgerStateError(f"ledger {metadata.ledger_id} is {metadata.state.value}, a {'recoverer' if recovery else 'writer'} needs {expected_state.value}")
         self.metadata = metadata
         self.version = version
+        # A ledger's quorums never change: kept here, an answer does not
+        # reach into the metadata (one object more to fetch per answer).
+        self._ack_quorum = metadata.ack_quorum
         self.digest = digest
         self.recovery = recovery
         self.bookies = dict(bookies)  # writable bookies (id -> rack) to replace failed ones from
@@ -262,7 +265,7 @@ class WriteCore:
             # answer of three with AQ 2.)
             return []
         pending_adds = self._pending
-        ack_quorum = self.metadata.ack_quorum
+        ack_quorum = self._ack_quorum
         quorum_reached = False
         for entry_id in entry_ids:
             pending = pending_adds.get(entry_id)
@@ -326,7 +329,7 @@ class WriteCore:
         if self._change_in_flight is not None:
             return []  # nothing completes while the ensemble is being changed
         completed: list[int] = []
-        ack_quorum = self.metadata.ack_quorum
+        ack_quorum = self._ack_quorum
         pending_adds = self._pending
         last = None
         for entry_id, pending in pending_adds.items():

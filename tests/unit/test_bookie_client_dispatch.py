@@ -32,20 +32,23 @@ LEDGER = 7
 
 
 class Writer:
-    """A callback shaped like a ledger handle's: runs of OK answers go to
-    `acknowledged`, anything else to the call."""
+    """An add listener, as a ledger handle is: runs of OK answers go to
+    `adds_acknowledged`, anything else to `add_answered`, each with the id
+    of the bookie that answered (the stand-in calls itself "stand-in")."""
 
     def __init__(self, name: str, events: list) -> None:
         self.name = name
         self.events = events
 
-    def __call__(self, response) -> None:
+    def add_answered(self, bookie_id: str, response) -> None:
+        assert bookie_id == "stand-in"
         if isinstance(response, BookieConnectionError):
             self.events.append((self.name, "lost"))
         else:
             self.events.append((self.name, response.status.name, response.entry_id))
 
-    def acknowledged(self, ledger_id: int, entry_ids: list[int]) -> None:
+    def adds_acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
+        assert bookie_id == "stand-in"
         self.events.append((self.name, "ok", ledger_id, list(entry_ids)))
 
 
@@ -236,7 +239,7 @@ async def test_a_bookie_of_protocol_1_is_spoken_to_in_protocol_1():
                 if fields[0] == Op.HELLO:
                     hellos.append(fields[1])
                     status = Status.OK if fields[1] == 1 else Status.BAD_VERSION
-                    await stream.send_all(encode_hello_reply(HelloReply(status, 1, "old", 1 << 20)))
+                    await stream.send_all(encode_hello_reply(HelloReply(status, 1, "stand-in", 1 << 20)))
                     if status is not Status.OK:
                         return  # and the connection closes, as a bookie's does
                 else:

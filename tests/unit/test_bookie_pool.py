@@ -1,6 +1,8 @@
 """BookiePool against a stand-in bookie on loopback that answers every add
-OK at once: what the pool keeps of a request once it is answered."""
+OK at once: what the pool keeps of a request once it is answered, and a
+bookie at the address that is not the one the registry named."""
 
+import functools
 import gc
 import weakref
 
@@ -18,6 +20,7 @@ from bookie.protocol.wire import (
     encode_frame,
     encode_hello_reply,
 )
+from ledger_client.bookie_client import BookieConnectionError
 from ledger_client.bookie_pool import BookiePool
 from tests.support import wait_until_async
 
@@ -35,24 +38,29 @@ class Registry:
 
 
 class Writer:
-    def __init__(self) -> None:
+    def __init__(self, *, expect_failures: bool = False) -> None:
         self.acknowledged_entry_ids: list[int] = []
+        self.expect_failures = expect_failures
+        self.failures: list[tuple[str, BookieConnectionError]] = []
 
-    def __call__(self, response) -> None:
-        raise AssertionError(f"only OK answers were expected, got {response!r}")
+    def add_answered(self, bookie_id: str, response) -> None:
+        if not self.expect_failures or not isinstance(response, BookieConnectionError):
+            raise AssertionError(f"only OK answers were expected, got {response!r} from {bookie_id}")
+        self.failures.append((bookie_id, response))
 
-    def acknowledged(self, ledger_id: int, entry_ids: list[int]) -> None:
+    def adds_acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
+        assert bookie_id == "bookie-1"
         self.acknowledged_entry_ids += entry_ids
 
 
-async def answer_every_add(stream: trio.SocketStream) -> None:
+async def answer_every_add(stream: trio.SocketStream, calls_itself: str = "bookie-1") -> None:
     decoder = FrameDecoder()
     hello_answered = False
     while data := await stream.receive_some(65536):
         decoder.feed(data)
         for fields in decoder.frames():
             if not hello_answered:
-                await stream.send_all(encode_hello_reply(HelloReply(Status.OK, 2, "stand-in", 1 << 20)))
+                await stream.send_all(encode_hello_reply(HelloReply(Status.OK, 2, calls_itself, 1 << 20)))
                 hello_answered = True
                 continue
             request = decode_request(fields)
@@ -81,5 +89,25 @@ async def test_adds_that_waited_for_the_connection_are_let_go_once_answered():
         del writer
         gc.collect()
         assert gone() is None, f"still held by {[type(referrer).__name__ for referrer in gc.get_referrers(gone())]}"
+        pool.close()
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_bookie_that_calls_itself_by_another_id_is_refused():
+    # The registry sends "bookie-1" to an address where another bookie
+    # answers (a stale registration): no add may land there, and each
+    # fails as a lost connection to the bookie it was meant for.
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, functools.partial(answer_every_add, calls_itself="bookie-2"), listeners)
+        pool = BookiePool(Registry(address), nursery)
+        writer = Writer(expect_failures=True)
+        for entry_id in range(2):
+            pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+        await wait_until_async(lambda: len(writer.failures) == 2, deadline_s=10, what="both adds failed")
+        assert writer.acknowledged_entry_ids == []
+        assert [bookie_id for bookie_id, _ in writer.failures] == ["bookie-1", "bookie-1"]
+        assert "'bookie-2', not 'bookie-1'" in str(writer.failures[0][1])
         pool.close()
         nursery.cancel_scope.cancel()

@@ -37,7 +37,7 @@ def answer_ok(client: StandInClient, bookie_id: str) -> None:
     """The bookie answers OK to every add sent to it, as one run."""
     sent = [(callback, ledger_id, entry_id) for to, callback, ledger_id, entry_id in client.pool.sends if to == bookie_id]
     callback, ledger_id, _ = sent[0]
-    callback.acknowledged(ledger_id, [entry_id for _, _, entry_id in sent])
+    callback.adds_acknowledged(bookie_id, ledger_id, [entry_id for _, _, entry_id in sent])
 
 
 async def test_a_raising_on_done_callback_leaves_the_adds_after_it_to_complete(caplog):
