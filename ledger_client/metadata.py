@@ -140,7 +140,7 @@ class LedgerMetadata:
         writer's case, on every add)."""
         last_key, _ = self.ensembles[-1]
         if entry_id >= last_key:
-            return self._last_write_sets[entry_id % self.ensemble_size]
+            return self.last_write_sets[entry_id % self.ensemble_size]
         return self._earlier_write_set(entry_id)
 
     def _earlier_write_set(self, entry_id: int) -> tuple[str, ...]:
@@ -150,7 +150,7 @@ class LedgerMetadata:
         return tuple(bookies[(entry_id + i) % self.ensemble_size] for i in range(self.write_quorum))
 
     @cached_property
-    def _last_write_sets(self) -> tuple[tuple[str, ...], ...]:
+    def last_write_sets(self) -> tuple[tuple[str, ...], ...]:
         """The last ensemble's write set for each entry id modulo E (the
         metadata never changes: a change makes a new value)."""
         _, bookies = self.ensembles[-1]

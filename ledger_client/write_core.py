@@ -42,6 +42,7 @@ from ledger_client.placement import RandomSource, choose_replacement
 ENSEMBLE_CHANGES_MAX_DEFAULT = 32
 METADATA_CONFLICTS_MAX = 16  # compare-and-set retries of one metadata change
 ADD_TIMEOUT_MS_DEFAULT = 10_000
+_NONE_FAILED: frozenset[str] = frozenset()
 
 
 # --- actions -------------------------------------------------------------------
@@ -174,8 +175,10 @@ class WriteCore:
         self._pending: OrderedDict[int, _PendingAdd] = OrderedDict()
         self.ensemble_changes = 0
         # Bookies of the last ensemble that failed and wait to be replaced;
-        # nothing is sent to them meanwhile.
-        self._failed: set[str] = set()
+        # nothing is sent to them meanwhile. (A frozenset, replaced on each
+        # change: while none failed, every core shares the same empty one,
+        # which every send looks at.)
+        self._failed: frozenset[str] = _NONE_FAILED
         self._change_in_flight: LedgerMetadata | None = None
         self._conflicts = 0
         self._closing = False
@@ -183,6 +186,20 @@ class WriteCore:
         self._closing_metadata: LedgerMetadata | None = None
         self.error: BKError | None = None  # once set, the handle is broken for good
         self.closed = False
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._metadata
+
+    @metadata.setter
+    def metadata(self, metadata: LedgerMetadata) -> None:
+        self._metadata = metadata
+        # The last ensemble's write sets (by entry id modulo E), from the
+        # entry id it starts at: every add's sends look them up here rather
+        # than through the metadata's ensembles (four objects more to fetch
+        # per add, each out of the caches when many ledgers are open).
+        self._last_ensemble_key = metadata.last_ensemble[0]
+        self._last_write_sets = metadata.last_write_sets
 
     # --- adding ---------------------------------------------------------------------
 
@@ -227,8 +244,15 @@ class WriteCore:
         """Send the entry to each bookie of its write set that does not have
         it yet, except failed bookies waiting for their replacement."""
         actions: list[Action] = []
-        for bookie_id in self.metadata.write_set_tuple(pending.entry_id):
-            if bookie_id not in pending.sent_to and bookie_id not in self._failed:
+        entry_id = pending.entry_id
+        if entry_id >= self._last_ensemble_key:
+            write_sets = self._last_write_sets
+            write_set = write_sets[entry_id % len(write_sets)]
+        else:
+            write_set = self._metadata.write_set_tuple(entry_id)
+        failed = self._failed
+        for bookie_id in write_set:
+            if bookie_id not in pending.sent_to and bookie_id not in failed:
                 pending.sent_to[bookie_id] = False
                 actions.append(SendAdd(bookie_id, pending.entry_id, pending.entry, self.recovery))
         if actions:
@@ -290,7 +314,7 @@ class WriteCore:
     def _mark_failed(self, bookie_id: str) -> bool:
         if bookie_id not in self.metadata.last_ensemble[1] or bookie_id in self._failed:
             return False
-        self._failed.add(bookie_id)
+        self._failed = self._failed | {bookie_id}
         # Sends to it that were not acknowledged are void; the entries go to
         # the replacement once the new ensemble is written.
         for pending in self._pending.values():
@@ -397,7 +421,7 @@ class WriteCore:
         sends to and acknowledgements from bookies no longer in each pending
         entry's write set, send to the new members, and go on."""
         current = set(self.metadata.last_ensemble[1])
-        self._failed &= current  # replaced ones are gone; others still wait
+        self._failed = (self._failed & current) or _NONE_FAILED  # replaced ones are gone; others still wait
         actions: list[Action] = []
         for pending in self._pending.values():
             write_set = set(self.metadata.write_set(pending.entry_id))
