@@ -20,6 +20,7 @@ import trio
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from coordination.async_store import AsyncMetadataStore, connect_zookeeper
 from coordination.store import MetadataStore
+from ledger_client.add_timeouts import AddTimeoutMonitor
 from ledger_client.errors import UnauthorizedError
 from ledger_client.exception_groups import unwrap_single_exception
 from ledger_client.bookie_pool import BookiePool
@@ -54,6 +55,8 @@ class BookKeeper:
         self.pending_adds_max = pending_adds_max
         self.add_timeout_ms = add_timeout_ms
         self.ensemble_changes_max = ensemble_changes_max
+        self.add_timeouts = AddTimeoutMonitor(add_timeout_ms)
+        nursery.start_soon(self.add_timeouts.run)
 
     # --- lifetime ---------------------------------------------------------------------
 
@@ -162,9 +165,7 @@ class BookKeeper:
             ensemble_changes_max=self.ensemble_changes_max,
             add_timeout_ms=self.add_timeout_ms,
         )
-        handle = LedgerHandle(self, core, master_key(password), pending_adds_max=self.pending_adds_max)
-        handle.start(self.nursery)
-        return handle
+        return LedgerHandle(self, core, master_key(password), pending_adds_max=self.pending_adds_max)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True) -> ReadHandle:
         """Open a ledger for reading. With `recovery` (the default, as in

@@ -427,19 +427,17 @@ class LedgerHandle(ReadHandle):
         super().__init__(bk, core.metadata, core.version, core.digest, master_key)
         self._core = core
         self._slots = Room(pending_adds_max)
-        # now_ms() for the paths every entry takes: the run's clock, asked
-        # directly (trio.current_time() is three calls deep).
-        self._clock_s = trio.lowlevel.current_clock().current_time
         self._room_reserved = False
         self._adds: dict[int, PendingAdd] = {}
-        self._ticker = CoreTicker(core, bk.registry, self._execute, deadlines_only_move_later=True)
+        # The client's one timer for add timeouts, which looks at this
+        # handle while it has adds pending (from its first add on, until a
+        # look finds none).
+        self._timeouts = bk.add_timeouts
+        self._watched = False
         self._close_done = trio.Event()
         self._close_error: BKError | None = None
         # Flags and master key open every ADD of this writer: encoded once.
         self._tail_prefix = encode_add_tail_prefix(AddFlag.RECOVERY_ADD if core.recovery else AddFlag.NONE, master_key)
-
-    def start(self, nursery: trio.Nursery) -> None:
-        nursery.start_soon(self._tick_loop)
 
     @property
     def metadata(self) -> LedgerMetadata:
@@ -494,12 +492,16 @@ class LedgerHandle(ReadHandle):
         else:
             self._slots.take_nowait()
         try:
-            entry_id, actions = self._core.add(bytes(data), self._clock_s() * 1000.0)
+            # (The run's clock asked directly: trio.current_time() is three calls deep.)
+            entry_id, actions = self._core.add(bytes(data), self._timeouts.clock_s() * 1000.0)
         except BKError:
             self._slots.give()
             raise
         pending = self._adds[entry_id] = PendingAdd(entry_id, on_done)
         self._execute(actions)
+        if not self._watched:
+            self._watched = True
+            self._timeouts.watch(self)
         return pending
 
     @staticmethod
@@ -540,10 +542,21 @@ class LedgerHandle(ReadHandle):
                 self._close_done.set()
             else:
                 raise AssertionError(f"unknown action {action!r}")
-        if self._core.closed or self._core.error is not None:
-            self._ticker.wake()  # to see that it is done, and end
-        else:
-            self._ticker.poke()
+
+    def check_add_timeouts(self, now_ms: float) -> bool:
+        """The add-timeout monitor's look (see `ledger_client.add_timeouts`):
+        a bookie that left the oldest pending add unanswered past the add
+        timeout counts as failed. False once there is nothing to watch."""
+        core = self._core
+        if core.closed or core.error is not None or not core.pending_count:
+            self._watched = False
+            return False
+        deadline_ms = core.next_deadline_ms()
+        if deadline_ms is not None and deadline_ms <= now_ms:
+            # A tick may replace bookies: let it pick from the registry as it is now.
+            core.bookies_changed(self._bk.registry.writable_racks())
+            self._execute(core.tick(now_ms))
+        return True
 
     def _finish(self, entry_id: int, error: BKError | None) -> None:
         pending = self._adds.pop(entry_id, None)
@@ -587,9 +600,6 @@ class LedgerHandle(ReadHandle):
     async def _write_metadata(self, action: WriteMetadata) -> None:
         self._execute(await carry_out_metadata_write(self._bk.ledger_store, self._core, action))
 
-    async def _tick_loop(self) -> None:
-        await self._ticker.run(lambda: not self._core.closed and self._core.error is None)
-
     # --- closing ------------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -605,13 +615,13 @@ class LedgerHandle(ReadHandle):
 
 
 class CoreTicker:
-    """Calls a core's `tick` at its next deadline (a WriteCore and a
-    RecoveryCore both have `next_deadline_ms`, `tick` and
-    `bookies_changed`). `poke()` after each step that may move the deadline."""
+    """Calls a core's `tick` at its next deadline (a RecoveryCore has
+    `next_deadline_ms`, `tick` and `bookies_changed`). `poke()` after each
+    step that may move the deadline. (Write handles share one timer
+    instead: `ledger_client.add_timeouts`.)"""
 
-    def __init__(self, core, registry, execute: Callable[[list], None], *, deadlines_only_move_later: bool = False) -> None:
+    def __init__(self, core, registry, execute: Callable[[list], None]) -> None:
         self._core = core
-        self._deadlines_only_move_later = deadlines_only_move_later
         self._registry = registry
         self._execute = execute
         self._wakeup = trio.Event()
@@ -622,16 +632,7 @@ class CoreTicker:
 
     def poke(self) -> None:
         """Wake the timer only if the core's deadline moved before the one it
-        sleeps until: waking a task on every acknowledgement would cost a
-        pass of the scheduler each (a later deadline is found on waking).
-        A write core's deadline moves later while one is set (its oldest
-        pending add is replaced by a newer one), so for it only a timer
-        asleep for good needs a look, which spares a deadline computation per
-        acknowledgement. (After a resend an older entry can carry a later
-        send time than the next one; the timer then fires late by at most one
-        add timeout.)"""
-        if self._deadlines_only_move_later and self._sleeping_until_ms != math.inf:
-            return
+        sleeps until (a later deadline is found on waking)."""
         deadline_ms = self._core.next_deadline_ms()
         if deadline_ms is not None and deadline_ms < self._sleeping_until_ms:
             self._wakeup.set()

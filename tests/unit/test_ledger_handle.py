@@ -1,10 +1,12 @@
 """A LedgerHandle over a stand-in pool (no bookies, no network): what the
-handle does with its bookies' answers once its core completes adds."""
+handle does with its bookies' answers once its core completes adds, and
+the client's one timer for add timeouts."""
 
 import logging
 
 import trio
 
+from ledger_client.add_timeouts import AddTimeoutMonitor
 from ledger_client.ledger_handle import LedgerHandle
 from tests.unit.test_write_core import make_core
 
@@ -24,13 +26,26 @@ class StandInRegistry:
         return {f"b{index}": None for index in range(6)}
 
 
+class StandInLedgerStore:
+    """Takes every metadata write (compare-and-set) and keeps it."""
+
+    def __init__(self) -> None:
+        self.written: list = []
+
+    async def write(self, metadata, expected_version: int) -> int:
+        self.written.append(metadata)
+        return expected_version + 1
+
+
 class StandInClient:
     """What a LedgerHandle uses of its BookKeeper."""
 
-    def __init__(self, nursery: trio.Nursery) -> None:
+    def __init__(self, nursery: trio.Nursery, add_timeout_ms: float = 10_000) -> None:
         self.pool = StandInPool()
         self.registry = StandInRegistry()
+        self.ledger_store = StandInLedgerStore()
         self.nursery = nursery
+        self.add_timeouts = AddTimeoutMonitor(add_timeout_ms)
 
 
 def answer_ok(client: StandInClient, bookie_id: str) -> None:
@@ -46,7 +61,6 @@ async def test_a_raising_on_done_callback_leaves_the_adds_after_it_to_complete(c
     async with trio.open_nursery() as nursery:
         client = StandInClient(nursery)
         handle = LedgerHandle(client, make_core(), b"key", pending_adds_max=3)
-        handle.start(nursery)
         seen: list[int] = []
 
         def on_done(pending) -> None:
@@ -64,4 +78,45 @@ async def test_a_raising_on_done_callback_leaves_the_adds_after_it_to_complete(c
         # Their room is free again: three more adds go in without waiting.
         for _ in range(3):
             handle.submit_add_nowait(b"entry")
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_timer_replaces_the_bookies_that_leave_an_add_unanswered(autojump_clock):
+    # Two ledgers share the client's timer. On the first, b1 and b2 never
+    # answer entry 0: once the add timeout has passed (seen within one
+    # interval of it), both are replaced in one ensemble change. The other
+    # ledger's add was answered at once, and the timer let go of it.
+    async with trio.open_nursery() as nursery:
+        client = StandInClient(nursery, add_timeout_ms=1_000)
+        nursery.start_soon(client.add_timeouts.run)
+        slow = LedgerHandle(client, make_core(add_timeout_ms=1_000), b"key")
+        pending = slow.submit_add_nowait(b"entry")
+        answer_ok(client, "b0")
+        sent_before = len(client.pool.sends)
+        quick = LedgerHandle(client, make_core(add_timeout_ms=1_000), b"key")
+        quick.submit_add_nowait(b"entry")
+        for bookie_id in ("b0", "b1"):
+            callback, ledger_id, entry_id = next(
+                (callback, ledger_id, entry_id) for to, callback, ledger_id, entry_id in client.pool.sends[sent_before:] if to == bookie_id
+            )
+            callback.adds_acknowledged(bookie_id, ledger_id, [entry_id])
+        assert client.add_timeouts.watched == 2
+        await trio.sleep(0.95)
+        assert client.ledger_store.written == []  # not yet due
+        assert client.add_timeouts.watched == 1  # the quick ledger has nothing pending
+        await trio.sleep(0.2)
+        [changed] = client.ledger_store.written
+        _, ensemble = changed.last_ensemble
+        assert ensemble[0] == "b0" and {"b1", "b2"}.isdisjoint(ensemble)
+        assert not pending.done
+        # The replacements get entry 0; their answers complete it, and the
+        # timer lets go of the ledger at its next look.
+        for bookie_id in ensemble[1:]:
+            callback, ledger_id, entry_id = next(
+                (callback, ledger_id, entry_id) for to, callback, ledger_id, entry_id in client.pool.sends if to == bookie_id
+            )
+            callback.adds_acknowledged(bookie_id, ledger_id, [entry_id])
+        assert pending.done and pending.error is None
+        await trio.sleep(0.2)
+        assert client.add_timeouts.watched == 0
         nursery.cancel_scope.cancel()
