@@ -92,16 +92,34 @@ def _call_back(callback: Callable, *results) -> None:
         log.exception("a bookie request's callback failed")
 
 
+class AddListener:
+    """What hears about adds for many entries (a ledger handle, answered
+    for thousands of adds a second): given as an add's callback to
+    `BookieClient.submit_add_tail_nowait`, it gets the OK answers to its
+    adds that came back to back as one run, and everything else one by
+    one, each with the id of the bookie that answered, so that one
+    listener serves every bookie. (A class to inherit, not a protocol:
+    telling a listener from a plain callback then costs no lookup of a
+    method on every answer.)"""
+
+    __slots__ = ()
+
+    def adds_acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
+        raise NotImplementedError
+
+    def add_answered(self, bookie_id: str, result: "AddResponse | BookieConnectionError") -> None:
+        """An answer other than OK, or the connection's failure."""
+        raise NotImplementedError
+
+
 def answer_add(callback, bookie_id: str, result) -> None:
     """Hand an add's answer (any but an OK run: an error status, or a
-    BookieConnectionError) to its callback: `add_answered(bookie_id,
-    result)` for an add listener (see `BookieClient.submit_add_tail_nowait`),
-    else the call itself."""
-    add_answered = getattr(callback, "add_answered", None)
-    if add_answered is None:
-        _call_back(callback, result)
+    BookieConnectionError) to its callback: `add_answered` for an
+    AddListener, else the call itself."""
+    if isinstance(callback, AddListener):
+        _call_back(callback.add_answered, bookie_id, result)
     else:
-        _call_back(add_answered, bookie_id, result)
+        _call_back(callback, result)
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -224,8 +242,11 @@ class BookieClient:
             )
         if expected_bookie_id is not None and reply.bookie_id != expected_bookie_id:
             raise BookieConnectionError(f"the bookie at {address} is {reply.bookie_id!r}, not {expected_bookie_id!r}")
+        # The expected id itself where there is one (equal, and the very
+        # string the writers' metadata holds: their lookups by it then
+        # match on identity).
         client = cls(
-            stream, address, reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max,
+            stream, address, expected_bookie_id or reply.bookie_id, min(reply.frame_bytes_max, frame_bytes_max), requests_in_flight_max,
             batching=min(version, reply.protocol_version) >= 2,
         )
         client._decoder = decoder
@@ -264,7 +285,7 @@ class BookieClient:
                 for add_callback in callback.callbacks:
                     # Each add hears it, except that an add listener (about
                     # the bookie, not the add) hears it once per run of its adds.
-                    if add_callback is not told or not hasattr(add_callback, "add_answered"):
+                    if add_callback is not told or not isinstance(add_callback, AddListener):
                         told = add_callback
                         answer_add(add_callback, self.bookie_id, self._failure)
             else:
@@ -331,12 +352,7 @@ class BookieClient:
         as a plain ADD.
 
         The callback is called with the AddResponse or the
-        BookieConnectionError, unless it is an add listener (a ledger
-        handle, answered for thousands of adds a second): an object with
-        `adds_acknowledged(bookie_id, ledger_id, entry_ids)`, which gets
-        the OK answers to its adds that came back to back as one run, and
-        `add_answered(bookie_id, result)` for everything else. The bookie's
-        id comes with each, so that one listener serves every bookie."""
+        BookieConnectionError, unless it is an AddListener."""
         if self._failure is not None:
             raise self._failure
         tail_bytes = len(tail)
@@ -443,16 +459,15 @@ class BookieClient:
 
     def _dispatch(self, frames: Iterable[list]) -> None:
         """Hand the answers that arrived together to their callbacks, in
-        order. An add listener (see `submit_add_tail_nowait`) gets its OK
-        answers to adds that came back to back, alone or in batches, as one
-        run of entry ids; every other answer goes to `answer_add` (an add
-        of a batch as its own AddResponse).
+        order. An AddListener gets its OK answers to adds that came back to
+        back, alone or in batches, as one run of entry ids; every other
+        answer goes to `answer_add` (an add of a batch as its own
+        AddResponse).
 
         (Plain locals, no closure: with many ledgers open each answer is a
         run of its own, and this loop is a writer's per-answer cost.)"""
         pending, release, bookie_id = self._pending, self._room.give, self.bookie_id
         run_owner = None  # the listener whose run is being gathered
-        run_acknowledged = None  # its `adds_acknowledged`
         run_ledger_id = -1
         run_entry_ids: list[int] = []
         try:
@@ -481,8 +496,8 @@ class BookieClient:
                             raise ProtocolError(f"an answer of the wrong kind to request {response.request_id}")
                         del pending[response.request_id]
                         if run_owner is not None:
-                            run_owner = None
-                            _call_back(run_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
+                            owner, run_owner = run_owner, None
+                            _call_back(owner.adds_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
                         if batched:  # (rare: some adds of the batch were refused)
                             release(len(callback.entry_ids))
                             for (add_callback, ledger_id, entry_id), status in zip(callback.adds(), response.statuses):
@@ -507,13 +522,12 @@ class BookieClient:
                     if run_owner is not None:
                         # Cleared before the call: a run is handed over
                         # once, whatever the callback raises.
-                        run_owner = None
+                        owner, run_owner = run_owner, None
                         try:  # (`_call_back`, inlined)
-                            run_acknowledged(bookie_id, run_ledger_id, run_entry_ids)
+                            owner.adds_acknowledged(bookie_id, run_ledger_id, run_entry_ids)
                         except Exception:
                             log.exception("a bookie request's callback failed")
-                    run_acknowledged = getattr(callback, "adds_acknowledged", None)
-                    if run_acknowledged is not None:
+                    if isinstance(callback, AddListener):
                         run_owner, run_ledger_id, run_entry_ids = callback, ledger_id, [entry_id]
                     else:
                         _call_back(callback, AddResponse(request_id, Status.OK, ledger_id, entry_id))
@@ -521,7 +535,7 @@ class BookieClient:
             # Also when a later frame was malformed: these were taken off
             # `pending`, so nobody else would answer them.
             if run_owner is not None:
-                _call_back(run_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
+                _call_back(run_owner.adds_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
 
     async def _read_loop(self) -> None:
         decoder = self._decoder

@@ -26,7 +26,7 @@ from bookie.protocol.wire import (
     Status,
 )
 from coordination.store import BadVersionError, MetadataError
-from ledger_client.bookie_client import BookieConnectionError
+from ledger_client.bookie_client import AddListener, BookieConnectionError
 from ledger_client.errors import (
     BKError,
     EntryReadError,
@@ -413,7 +413,7 @@ class PendingAdd:
         return self.entry_id
 
 
-class LedgerHandle(ReadHandle):
+class LedgerHandle(ReadHandle, AddListener):
     """A ledger this client writes (from `BookKeeper.create_ledger`)."""
 
     def __init__(
@@ -517,16 +517,17 @@ class LedgerHandle(ReadHandle):
 
     def _execute(self, actions: list) -> None:
         tail_entry_id, tail = -1, b""
-        send_add_tail = self._bk.pool.send_add_tail
-        ledger_id = self._ledger_id
         for action in actions:
             kind = type(action)
             if kind is SendAdd:
                 if action.entry_id != tail_entry_id:
                     # An entry's sends come together: encode its bytes once.
                     tail_entry_id, tail = action.entry_id, encode_add_tail_after(self._tail_prefix, action.entry)
-                # The handle hears the answers itself, as an add listener.
-                send_add_tail(action.bookie_id, tail, self, ledger_id, tail_entry_id)
+                    # (Looked up here, not before the loop: most steps that
+                    # complete an add send nothing.)
+                    send_add_tail = self._bk.pool.send_add_tail
+                # The handle hears the answers itself, as an AddListener.
+                send_add_tail(action.bookie_id, tail, self, self._ledger_id, tail_entry_id)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)
@@ -564,7 +565,7 @@ class LedgerHandle(ReadHandle):
             self._slots.give()
             pending._complete(error)
 
-    # --- answers: the handle is an add listener (BookieClient.submit_add_tail_nowait) ---
+    # --- answers: the handle is the AddListener of its adds -----------------------------
 
     def add_answered(self, bookie_id: str, response) -> None:
         """An add's answer other than OK, or the connection's failure."""

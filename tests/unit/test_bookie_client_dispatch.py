@@ -25,13 +25,13 @@ from bookie.protocol.wire import (
     encode_hello_reply,
     encode_response,
 )
-from ledger_client.bookie_client import BookieClient, BookieConnectionError
+from ledger_client.bookie_client import AddListener, BookieClient, BookieConnectionError
 from tests.support import wait_until_async
 
 LEDGER = 7
 
 
-class Writer:
+class Writer(AddListener):
     """An add listener, as a ledger handle is: runs of OK answers go to
     `adds_acknowledged`, anything else to `add_answered`, each with the id
     of the bookie that answered (the stand-in calls itself "stand-in")."""

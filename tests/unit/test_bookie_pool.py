@@ -20,7 +20,7 @@ from bookie.protocol.wire import (
     encode_frame,
     encode_hello_reply,
 )
-from ledger_client.bookie_client import BookieConnectionError
+from ledger_client.bookie_client import AddListener, BookieConnectionError
 from ledger_client.bookie_pool import BookiePool
 from tests.support import wait_until_async
 
@@ -37,7 +37,7 @@ class Registry:
         return self._address
 
 
-class Writer:
+class Writer(AddListener):
     def __init__(self, *, expect_failures: bool = False) -> None:
         self.acknowledged_entry_ids: list[int] = []
         self.expect_failures = expect_failures
