@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import trio
@@ -25,8 +24,8 @@ from bookie.protocol.wire import (
     ReadRequest,
     Status,
 )
-from coordination.store import BadVersionError, MetadataError
 from ledger_client.bookie_client import AddListener, BookieConnectionError
+from ledger_client.core_driving import carry_out_metadata_write, now_ms
 from ledger_client.errors import (
     BKError,
     EntryReadError,
@@ -60,10 +59,6 @@ LONG_POLL_TIMEOUT_MS = 10_000
 ENTRY_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT - 4096
 TAIL_IDLE_DELAY_S_MAX = 1.0
 READ_TIMEOUT_S = 5.0  # a bookie that accepts a read and never answers: try the next replica  # back-off of a tailing reader that no bookie holds
-
-
-def now_ms() -> float:
-    return trio.current_time() * 1000.0
 
 
 class ReadHandle:
@@ -613,66 +608,6 @@ class LedgerHandle(ReadHandle, AddListener):
 
     async def read_lac(self) -> int:
         return self._core.last_add_confirmed
-
-
-class CoreTicker:
-    """Calls a core's `tick` at its next deadline (a RecoveryCore has
-    `next_deadline_ms`, `tick` and `bookies_changed`). `poke()` after each
-    step that may move the deadline. (Write handles share one timer
-    instead: `ledger_client.add_timeouts`.)"""
-
-    def __init__(self, core, registry, execute: Callable[[list], None]) -> None:
-        self._core = core
-        self._registry = registry
-        self._execute = execute
-        self._wakeup = trio.Event()
-        self._sleeping_until_ms = math.inf
-
-    def wake(self) -> None:
-        self._wakeup.set()
-
-    def poke(self) -> None:
-        """Wake the timer only if the core's deadline moved before the one it
-        sleeps until (a later deadline is found on waking)."""
-        deadline_ms = self._core.next_deadline_ms()
-        if deadline_ms is not None and deadline_ms < self._sleeping_until_ms:
-            self._wakeup.set()
-
-    async def run(self, keep_going: Callable[[], bool] = lambda: True) -> None:
-        while keep_going():
-            deadline_ms = self._core.next_deadline_ms()
-            self._sleeping_until_ms = math.inf if deadline_ms is None else deadline_ms
-            self._wakeup = trio.Event()
-            with trio.move_on_at(self._sleeping_until_ms / 1000.0):
-                await self._wakeup.wait()
-                continue
-            # A tick may replace bookies: let it pick from the registry as it is now.
-            self._core.bookies_changed(self._registry.writable_racks())
-            self._execute(self._core.tick(now_ms()))
-
-
-async def carry_out_metadata_write(store, core, action: WriteMetadata) -> list:
-    """Compare-and-set `action.metadata` and tell the core how it went (a
-    WriteCore and a RecoveryCore answer the same three events); returns
-    the core's actions."""
-    ledger_id = action.metadata.ledger_id
-    try:
-        version = await store.write(action.metadata, action.expected_version)
-    except BadVersionError:
-        try:
-            current, current_version = await store.read(ledger_id)
-        except (MetadataError, BKError) as error:
-            return core.metadata_failed(_as_bk_error(error))
-        return core.metadata_conflict(current, current_version, now_ms())
-    except (MetadataError, BKError) as error:
-        return core.metadata_failed(_as_bk_error(error))
-    return core.metadata_written(version, now_ms())
-
-
-def _as_bk_error(error: Exception) -> BKError:
-    if isinstance(error, BKError):
-        return error
-    return BKError(f"metadata store failed: {error}")
 
 
 __all__ = ["LedgerClosedError", "LedgerHandle", "PendingAdd", "ReadHandle"]
