@@ -25,7 +25,7 @@ from bookie.protocol.wire import (
     Status,
 )
 from ledger_client.bookie_client import AddListener, BookieConnectionError
-from ledger_client.core_driving import carry_out_metadata_write, now_ms
+from ledger_client.driver_support import carry_out_metadata_write, now_ms
 from ledger_client.errors import (
     BKError,
     EntryReadError,
@@ -518,11 +518,8 @@ class LedgerHandle(ReadHandle, AddListener):
                 if action.entry_id != tail_entry_id:
                     # An entry's sends come together: encode its bytes once.
                     tail_entry_id, tail = action.entry_id, encode_add_tail_after(self._tail_prefix, action.entry)
-                    # (Looked up here, not before the loop: most steps that
-                    # complete an add send nothing.)
-                    send_add_tail = self._bk.pool.send_add_tail
                 # The handle hears the answers itself, as an AddListener.
-                send_add_tail(action.bookie_id, tail, self, self._ledger_id, tail_entry_id)
+                self._bk.pool.send_add_tail(action.bookie_id, tail, self, self._ledger_id, tail_entry_id)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)

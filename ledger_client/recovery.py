@@ -15,7 +15,7 @@ from bookie.protocol.entry_format import DigestManager
 from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, ReadFlag, ReadRequest, encode_add_tail
 from ledger_client.bookie_client import BookieConnectionError
 from ledger_client.errors import BKError, MetadataVersionError
-from ledger_client.core_driving import CoreTicker, carry_out_metadata_write, now_ms
+from ledger_client.driver_support import CoreTicker, carry_out_metadata_write, now_ms
 from ledger_client.ledger_handle import READ_TIMEOUT_S
 from ledger_client.metadata import LedgerMetadata
 from ledger_client.recovery_core import (

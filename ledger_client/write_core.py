@@ -284,13 +284,9 @@ class WriteCore:
         arrive by the thousand, and this checks for completions once. (No
         time: nothing here depends on it, and a writer with many ledgers
         open would read the clock for every answer.)"""
-        if self.error is not None or self.closed or not entry_ids:
-            return []
-        last_add_confirmed = self.last_add_confirmed
-        if entry_ids[-1] <= last_add_confirmed and (len(entry_ids) == 1 or max(entry_ids) <= last_add_confirmed):
-            # Only adds that completed already, such as the third answer of
-            # three with AQ 2. (Most runs are of one entry when many ledgers
-            # are open: max() for one costs more than the rest of this test.)
+        if self.error is not None or self.closed or not entry_ids or max(entry_ids) <= self.last_add_confirmed:
+            # (The last: only adds that completed already, such as the third
+            # answer of three with AQ 2.)
             return []
         pending_adds = self._pending
         ack_quorum = self._ack_quorum
