@@ -10,7 +10,7 @@ medians of its runs, checked against the target:
 
     .venv/bin/python -m bench.bookie_add            # or: quire bench bookie_add
 
-Targets (issue 2): >= 40,000 entries/s at window 1000; p50 add latency at
+Targets: >= 40,000 entries/s at window 1000; p50 add latency at
 window 1 within 3x the measured fdatasync p50 plus 0.2 ms.
 """
 

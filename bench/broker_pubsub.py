@@ -13,8 +13,8 @@ cluster (file storage, 3 replicas) through nats-py, in the same run.
 
     .venv/bin/python -m bench.broker_pubsub
 
-Prints one JSON object per result, then a summary with the targets of the
-issue: publish >= 30,000 msg/s with batching and >= 1.5x JetStream; backlog
+Prints one JSON object per result, then a summary with the targets:
+publish >= 30,000 msg/s with batching and >= 1.5x JetStream; backlog
 consumption >= 100,000 msg/s.
 """
 

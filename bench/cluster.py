@@ -36,7 +36,10 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
 
 
 def latency_summary(latencies_ms: list[float]) -> dict:
+    """p50, p99 and p99.9 in ms; null (JSON has no NaN) where nothing was timed."""
     latencies_ms = sorted(latencies_ms)
+    if not latencies_ms:
+        return {"latency_ms_p50": None, "latency_ms_p99": None, "latency_ms_p999": None}
     return {
         "latency_ms_p50": round(percentile(latencies_ms, 0.5), 4),
         "latency_ms_p99": round(percentile(latencies_ms, 0.99), 4),

@@ -6,7 +6,7 @@ the start, verifying every digest, as a consumer catching up would.
 
     .venv/bin/python -m bench.ledger_read
 
-Prints one JSON object per result. Target (issue 3): >= 100,000 entries/s.
+Prints one JSON object per result. Target: >= 100,000 entries/s.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ before the one); the summary gives the medians, with the ratios taken
 within each round.
 
 Prints one JSON object per result, then a summary with the ratios and the
-issue's targets: >= 25,000 entries/s at window 1000 and >= 1.5x JetStream;
+targets: >= 25,000 entries/s at window 1000 and >= 1.5x JetStream;
 p50 <= 1 ms at window 1; 1,000 ledgers keep >= 80% of one ledger's rate.
 """
 

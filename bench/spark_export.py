@@ -13,7 +13,7 @@ random), closed ledgers of `--ledger-mib` MiB.
     .venv/bin/python -m bench.spark_export [--gib 1] [--partitions 2]
 
 Prints one JSON object per result, then a summary with the ratios; the
-issue's target is >= 0.7 x reference (a).
+target is >= 0.7 x reference (a).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -147,13 +148,14 @@ def result(name: str, parameters: dict, rows: int, payload_bytes: int, elapsed_s
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/spark_export.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gib", type=float, default=1.0, help="payload in the topic (default %(default)s GiB)")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--ledger-mib", type=int, default=128, help="rollover size of the topic's ledgers")
     parser.add_argument("--master", default="local[2]")
-    arguments = parser.parse_args()
+    arguments = parser.parse_args(argv)
     messages = int(arguments.gib * (1 << 30)) // MESSAGE_BYTES
     payload_bytes = messages * MESSAGE_BYTES
     parameters = {"gib": arguments.gib, "message_bytes": MESSAGE_BYTES, "partitions": arguments.partitions,
@@ -217,7 +219,8 @@ def main() -> None:
         }), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

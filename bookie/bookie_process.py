@@ -260,7 +260,7 @@ def _record_usage(server: BookieServer, usage, policy: ReadOnlyPolicy) -> None:
         journal_failed=server.journal_failed is not None,
         journal_batches=server.stats.journal_batches,
         journal_records=server.stats.journal_records,
-        journal_batches_synced_here=server.stats.journal_batches_synced_here,
+        journal_batches_fsynced_inline=server.stats.journal_batches_fsynced_inline,
         checkpoints=server.stats.checkpoints,
         connections_accepted=server.stats.connections_accepted,
         protocol_errors=server.stats.protocol_errors,

@@ -35,9 +35,9 @@ class BookieConfig:
     group_wait_ms: float = 0.0  # 0: flush as soon as the previous fsync ends
     group_bytes: int = 1 * MIB
     journal_queue_bytes_max: int = 64 * MIB  # stop reading clients past this much unjournalled data
-    journal_sync_here: bool = True  # fsync small batches on the idle event loop (see BookieServer._may_sync_here)
-    journal_sync_here_bytes_max: int = 32 * 1024  # a larger batch means load: overlap its fsync with the loop
-    journal_sync_here_ms_max: float = 10.0  # an in-place fsync slower than this sends fsyncs to the thread for a while
+    journal_inline_fsync: bool = True  # fsync small batches on the idle event loop (see BookieServer._may_fsync_inline)
+    journal_inline_fsync_bytes_max: int = 32 * 1024  # a larger batch means load: overlap its fsync with the loop
+    journal_inline_fsync_ms_max: float = 10.0  # an inline fsync slower than this sends fsyncs to the thread for a while (InlineFsyncBackoff)
     # ledger storage
     write_cache_bytes: int = 64 * MIB
     read_cache_bytes: int = 32 * MIB

@@ -3,8 +3,8 @@
 The event loop hands records over under a lock; the thread takes everything
 waiting, appends it, fsyncs once, and reports the batch back to trio. A
 dedicated thread (as BookKeeper's journal has) costs a futex wake per batch,
-where `trio.to_thread` cost about 0.15 ms per hop here: at a window of one
-add, that hop was a third of the latency budget.
+where `trio.to_thread` costs about 0.15 ms per hop here: at a window of
+one add, that hop would be a third of the latency budget.
 
 Group commit: a batch is flushed once the oldest waiting record is
 `group_wait_ms` old or `group_bytes` wait; with `group_wait_ms` 0 it is
@@ -93,7 +93,7 @@ class JournalThread:
         with self._lock:
             return not self._records and not self.busy and not self._synced
 
-    def write_here(self, records: list[JournalRecord], tokens: list[int], data_bytes: int) -> SyncedBatch | None:
+    def write_inline(self, records: list[JournalRecord], tokens: list[int], data_bytes: int) -> SyncedBatch | None:
         """Append and fsync on the caller's thread if the journal thread is
         idle with nothing queued or unreported (so journal order holds);
         otherwise do nothing and return None."""

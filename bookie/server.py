@@ -55,35 +55,36 @@ RECEIVE_BYTES = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 CHECKPOINT_TRIES_MAX = 10
 CHECKPOINT_RETRY_DELAY_MAX_S = 5.0
-SYNC_HERE_PAUSE_S_MIN = 1.0
-SYNC_HERE_PAUSE_S_MAX = 60.0
+INLINE_FSYNC_BACKOFF_S_MIN = 1.0
+INLINE_FSYNC_BACKOFF_S_MAX = 60.0
 CHECKPOINT_STEP_ENTRIES = 1000  # entries framed per slice on the event loop (about 2 ms)
 
 
-class SyncHerePause:
-    """After a slow in-place fsync, fsyncs go to the journal thread for a
-    pause that starts short (one slow fsync on a shared disk is common and
-    says little) and doubles while slow ones keep coming soon after a pause
-    ends, up to the maximum; a quiet spell resets it. Time comes in as
-    seconds."""
+class InlineFsyncBackoff:
+    """After a slow inline fsync (one on the event loop), fsyncs go to the
+    journal thread for a backoff that starts short (one slow fsync on a
+    shared disk is common and says little) and doubles while slow ones keep
+    coming soon after a backoff ends, up to the maximum; a quiet spell
+    resets it. Time comes in as seconds."""
 
-    def __init__(self, pause_s_min: float = SYNC_HERE_PAUSE_S_MIN, pause_s_max: float = SYNC_HERE_PAUSE_S_MAX) -> None:
-        self.pause_s_min = pause_s_min
-        self.pause_s_max = pause_s_max
-        self.pause_s = pause_s_min
-        self.paused_until = float("-inf")
+    def __init__(self, backoff_s_min: float = INLINE_FSYNC_BACKOFF_S_MIN, backoff_s_max: float = INLINE_FSYNC_BACKOFF_S_MAX) -> None:
+        self.backoff_s_min = backoff_s_min
+        self.backoff_s_max = backoff_s_max
+        self.backoff_s = backoff_s_min
+        self.backoff_until = float("-inf")
 
     def allows(self, now: float) -> bool:
-        return now >= self.paused_until
+        """Whether an inline fsync may run at `now` (no backoff in force)."""
+        return now >= self.backoff_until
 
-    def slow(self, now: float) -> float:
-        """Note a slow in-place fsync; returns the pause it starts."""
-        if now < self.paused_until + 4 * self.pause_s:
-            self.pause_s = min(2 * self.pause_s, self.pause_s_max)
+    def slow_fsync(self, now: float) -> float:
+        """Note a slow inline fsync; returns the backoff it starts."""
+        if now < self.backoff_until + 4 * self.backoff_s:
+            self.backoff_s = min(2 * self.backoff_s, self.backoff_s_max)
         else:
-            self.pause_s = self.pause_s_min
-        self.paused_until = now + self.pause_s
-        return self.pause_s
+            self.backoff_s = self.backoff_s_min
+        self.backoff_until = now + self.backoff_s
+        return self.backoff_s
 
 
 def now_ms() -> float:
@@ -121,7 +122,7 @@ class ServerStats:
     connections_accepted: int = 0
     protocol_errors: int = 0
     journal_batches: int = 0
-    journal_batches_synced_here: int = 0
+    journal_batches_fsynced_inline: int = 0
     journal_records: int = 0
     checkpoints: int = 0
     journal_files_deleted: int = 0
@@ -162,7 +163,7 @@ class BookieServer:
         self._journal_bytes = 0  # handed to the thread and not yet reported durable
         self._journal_results = Wakeup()
         self._journal_room = Wakeup()
-        self._sync_here_pause = SyncHerePause()
+        self._inline_fsync_backoff = InlineFsyncBackoff()
         self._journal_bug: BaseException | None = None
         self._synced_position = journal_position
         self._checkpoint_mark = journal_position
@@ -370,36 +371,36 @@ class BookieServer:
             self._execute(self.core.journal_failed([token for token in tokens if token]))
             return
         self._journal_bytes += data_bytes
-        if self._may_sync_here(data_bytes):
+        if self._may_fsync_inline(data_bytes):
             started = time.perf_counter()
-            batch = self._journal_thread.write_here(records, tokens, data_bytes)
+            batch = self._journal_thread.write_inline(records, tokens, data_bytes)
             if batch is not None:
                 if batch.bug is not None:
                     raise batch.bug
-                self.stats.journal_batches_synced_here += 1
+                self.stats.journal_batches_fsynced_inline += 1
                 elapsed_ms = (time.perf_counter() - started) * 1000
-                if elapsed_ms > self.config.journal_sync_here_ms_max:
-                    pause_s = self._sync_here_pause.slow(trio.current_time())
-                    log.info("journal fsync took %.1f ms on the event loop: fsyncs go to the journal thread for %.0fs", elapsed_ms, pause_s)
+                if elapsed_ms > self.config.journal_inline_fsync_ms_max:
+                    backoff_s = self._inline_fsync_backoff.slow_fsync(trio.current_time())
+                    log.info("journal fsync took %.1f ms on the event loop: fsyncs go to the journal thread for %.0fs", elapsed_ms, backoff_s)
                 self._journal_batch_done(batch)
                 return
         self._journal_thread.submit(records, tokens, data_bytes)
 
-    def _may_sync_here(self, data_bytes: int) -> bool:
+    def _may_fsync_inline(self, data_bytes: int) -> bool:
         """Whether to fsync on the event loop instead of the journal thread.
 
         STYLE keeps fsync off the event loop so that a slow disk never
         stalls reads and other clients. When nothing else is runnable there
         is nobody to stall, and handing a small batch to the journal thread
         and back costs two thread wake-ups with GIL handoffs, about 0.2 ms
-        here: more than the fsync itself. So a small batch is synced in place
+        here: more than the fsync itself. So a small batch is fsynced inline
         when the loop is otherwise idle, the journal thread has nothing in
-        flight, and no recent in-place fsync was slow; everything else goes
-        to the journal thread."""
+        flight, and no recent inline fsync was slow (`InlineFsyncBackoff`);
+        everything else goes to the journal thread."""
         return (
-            self.config.journal_sync_here
-            and data_bytes <= self.config.journal_sync_here_bytes_max
-            and self._sync_here_pause.allows(trio.current_time())
+            self.config.journal_inline_fsync
+            and data_bytes <= self.config.journal_inline_fsync_bytes_max
+            and self._inline_fsync_backoff.allows(trio.current_time())
             and self._journal_thread.idle
             # Last: it counts every registered descriptor (O(connections)).
             and trio.lowlevel.current_statistics().tasks_runnable == 0

@@ -9,22 +9,12 @@ message format (a Spark worker) does not load the server.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from coordination.lazy_exports import lazy_exports
 from broker.errors import BrokerError, BrokerStatus
 from broker.topic_store import TopicPolicies
 
 _LAZY = {"BrokerConfig": "broker.server", "BrokerServer": "broker.server"}
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 __all__ = ["BrokerConfig", "BrokerError", "BrokerServer", "BrokerStatus", "TopicPolicies"]

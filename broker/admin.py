@@ -116,7 +116,7 @@ class AdminHandler:
         partition = check_name(_argument(arguments, "partition", str))
         service = await self.server.serving(partition)
         deleted = await service.apply_retention()
-        return {"deleted_ledgers": deleted, "first_offset": service.ml.first_offset}
+        return {"deleted_ledgers": deleted, "first_offset": service.managed_ledger.first_offset}
 
 
 __all__ = ["AdminHandler"]

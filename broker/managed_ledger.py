@@ -89,7 +89,7 @@ class EntryCache:
 class ManagedLedger:
     def __init__(
         self,
-        bk: BookKeeper,
+        bookkeeper: BookKeeper,
         topic_store: TopicStore,
         partition: str,
         policies: TopicPolicies,
@@ -98,7 +98,7 @@ class ManagedLedger:
         cache: "EntryCache | None" = None,
         on_fenced: Callable[[BrokerError], None] = lambda error: None,
     ) -> None:
-        self.bk = bk
+        self.bookkeeper = bookkeeper
         self.topic_store = topic_store
         self.partition = partition
         self.policies = policies
@@ -140,7 +140,7 @@ class ManagedLedger:
 
     async def _recover(self, info: LedgerInfo) -> LedgerInfo:
         """Fence and close the previous owner's open ledger; learn what it holds."""
-        handle = await self.bk.open_ledger(info.ledger_id, self.password, recovery=True)
+        handle = await self.bookkeeper.open_ledger(info.ledger_id, self.password, recovery=True)
         last_entry_id = handle.last_add_confirmed
         messages = 0
         if last_entry_id >= 0:
@@ -155,7 +155,7 @@ class ManagedLedger:
     async def _start_ledger(self, ledgers: list[LedgerInfo]) -> None:
         """Create a ledger and record it after `ledgers` (compare-and-set)."""
         policies = self.policies
-        handle = await self.bk.create_ledger(
+        handle = await self.bookkeeper.create_ledger(
             policies.ensemble_size, policies.write_quorum, policies.ack_quorum, password=self.password,
             custom_metadata={"partition": self.partition.encode()},
         )
@@ -170,7 +170,7 @@ class ManagedLedger:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(5):
                     try:
-                        await self.bk.delete_ledger(handle.ledger_id)
+                        await self.bookkeeper.delete_ledger(handle.ledger_id)
                     except (BKError, MetadataError):
                         pass
             raise
@@ -333,7 +333,7 @@ class ManagedLedger:
             self._read_handles.pop(info.ledger_id, None)
             self.cache.drop_ledger(info.ledger_id)
             try:
-                await self.bk.delete_ledger(info.ledger_id)
+                await self.bookkeeper.delete_ledger(info.ledger_id)
             except NoSuchLedgerError:
                 pass
             except (BKError, MetadataError) as error:
@@ -347,7 +347,7 @@ class ManagedLedger:
         """Delete the partition's ledgers (it was closed first)."""
         for info in self.record.ledgers:
             try:
-                await self.bk.delete_ledger(info.ledger_id)
+                await self.bookkeeper.delete_ledger(info.ledger_id)
             except NoSuchLedgerError:
                 pass
 
@@ -377,8 +377,8 @@ class ManagedLedger:
         assert self.handle is not None
         return Position(self.handle.ledger_id, self._open.entries)
 
-    def settle(self, position: Position) -> Position:
-        """`position` moved to where a reader of it should read: past the end
+    def readable_position(self, position: Position) -> Position:
+        """Where a reader at `position` should read: past the end
         of a closed ledger is the start of the next one; a ledger no longer
         in the chain (retention deleted it) gives the first entry stored."""
         ledgers = self.record.ledgers
@@ -467,7 +467,7 @@ class ManagedLedger:
             return self.handle
         handle = self._read_handles.get(info.ledger_id)
         if handle is None:
-            handle = await self.bk.open_ledger(info.ledger_id, self.password, recovery=False)
+            handle = await self.bookkeeper.open_ledger(info.ledger_id, self.password, recovery=False)
             self._read_handles[info.ledger_id] = handle
             while len(self._read_handles) > READ_HANDLES_MAX:
                 self._read_handles.popitem(last=False)

@@ -63,8 +63,8 @@ def server_families(server) -> list[Metric]:
     ledgers = GaugeMetricFamily("quire_broker_topic_ledgers", "Ledgers a partition's managed ledger holds", labels=["topic"])
     producers = consumers = 0
     for service in services:
-        storage.add_metric([service.name], service.ml.stored_bytes)
-        ledgers.add_metric([service.name], len(service.ml.record.ledgers))
+        storage.add_metric([service.name], service.managed_ledger.stored_bytes)
+        ledgers.add_metric([service.name], len(service.managed_ledger.record.ledgers))
         producers += len(service.producers)
         for name, subscription in service.subscriptions.items():
             backlog.add_metric([service.name, name], subscription.backlog())

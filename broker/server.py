@@ -130,21 +130,21 @@ class _Connection:
 
 
 class BrokerServer:
-    def __init__(self, config: BrokerConfig, bk: BookKeeper, store: AsyncMetadataStore,
+    def __init__(self, config: BrokerConfig, bookkeeper: BookKeeper, store: AsyncMetadataStore,
                  metrics: BrokerMetrics | None = None) -> None:
         """`metrics`: where to count producer batches (None: nothing is measured)."""
         self.config = config
         self.metrics = metrics
         # Counts of the partitions no longer served here, so that the totals never go back.
         self.retired_stats = PartitionStats()
-        self.bk = bk
+        self.bookkeeper = bookkeeper
         self.store = store
         self.topic_store = TopicStore(store)
         address = config.advertised_address or f"{config.host}:{config.port}"
         self.info = BrokerInfo(config.broker_id, address)
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
-            bk, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes), self._request_unload,
+            bookkeeper, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes), self._request_unload,
             retention_check_interval_s=config.retention_check_interval_s,
         )
         self.admin = AdminHandler(self)
@@ -387,7 +387,7 @@ class BrokerServer:
                 # and ledgers left behind are only space; the other way
                 # round, a failure would leave records naming deleted ledgers.
                 await self.topic_store.delete_partition_records(service.name)
-                await service.ml.delete()
+                await service.managed_ledger.delete()
             if self.partitions.get(service.name) is service:
                 del self.partitions[service.name]
                 for name in ("messages_in", "bytes_in", "messages_out"):
@@ -648,13 +648,13 @@ class BrokerServer:
             if message.offset is not None:
                 offset = message.offset
             elif message.publish_time_ms is not None:
-                offset = await service.ml.offset_at_time(message.publish_time_ms)
+                offset = await service.managed_ledger.offset_at_time(message.publish_time_ms)
             elif message.message_id is not None and len(message.message_id) == 3:
                 ledger_id, entry_id, batch_index = message.message_id
                 position = Position(ledger_id, entry_id)
-                if not service.ml.has_entry(position):
+                if not service.managed_ledger.has_entry(position):
                     raise BadRequestError(f"{service.name} holds no entry {ledger_id}:{entry_id}")
-                header = (await service.ml.read_entry(position)).header
+                header = (await service.managed_ledger.read_entry(position)).header
                 if batch_index >= header.message_count:
                     raise BadRequestError(f"entry {ledger_id}:{entry_id} holds {header.message_count} messages")
                 offset = header.first_offset + batch_index

@@ -90,8 +90,8 @@ class Subscription:
         self._read_ahead_done: trio.Event | None = None  # set while a read-ahead is in flight
 
     @property
-    def ml(self) -> ManagedLedger:
-        return self.partition.ml
+    def managed_ledger(self) -> ManagedLedger:
+        return self.partition.managed_ledger
 
     # --- consumers ---------------------------------------------------------------------
 
@@ -139,7 +139,7 @@ class Subscription:
         """Take acknowledgements; returns once they are durable."""
         if self.closed:
             raise TopicFencedError(f"subscription {self.name} of {self.partition.name} is being unloaded: acknowledge again once reconnected")
-        confirmed = self.ml.confirmed_offset
+        confirmed = self.managed_ledger.confirmed_offset
         if any(offset > confirmed for offset in offsets):
             raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed})")
         if not cumulative and len(self.cursor.acked) >= ACKED_RANGES_MAX:
@@ -250,8 +250,8 @@ class Subscription:
 
     async def seek(self, offset: int) -> None:
         """Move the subscription: `offset` is the next message delivered."""
-        offset = max(offset, self.ml.first_offset)
-        offset = min(offset, self.ml.confirmed_offset + 1)
+        offset = max(offset, self.managed_ledger.first_offset)
+        offset = min(offset, self.managed_ledger.confirmed_offset + 1)
         self.cursor.reset(offset)
         self.dispatcher.reset(offset)
         self.read_position = None
@@ -271,7 +271,7 @@ class Subscription:
             self.wake()
 
     def backlog(self) -> int:
-        return self.cursor.backlog(self.ml.confirmed_offset)
+        return self.cursor.backlog(self.managed_ledger.confirmed_offset)
 
     # --- dispatching --------------------------------------------------------------------------
 
@@ -307,17 +307,17 @@ class Subscription:
             return True
         if not self.dispatcher.wants_read():
             return False
-        ml = self.ml
+        managed_ledger = self.managed_ledger
         if self.read_position is None:
             offset = self.dispatcher.read_offset
-            position = await ml.position_of_offset(offset)
-            self.read_position = position if position is not None else ml.end_position()
-        position = self.read_position = ml.settle(self.read_position)
-        if not ml.has_entry(position):
+            position = await managed_ledger.position_of_offset(offset)
+            self.read_position = position if position is not None else managed_ledger.end_position()
+        position = self.read_position = managed_ledger.readable_position(self.read_position)
+        if not managed_ledger.has_entry(position):
             return False
         if self._read_ahead_done is not None:
             await self._read_ahead_done.wait()  # what it reads is what we want next
-        entries = await ml.read(position, READ_ENTRIES_MAX)
+        entries = await managed_ledger.read(position, READ_ENTRIES_MAX)
         if not entries:
             return False
         stored: dict[tuple[int, int], StoredEntry] = {}
@@ -340,14 +340,14 @@ class Subscription:
         position = self.read_position
         if self._read_ahead_done is not None or position is None or self.closed:
             return
-        position = self.ml.settle(position)
-        if not self.ml.has_entry(position) or self.ml.cache.get(position.ledger_id, position.entry_id) is not None:
+        position = self.managed_ledger.readable_position(position)
+        if not self.managed_ledger.has_entry(position) or self.managed_ledger.cache.get(position.ledger_id, position.entry_id) is not None:
             return
         done = self._read_ahead_done = trio.Event()
 
         async def read_ahead() -> None:
             try:
-                await self.ml.read(position, READ_ENTRIES_MAX)
+                await self.managed_ledger.read(position, READ_ENTRIES_MAX)
             except (BKError, MalformedEntryError, BrokerError) as error:
                 log.debug("subscription %s of %s: reading ahead failed: %s", self.name, self.partition.name, error)
             finally:
@@ -365,7 +365,7 @@ class Subscription:
             entry = stored.get((ref.ledger_id, ref.entry_id))
             if entry is None:
                 try:
-                    entry = await self.ml.read_entry(Position(ref.ledger_id, ref.entry_id))
+                    entry = await self.managed_ledger.read_entry(Position(ref.ledger_id, ref.entry_id))
                 except EntryGoneError:
                     continue  # retention deleted it meanwhile: the cursor skips past it
                 except BaseException:

@@ -78,7 +78,7 @@ class Lease:
 class BrokerContext:
     """What a partition needs of its broker."""
 
-    bk: BookKeeper
+    bookkeeper: BookKeeper
     topic_store: TopicStore
     ledger_password: bytes
     cache: EntryCache  # one for the broker: its bound holds whatever the number of partitions
@@ -126,8 +126,8 @@ class PartitionService:
         self.partition_index = partition_index
         self.policies = policies
         self.topic_store = context.topic_store
-        self.ml = ManagedLedger(
-            context.bk, context.topic_store, name, policies,
+        self.managed_ledger = ManagedLedger(
+            context.bookkeeper, context.topic_store, name, policies,
             password=context.ledger_password, cache=context.cache, on_fenced=self.fence,
         )
         self.dedup = Dedup()
@@ -154,7 +154,7 @@ class PartitionService:
     async def load(self) -> None:
         """Open the managed ledger (fencing the previous owner), rebuild the
         deduplication map and load the durable cursors."""
-        await self.ml.open()
+        await self.managed_ledger.open()
         await self._rebuild_dedup()
         for subscription_name, (record, version) in (await self.topic_store.read_cursors(self.name)).items():
             try:
@@ -167,7 +167,7 @@ class PartitionService:
                 self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
                 cursor_version=version, created_ms=record.get("created_ms", 0),
             )
-            subscription.skip_to(self.ml.first_offset)
+            subscription.skip_to(self.managed_ledger.first_offset)
             # Written once now, before anything is dispatched: the version
             # moves on, so that a write the previous owner still had in
             # flight can no longer land (it would answer acknowledgements
@@ -185,20 +185,20 @@ class PartitionService:
             except (ValueError, KeyError) as error:
                 log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name, error)
         self.dedup = Dedup.from_snapshot(snapshot)
-        ml = self.ml
-        if snapshot is not None and ml.has_entry(Position(snapshot.ledger_id, snapshot.entry_id)):
-            position = ml.settle(Position(snapshot.ledger_id, snapshot.entry_id + 1))
+        managed_ledger = self.managed_ledger
+        if snapshot is not None and managed_ledger.has_entry(Position(snapshot.ledger_id, snapshot.entry_id)):
+            position = managed_ledger.readable_position(Position(snapshot.ledger_id, snapshot.entry_id + 1))
         else:
-            position = ml.first_position() or ml.end_position()
+            position = managed_ledger.first_position() or managed_ledger.end_position()
         replayed = 0
-        while ml.has_entry(position):
-            entries = await ml.read(position, 1000)
+        while managed_ledger.has_entry(position):
+            entries = await managed_ledger.read(position, 1000)
             for entry in entries:
                 self.dedup.replayed(entry.header.producer_id, entry.header.last_sequence_id)
                 position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
             replayed += len(entries)
-            position = ml.settle(position)
-        if position != (ml.first_position() or ml.end_position()) or replayed:
+            position = managed_ledger.readable_position(position)
+        if position != (managed_ledger.first_position() or managed_ledger.end_position()) or replayed:
             # The snapshot of what this owner starts from, written at once
             # (its version moves on, fencing a previous owner's late write).
             last = self._entry_before(position)
@@ -212,7 +212,7 @@ class PartitionService:
         """The last entry stored before `position` (the end of the chain)."""
         if position.entry_id > 0:
             return Position(position.ledger_id, position.entry_id - 1)
-        ledgers = self.ml.record.ledgers
+        ledgers = self.managed_ledger.record.ledgers
         for index, info in enumerate(ledgers):
             if info.ledger_id == position.ledger_id:
                 for earlier in reversed(ledgers[:index]):
@@ -260,7 +260,7 @@ class PartitionService:
         graceful = self.fenced is None
         with trio.move_on_after(UNLOAD_WRITES_S) as deadline:
             if graceful:
-                await self.ml.close()
+                await self.managed_ledger.close()
             for subscription in list(self.subscriptions.values()):
                 await subscription.finish(write=graceful)
             if graceful and self.policies.deduplication and self._last_position is not None:
@@ -379,9 +379,9 @@ class PartitionService:
             self._answer(link, send, BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
             return False
         quota = self.policies.backlog_quota_bytes
-        if quota is not None and self.ml.stored_bytes >= quota:
+        if quota is not None and self.managed_ledger.stored_bytes >= quota:
             self._answer(link, send, BrokerStatus.PARTITION_OVERFLOW,
-                         f"partition overflow: {self.name} holds {self.ml.stored_bytes} bytes, its backlog quota is {quota} "
+                         f"partition overflow: {self.name} holds {self.managed_ledger.stored_bytes} bytes, its backlog quota is {quota} "
                          f"(acknowledge messages of important subscriptions or raise the quota)")
             return False
         deduplicating = self.policies.deduplication
@@ -429,7 +429,7 @@ class PartitionService:
                 self.dedup.pushed(producer_id, last_sequence_id)
 
         try:
-            await self.ml.append(make_entry, send.message_count, done, pushed)
+            await self.managed_ledger.append(make_entry, send.message_count, done, pushed)
         except BrokerError as error:
             self._answer(link, send, error.status, str(error))
             return False
@@ -484,10 +484,10 @@ class PartitionService:
                 if start_offset is not None:
                     next_offset = start_offset
                 elif initial_position == "earliest":
-                    next_offset = self.ml.first_offset
+                    next_offset = self.managed_ledger.first_offset
                 else:
-                    next_offset = self.ml.confirmed_offset + 1
-                next_offset = min(max(next_offset, self.ml.first_offset), self.ml.confirmed_offset + 1)
+                    next_offset = self.managed_ledger.confirmed_offset + 1
+                next_offset = min(max(next_offset, self.managed_ledger.first_offset), self.managed_ledger.confirmed_offset + 1)
                 subscription = Subscription(
                     self, subscription_name, subscription_type, Cursor.at(next_offset),
                     durable=durable, important=important, cursor_version=None, created_ms=int(time.time() * 1000),
@@ -518,7 +518,7 @@ class PartitionService:
             durable=True, important=bool(record.get("important")), cursor_version=version,
             created_ms=record.get("created_ms", 0),
         )
-        subscription.skip_to(self.ml.first_offset)
+        subscription.skip_to(self.managed_ledger.first_offset)
         return subscription
 
     def remove_consumer(self, subscription_name: str, consumer_id: int, *, keep: bool = False) -> None:
@@ -562,8 +562,8 @@ class PartitionService:
                 if not subscription.durable and not subscription.consumers and now - subscription.idle_since >= NON_DURABLE_IDLE_S:
                     self._drop_subscription(subscription)
             try:
-                if self.ml.rollover_reason() is not None:
-                    await self.ml.rollover()
+                if self.managed_ledger.rollover_reason() is not None:
+                    await self.managed_ledger.rollover()
                 if now - last_retention_check >= self.context.retention_check_interval_s:
                     last_retention_check = now
                     await self._refresh_policies()
@@ -578,20 +578,20 @@ class PartitionService:
         """Roll the open ledger over as soon as it is full (housekeeping
         handles age and idleness)."""
         while True:
-            await self.ml.rollover_due.wait()
+            await self.managed_ledger.rollover_due.wait()
             try:
-                await self.ml.rollover()
+                await self.managed_ledger.rollover()
             except BrokerError as error:
                 self.fence(error)
                 return
-            if self.ml.rollover_due.is_set():
+            if self.managed_ledger.rollover_due.is_set():
                 # Not rolled over (the policies changed meanwhile): wait for the next entry.
-                self.ml.rollover_due = trio.Event()
+                self.managed_ledger.rollover_due = trio.Event()
 
     async def _refresh_policies(self) -> None:
         found = await self.topic_store.read_topic(self.topic)
         if found is not None and found[0].policies != self.policies:
-            self.policies = self.ml.policies = found[0].policies
+            self.policies = self.managed_ledger.policies = found[0].policies
             log.info("partition %s: policies now %s", self.name, self.policies)
 
     def held_from_offset(self) -> int | None:
@@ -601,19 +601,19 @@ class PartitionService:
         return min(held) if held else None
 
     async def apply_retention(self) -> list[int]:
-        deleted = await self.ml.trim(self.held_from_offset())
+        deleted = await self.managed_ledger.trim(self.held_from_offset())
         if deleted:
             for subscription in self.subscriptions.values():
-                subscription.skip_to(self.ml.first_offset)
+                subscription.skip_to(self.managed_ledger.first_offset)
         return deleted
 
     # --- stats -------------------------------------------------------------------------------
 
     def describe(self) -> dict:
-        ml = self.ml
-        state = ml.open_ledger_state
+        managed_ledger = self.managed_ledger
+        state = managed_ledger.open_ledger_state
         ledgers = []
-        for info in ml.record.ledgers:
+        for info in managed_ledger.record.ledgers:
             entry = {"ledger_id": info.ledger_id, "first_offset": info.first_offset, "created_ms": info.created_ms}
             if info.is_closed:
                 entry.update(entries=info.entries, messages=info.messages, bytes=info.bytes, closed_ms=info.closed_ms, state="closed")
@@ -622,9 +622,9 @@ class PartitionService:
             ledgers.append(entry)
         return {
             "partition": self.name,
-            "first_offset": ml.first_offset,
-            "next_offset": ml.confirmed_offset + 1,
-            "stored_bytes": ml.stored_bytes,
+            "first_offset": managed_ledger.first_offset,
+            "next_offset": managed_ledger.confirmed_offset + 1,
+            "stored_bytes": managed_ledger.stored_bytes,
             "backlog_quota_bytes": self.policies.backlog_quota_bytes,
             "messages_in": self.stats.messages_in,
             "bytes_in": self.stats.bytes_in,

@@ -8,9 +8,9 @@ code that needs only the in-memory store does not pay for kazoo and trio.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from coordination.lazy_exports import lazy_exports
 from coordination.memory_store import InMemoryMetadataServer, InMemoryMetadataStore
 from coordination.retry import RetryPolicy, call_with_retry
 from coordination.store import (
@@ -43,15 +43,7 @@ _LAZY = {
     "AsyncMetadataStore": "coordination.async_store",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
+__getattr__ = lazy_exports(globals(), _LAZY)
 
 __all__ = [
     "ANY_VERSION",

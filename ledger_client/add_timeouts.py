@@ -10,9 +10,9 @@ and the handle asks again at its next add. So a timeout is seen up to one
 interval late; the interval is a tenth of the add timeout (at most a
 second), as BookKeeper checks at a fraction of its timeouts.
 
-(One timer task per ledger, as before, cost every open ledger a trio task
-with its frame, cancel scopes and events, some twenty objects that each
-full garbage collection walks, and a look at that timer on every add.)
+(One timer task per ledger would cost every open ledger a trio task with
+its frame, cancel scopes and events, some twenty objects that each full
+garbage collection walks, and a look at that timer on every add.)
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ from bookie.protocol.wire import (
     encode_request,
 )
 from ledger_client.exception_groups import unwrap_single_exception
-from ledger_client.room import Room
+from ledger_client.fifo_semaphore import FifoSemaphore
 
 log = logging.getLogger(__name__)
 RECEIVE_BYTES = 256 * 1024
@@ -161,7 +161,7 @@ class BookieClient:
         self._stream = stream
         # The in-flight bound counts adds, batched or not, and other requests.
         self._in_flight_max = requests_in_flight_max
-        self._room = Room(requests_in_flight_max)
+        self._in_flight_slots = FifoSemaphore(requests_in_flight_max)
         self._pending: dict[int, Callback | _AddBatch] = {}
         self._next_request_id = 1
         self._batching = batching  # the bookie speaks protocol 2
@@ -261,7 +261,7 @@ class BookieClient:
     def requests_in_flight(self) -> int:
         """Adds (each add of a batch counts) and other requests sent or
         about to be, not answered yet."""
-        return self._in_flight_max - self._room.free
+        return self._in_flight_max - self._in_flight_slots.available
 
     async def wait_closed(self) -> BookieConnectionError:
         """Return (the reason) once the connection has failed or closed."""
@@ -280,7 +280,7 @@ class BookieClient:
             self._gathering = None
         for callback in unanswered:
             if type(callback) is _AddBatch:
-                self._room.give(len(callback.entry_ids))
+                self._in_flight_slots.release(len(callback.entry_ids))
                 told = None
                 for add_callback in callback.callbacks:
                     # Each add hears it, except that an add listener (about
@@ -289,7 +289,7 @@ class BookieClient:
                         told = add_callback
                         answer_add(add_callback, self.bookie_id, self._failure)
             else:
-                self._room.give(1)
+                self._in_flight_slots.release(1)
                 answer_add(callback, self.bookie_id, self._failure)
 
     # --- requests -------------------------------------------------------------
@@ -308,9 +308,9 @@ class BookieClient:
             raise self._failure
         # No scheduling point while the window has room: requests queued
         # back to back then leave in one send instead of one each.
-        await self._room.take()
+        await self._in_flight_slots.acquire()
         if self._failure is not None:
-            self._room.give()
+            self._in_flight_slots.release()
             raise self._failure
         return self._new_request_id()
 
@@ -321,7 +321,7 @@ class BookieClient:
 
     def _send(self, request_id: int, frame: bytes, callback: Callback) -> int:
         if len(frame) - 4 > self.frame_bytes_max:
-            self._room.give(1)
+            self._in_flight_slots.release(1)
             raise ValueError(f"request of {len(frame)} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
         self._seal_batch()  # adds gathered before this request leave before it
         self._pending[request_id] = callback
@@ -358,7 +358,7 @@ class BookieClient:
         tail_bytes = len(tail)
         if tail_bytes + 32 > self.frame_bytes_max:
             raise ValueError(f"an add of {tail_bytes} bytes exceeds the bookie's frame bound {self.frame_bytes_max}")
-        self._room.take_nowait()
+        self._in_flight_slots.acquire_nowait()
         if not self._batching or not self._pending and self._gathering is None:
             # A bookie of protocol 1, or nothing in flight: a plain ADD
             # leaves now (a batch of one would cost both sides more work).
@@ -415,7 +415,7 @@ class BookieClient:
             # Nobody will look at the answer: forget the request (its answer,
             # if it comes, is dropped) and free its slot.
             if self._pending.pop(request_id, None) is not None:
-                self._room.give(1)
+                self._in_flight_slots.release(1)
             raise
         if isinstance(result[0], BookieConnectionError):
             raise result[0]
@@ -466,7 +466,7 @@ class BookieClient:
 
         (Plain locals, no closure: with many ledgers open each answer is a
         run of its own, and this loop is a writer's per-answer cost.)"""
-        pending, release, bookie_id = self._pending, self._room.give, self.bookie_id
+        pending, release, bookie_id = self._pending, self._in_flight_slots.release, self.bookie_id
         run_owner = None  # the listener whose run is being gathered
         run_ledger_id = -1
         run_entry_ids: list[int] = []

@@ -20,9 +20,9 @@ def now_ms() -> float:
 
 class CoreTicker:
     """Calls a core's `tick` at its next deadline (a RecoveryCore has
-    `next_deadline_ms`, `tick` and `bookies_changed`). `poke()` after each
-    step that may move the deadline. (Write handles share one timer
-    instead: `ledger_client.add_timeouts`.)"""
+    `next_deadline_ms`, `tick` and `bookies_changed`). Call
+    `wake_if_due_sooner()` after each step that may move the deadline.
+    (Write handles share one timer instead: `ledger_client.add_timeouts`.)"""
 
     def __init__(self, core, registry, execute: Callable[[list], None]) -> None:
         self._core = core
@@ -34,7 +34,7 @@ class CoreTicker:
     def wake(self) -> None:
         self._wakeup.set()
 
-    def poke(self) -> None:
+    def wake_if_due_sooner(self) -> None:
         """Wake the timer only if the core's deadline moved before the one it
         sleeps until (a later deadline is found on waking)."""
         deadline_ms = self._core.next_deadline_ms()

@@ -33,7 +33,7 @@ from ledger_client.errors import (
     NoSuchEntryError,
 )
 from ledger_client.metadata import LedgerMetadata
-from ledger_client.room import Room
+from ledger_client.fifo_semaphore import FifoSemaphore
 from ledger_client.write_core import (
     AddsCompleted,
     AddsFailed,
@@ -66,8 +66,8 @@ class ReadHandle:
     last entry can be read; for an open one, entries up to the LAC (learned
     with `read_lac` / `wait_for_lac`)."""
 
-    def __init__(self, bk: "BookKeeper", metadata: LedgerMetadata, version: int, digest: DigestManager, master_key: bytes) -> None:
-        self._bk = bk
+    def __init__(self, bookkeeper: "BookKeeper", metadata: LedgerMetadata, version: int, digest: DigestManager, master_key: bytes) -> None:
+        self._bookkeeper = bookkeeper
         self._metadata = metadata
         self._version = version
         self._digest = digest
@@ -113,7 +113,7 @@ class ReadHandle:
         for bookie_id in self.metadata.write_set(entry_id):
             try:
                 with trio.fail_after(READ_TIMEOUT_S):
-                    response = await self._bk.pool.call(
+                    response = await self._bookkeeper.pool.call(
                         bookie_id, lambda request_id: ReadRequest(request_id, ReadFlag.NONE, self.ledger_id, entry_id, None, None, None)
                     )
             except BookieConnectionError as error:
@@ -189,7 +189,7 @@ class ReadHandle:
                     result.append(error)
                 done.set()
 
-            self._bk.nursery.start_soon(fetch)
+            self._bookkeeper.nursery.start_soon(fetch)
             in_flight.append((end, done, result))
 
         while next_start <= last_entry_id and len(in_flight) < BATCHES_AHEAD:
@@ -232,7 +232,7 @@ class ReadHandle:
             bookie_id = bookies[(start + offset) % len(bookies)]
             try:
                 with trio.fail_after(READ_TIMEOUT_S):
-                    response = await self._bk.pool.call(
+                    response = await self._bookkeeper.pool.call(
                         bookie_id,
                         lambda request_id: BatchReadRequest(
                             request_id, self.ledger_id, first_entry_id, min(wanted, BATCH_READ_ENTRIES_MAX), BATCH_READ_BYTES_MAX
@@ -291,7 +291,7 @@ class ReadHandle:
             nonlocal done
             try:
                 with trio.fail_after(READ_TIMEOUT_S):
-                    response = await self._bk.pool.call(bookie_id, lambda request_id: ReadLacRequest(request_id, self.ledger_id))
+                    response = await self._bookkeeper.pool.call(bookie_id, lambda request_id: ReadLacRequest(request_id, self.ledger_id))
                 if response.status in (Status.OK, Status.NO_ENTRY, Status.NO_LEDGER):
                     answers.append(response.last_add_confirmed if response.status is Status.OK else -1)
             except (BookieConnectionError, trio.TooSlowError):
@@ -319,7 +319,7 @@ class ReadHandle:
         async with trio.open_nursery() as nursery:
             async def poll(bookie_id: str) -> None:
                 try:
-                    response = await self._bk.pool.call(
+                    response = await self._bookkeeper.pool.call(
                         bookie_id,
                         lambda request_id: ReadRequest(
                             request_id, ReadFlag.NONE, self.ledger_id, -1, None, previous_lac, timeout_ms
@@ -360,7 +360,7 @@ class ReadHandle:
                     await trio.sleep(idle_delay_s)
 
     async def _refresh_metadata(self) -> None:
-        metadata, version = await self._bk.ledger_store.read(self.ledger_id)
+        metadata, version = await self._bookkeeper.ledger_store.read(self.ledger_id)
         self._metadata, self._version = metadata, version
         if metadata.is_closed:
             self._last_add_confirmed = metadata.last_entry_id
@@ -413,21 +413,21 @@ class LedgerHandle(ReadHandle, AddListener):
 
     def __init__(
         self,
-        bk: "BookKeeper",
+        bookkeeper: "BookKeeper",
         core: WriteCore,
         master_key: bytes,
         *,
         pending_adds_max: int = PENDING_ADDS_MAX_DEFAULT,
     ) -> None:
-        super().__init__(bk, core.metadata, core.version, core.digest, master_key)
+        super().__init__(bookkeeper, core.metadata, core.version, core.digest, master_key)
         self._core = core
-        self._slots = Room(pending_adds_max)
-        self._room_reserved = False
+        self._pending_add_slots = FifoSemaphore(pending_adds_max)
+        self._slot_reserved = False
         self._adds: dict[int, PendingAdd] = {}
         # The client's one timer for add timeouts, which looks at this
         # handle while it has adds pending (from its first add on, until a
         # look finds none).
-        self._timeouts = bk.add_timeouts
+        self._timeouts = bookkeeper.add_timeouts
         self._watched = False
         self._close_done = trio.Event()
         self._close_error: BKError | None = None
@@ -471,9 +471,9 @@ class LedgerHandle(ReadHandle, AddListener):
         """Take room under the pending-adds bound for the next
         `submit_add_nowait` (kept until that call): a caller that must not
         wait once it has changed its own state waits here first."""
-        if not self._room_reserved:
-            await self._slots.take()  # (not a scheduling point while there is room)
-            self._room_reserved = True
+        if not self._slot_reserved:
+            await self._pending_add_slots.acquire()  # (not a scheduling point while there is room)
+            self._slot_reserved = True
 
     def submit_add_nowait(self, data: bytes, on_done: Callable[[PendingAdd], None] | None = None) -> PendingAdd:
         """`submit_add` without a scheduling point: uses the room
@@ -482,15 +482,15 @@ class LedgerHandle(ReadHandle, AddListener):
         return self._submit_checked(data, on_done)
 
     def _submit_checked(self, data: bytes, on_done: Callable[[PendingAdd], None] | None) -> PendingAdd:
-        if self._room_reserved:
-            self._room_reserved = False
+        if self._slot_reserved:
+            self._slot_reserved = False
         else:
-            self._slots.take_nowait()
+            self._pending_add_slots.acquire_nowait()
         try:
             # (The run's clock asked directly: trio.current_time() is three calls deep.)
             entry_id, actions = self._core.add(bytes(data), self._timeouts.clock_s() * 1000.0)
         except BKError:
-            self._slots.give()
+            self._pending_add_slots.release()
             raise
         pending = self._adds[entry_id] = PendingAdd(entry_id, on_done)
         self._execute(actions)
@@ -519,7 +519,7 @@ class LedgerHandle(ReadHandle, AddListener):
                     # An entry's sends come together: encode its bytes once.
                     tail_entry_id, tail = action.entry_id, encode_add_tail_after(self._tail_prefix, action.entry)
                 # The handle hears the answers itself, as an AddListener.
-                self._bk.pool.send_add_tail(action.bookie_id, tail, self, self._ledger_id, tail_entry_id)
+                self._bookkeeper.pool.send_add_tail(action.bookie_id, tail, self, self._ledger_id, tail_entry_id)
             elif kind is AddsCompleted:
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, None)
@@ -527,7 +527,7 @@ class LedgerHandle(ReadHandle, AddListener):
                 for entry_id in action.entry_ids:
                     self._finish(entry_id, action.error)
             elif kind is WriteMetadata:
-                self._bk.nursery.start_soon(self._write_metadata, action)
+                self._bookkeeper.nursery.start_soon(self._write_metadata, action)
             elif kind is Closed:
                 self._close_done.set()
             elif kind is CloseFailed:
@@ -547,14 +547,14 @@ class LedgerHandle(ReadHandle, AddListener):
         deadline_ms = core.next_deadline_ms()
         if deadline_ms is not None and deadline_ms <= now_ms:
             # A tick may replace bookies: let it pick from the registry as it is now.
-            core.bookies_changed(self._bk.registry.writable_racks())
+            core.bookies_changed(self._bookkeeper.registry.writable_racks())
             self._execute(core.tick(now_ms))
         return True
 
     def _finish(self, entry_id: int, error: BKError | None) -> None:
         pending = self._adds.pop(entry_id, None)
         if pending is not None:
-            self._slots.give()
+            self._pending_add_slots.release()
             pending._complete(error)
 
     # --- answers: the handle is the AddListener of its adds -----------------------------
@@ -562,7 +562,7 @@ class LedgerHandle(ReadHandle, AddListener):
     def add_answered(self, bookie_id: str, response) -> None:
         """An add's answer other than OK, or the connection's failure."""
         if isinstance(response, BookieConnectionError):
-            self._core.bookies_changed(self._bk.registry.writable_racks())
+            self._core.bookies_changed(self._bookkeeper.registry.writable_racks())
             self._execute(self._core.bookie_failed(bookie_id, now_ms()))
             return
         # The answer names its entry (as BookKeeper's completion keys do); one
@@ -574,7 +574,7 @@ class LedgerHandle(ReadHandle, AddListener):
             return
         if response.status is not Status.OK:
             log.info("bookie %s answered %s to entry %d of ledger %d", bookie_id, response.status.name, entry_id, self.ledger_id)
-            self._core.bookies_changed(self._bk.registry.writable_racks())
+            self._core.bookies_changed(self._bookkeeper.registry.writable_racks())
         self._execute(self._core.bookie_responded(bookie_id, entry_id, response.status, now_ms()))
 
     def adds_acknowledged(self, bookie_id: str, ledger_id: int, entry_ids: list[int]) -> None:
@@ -591,7 +591,7 @@ class LedgerHandle(ReadHandle, AddListener):
             self._execute(actions)
 
     async def _write_metadata(self, action: WriteMetadata) -> None:
-        self._execute(await carry_out_metadata_write(self._bk.ledger_store, self._core, action))
+        self._execute(await carry_out_metadata_write(self._bookkeeper.ledger_store, self._core, action))
 
     # --- closing ------------------------------------------------------------------------
 

@@ -34,16 +34,16 @@ log = logging.getLogger(__name__)
 RECOVERY_ATTEMPTS_MAX = 5
 
 
-async def recover_ledger(bk: "BookKeeper", ledger_id: int, digest: DigestManager, master_key: bytes) -> tuple[LedgerMetadata, int]:
+async def recover_ledger(bookkeeper: "BookKeeper", ledger_id: int, digest: DigestManager, master_key: bytes) -> tuple[LedgerMetadata, int]:
     """Fence and close the ledger (or adopt a close someone else made);
     returns the closed metadata and its version."""
     for attempt in range(1, RECOVERY_ATTEMPTS_MAX + 1):
-        metadata, version = await bk.ledger_store.read(ledger_id)
+        metadata, version = await bookkeeper.ledger_store.read(ledger_id)
         if metadata.is_closed:
             return metadata, version
-        core = RecoveryCore(metadata, version, digest, bookies=bk.registry.writable_racks(), rng=bk.rng)
+        core = RecoveryCore(metadata, version, digest, bookies=bookkeeper.registry.writable_racks(), rng=bookkeeper.rng)
         try:
-            return await _RecoveryDriver(bk, core, master_key).run()
+            return await _RecoveryDriver(bookkeeper, core, master_key).run()
         except MetadataVersionError as error:
             if attempt == RECOVERY_ATTEMPTS_MAX:
                 raise
@@ -52,14 +52,14 @@ async def recover_ledger(bk: "BookKeeper", ledger_id: int, digest: DigestManager
 
 
 class _RecoveryDriver:
-    def __init__(self, bk: "BookKeeper", core: RecoveryCore, master_key: bytes) -> None:
-        self._bk = bk
+    def __init__(self, bookkeeper: "BookKeeper", core: RecoveryCore, master_key: bytes) -> None:
+        self._bookkeeper = bookkeeper
         self._core = core
         self._master_key = master_key
         self._ledger_id = core.metadata.ledger_id
         self._result: RecoveryDone | RecoveryFailed | None = None
         self._done = trio.Event()
-        self._ticker = CoreTicker(core, bk.registry, self._execute)
+        self._ticker = CoreTicker(core, bookkeeper.registry, self._execute)
         self._nursery: trio.Nursery | None = None
         self._finished = False
 
@@ -84,7 +84,7 @@ class _RecoveryDriver:
     def _execute(self, actions: list) -> None:
         if self._finished:
             return
-        pool = self._bk.pool
+        pool = self._bookkeeper.pool
         for action in actions:
             kind = type(action)
             if kind is FenceRead:
@@ -111,14 +111,14 @@ class _RecoveryDriver:
                 self._done.set()
             else:
                 raise AssertionError(f"unknown recovery action {action!r}")
-        self._ticker.poke()
+        self._ticker.wake_if_due_sooner()
 
     async def _ask(self, bookie_id: str, flags: ReadFlag, entry_id: int, on_answer) -> None:
         """One read; no answer within READ_TIMEOUT_S (or a broken
         connection) is reported as None, which the core asks again later."""
         try:
             with trio.fail_after(READ_TIMEOUT_S):
-                response = await self._bk.pool.call(bookie_id, functools.partial(self._read_request, flags, entry_id))
+                response = await self._bookkeeper.pool.call(bookie_id, functools.partial(self._read_request, flags, entry_id))
         except (BookieConnectionError, trio.TooSlowError):
             response = None
         on_answer(response)
@@ -140,11 +140,11 @@ class _RecoveryDriver:
 
     def _on_add(self, bookie_id: str, entry_id: int, response) -> None:
         status = None if isinstance(response, BookieConnectionError) else response.status
-        self._core.bookies_changed(self._bk.registry.writable_racks())
+        self._core.bookies_changed(self._bookkeeper.registry.writable_racks())
         self._execute(self._core.add_response(bookie_id, entry_id, status, now_ms()))
 
     async def _write_metadata(self, action: WriteMetadata) -> None:
-        self._execute(await carry_out_metadata_write(self._bk.ledger_store, self._core, action))
+        self._execute(await carry_out_metadata_write(self._bookkeeper.ledger_store, self._core, action))
 
     async def _tick_loop(self) -> None:
         await self._ticker.run()

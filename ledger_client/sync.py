@@ -133,7 +133,7 @@ class LedgerHandle(ReadHandle):
 class BookKeeper:
     def __init__(self, loop: LoopThread) -> None:
         self._loop = loop
-        self._bk: async_bookkeeper.BookKeeper = loop.value
+        self._bookkeeper: async_bookkeeper.BookKeeper = loop.value
 
     @classmethod
     def connect(cls, zk_hosts: str = "127.0.0.1:2181", root: str = "/quire", **options: Any) -> "BookKeeper":
@@ -141,24 +141,24 @@ class BookKeeper:
 
     def create_ledger(self, ensemble_size: int = 3, write_quorum: int | None = None, ack_quorum: int | None = None, **options: Any) -> LedgerHandle:
         async def create() -> async_handles.LedgerHandle:
-            return await self._bk.create_ledger(ensemble_size, write_quorum, ack_quorum, **options)
+            return await self._bookkeeper.create_ledger(ensemble_size, write_quorum, ack_quorum, **options)
 
         return LedgerHandle(self._loop, self._loop.call(create))
 
     def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True) -> ReadHandle:
         async def open_() -> async_handles.ReadHandle:
-            return await self._bk.open_ledger(ledger_id, password, recovery=recovery)
+            return await self._bookkeeper.open_ledger(ledger_id, password, recovery=recovery)
 
         return ReadHandle(self._loop, self._loop.call(open_))
 
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
-        return self._loop.call(self._bk.ledger_metadata, ledger_id)
+        return self._loop.call(self._bookkeeper.ledger_metadata, ledger_id)
 
     def list_ledgers(self) -> list[int]:
-        return self._loop.call(self._bk.list_ledgers)
+        return self._loop.call(self._bookkeeper.list_ledgers)
 
     def delete_ledger(self, ledger_id: int) -> None:
-        self._loop.call(self._bk.delete_ledger, ledger_id)
+        self._loop.call(self._bookkeeper.delete_ledger, ledger_id)
 
     def close(self) -> None:
         self._loop.close()

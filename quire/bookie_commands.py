@@ -13,30 +13,30 @@ from quire.metadata_access import open_metadata
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=port_number, default=3181)
+    parser.add_argument("--port", type=port_number, default=3181, help="port of the bookie protocol (BookKeeper's bookiePort)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--advertised-host", help="address clients use (default: --host, or the host name for 0.0.0.0)")
     parser.add_argument("--bookie-id", help="stable identity (default: ADVERTISED_HOST:PORT)")
-    parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR")
-    parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR", help="journal files, one directory (put it on its own disk)")
+    parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR", help="entry logs and the RocksDB index")
     parser.add_argument("--rack", help="rack label used by placement")
     parser.add_argument(
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default 0: no endpoint, nothing measured)",
     )
-    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000)
-    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2)
-    parser.add_argument("--journal-file-bytes-max", type=byte_size, default=256 * 1024**2)
+    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000, help="ZooKeeper session timeout; the registration goes this long after the bookie does")
+    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2, help="largest frame a peer may send; a longer one closes its connection")
+    parser.add_argument("--journal-file-bytes-max", type=byte_size, default=256 * 1024**2, help="start a new journal file past this size")
     parser.add_argument("--group-wait-ms", type=float, default=0.0, help="group commit wait (0: flush once the previous fsync ends)")
-    parser.add_argument("--group-bytes", type=byte_size, default=1024**2)
+    parser.add_argument("--group-bytes", type=byte_size, default=1024**2, help="with --group-wait-ms: flush once this many bytes wait")
     parser.add_argument(
-        "--journal-sync-here", choices=["on", "off"], default="on",
+        "--inline-fsync", choices=["on", "off"], default="on",
         help="fsync small journal batches on the idle event loop instead of the journal thread (lower latency at low load)",
     )
-    parser.add_argument("--write-cache-bytes", type=byte_size, default=64 * 1024**2)
-    parser.add_argument("--read-cache-bytes", type=byte_size, default=32 * 1024**2)
-    parser.add_argument("--entry-log-bytes-max", type=byte_size, default=1024**3)
-    parser.add_argument("--checkpoint-interval-ms", type=positive_int, default=10_000)
+    parser.add_argument("--write-cache-bytes", type=byte_size, default=64 * 1024**2, help="entries held in memory until a checkpoint writes them to the entry logs (both halves)")
+    parser.add_argument("--read-cache-bytes", type=byte_size, default=32 * 1024**2, help="entries read ahead from the entry logs")
+    parser.add_argument("--entry-log-bytes-max", type=byte_size, default=1024**3, help="start a new entry log past this size")
+    parser.add_argument("--checkpoint-interval-ms", type=positive_int, default=10_000, help="flush the write cache and move the journal mark at least this often")
     parser.add_argument(
         "--gc-interval-s", type=_nonnegative_seconds, default=60.0,
         help="garbage collection runs this often: deleted ledgers dropped, entry logs deleted or compacted (0: off)",
@@ -45,12 +45,12 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         "--gc-compaction-threshold", type=_threshold, default=0.5,
         help="compact an entry log whose live fraction is below this (0: never; default %(default)s)",
     )
-    parser.add_argument("--disk-usage-threshold", type=fraction, default=0.95)
-    parser.add_argument("--disk-usage-lwm", type=fraction, default=0.90)
+    parser.add_argument("--disk-usage-threshold", type=fraction, default=0.95, help="turn read-only once a directory's disk is this full")
+    parser.add_argument("--disk-usage-lwm", type=fraction, default=0.90, help="turn writable again once every disk is below this")
     parser.add_argument("--disk-quota-bytes", type=byte_size, help="turn read-only once the bookie's own files reach this size")
-    parser.add_argument("--disk-check-interval-ms", type=positive_int, default=1_000)
-    parser.add_argument("--adds-in-flight-max", type=positive_int, default=20_000)
-    parser.add_argument("--reads-in-flight-max", type=positive_int, default=10_000)
+    parser.add_argument("--disk-check-interval-ms", type=positive_int, default=1_000, help="how often disk usage is checked")
+    parser.add_argument("--adds-in-flight-max", type=positive_int, default=20_000, help="adds taken and not yet answered; more are refused with TOO_MANY_REQUESTS")
+    parser.add_argument("--reads-in-flight-max", type=positive_int, default=10_000, help="reads taken and not yet answered; more are refused with TOO_MANY_REQUESTS")
     from quire.autorecovery_commands import add_bookie_options
 
     add_bookie_options(parser)
@@ -102,7 +102,7 @@ def run(arguments: argparse.Namespace) -> int:
             journal_file_bytes_max=arguments.journal_file_bytes_max,
             group_wait_ms=arguments.group_wait_ms,
             group_bytes=arguments.group_bytes,
-            journal_sync_here=arguments.journal_sync_here == "on",
+            journal_inline_fsync=arguments.inline_fsync == "on",
             write_cache_bytes=arguments.write_cache_bytes,
             read_cache_bytes=arguments.read_cache_bytes,
             entry_log_bytes_max=arguments.entry_log_bytes_max,
@@ -131,8 +131,8 @@ def run(arguments: argparse.Namespace) -> int:
 
 def add_format(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bookie-id", required=True, help="the bookie to forget (as listed by `quire bookie ls`)")
-    parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR")
-    parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--journal-dir", type=Path, required=True, metavar="DIR", help="the bookie's journal directory, emptied")
+    parser.add_argument("--ledger-dir", type=Path, required=True, metavar="DIR", help="the bookie's ledger directory, emptied")
     parser.add_argument("--force", action="store_true", help="really delete: the bookie's data is lost for good")
 
 
@@ -202,7 +202,7 @@ def info(arguments: argparse.Namespace) -> int:
 
 def add_simpletest(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=positive_int, default=1000, help="entries per bookie (default %(default)s)")
-    parser.add_argument("--entry-bytes", type=byte_size, default=1024)
+    parser.add_argument("--entry-bytes", type=byte_size, default=1024, help="size of each entry written")
 
 
 def simpletest(arguments: argparse.Namespace) -> int:

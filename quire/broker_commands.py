@@ -24,11 +24,11 @@ def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--rollover-time", type=duration_ms, metavar="DURATION", help=f"{scope}age of a ledger")
     parser.add_argument("--rollover-idle", type=duration_ms, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long")
     parser.add_argument("--rollover-min-time", type=duration_ms, metavar="DURATION",
-                        help=f"{scope}no rollover for entries or size before a ledger is this old (default 10m)")
+                        help=f"{scope}no rollover for entries or size before a ledger is this old" + ("" if defaults else " (default: the broker's, 10m unless set)"))
     parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication")
-    parser.add_argument("--ensemble-size", "-E", type=positive_int)
-    parser.add_argument("--write-quorum", "-W", type=positive_int)
-    parser.add_argument("--ack-quorum", "-A", type=positive_int)
+    parser.add_argument("--ensemble-size", "-E", type=positive_int, help=f"{scope}bookies per ledger (3 unless set)")
+    parser.add_argument("--write-quorum", "-W", type=positive_int, help=f"{scope}copies of each entry (3 unless set)")
+    parser.add_argument("--ack-quorum", "-A", type=positive_int, help=f"{scope}copies acknowledged before a message is persisted (2 unless set)")
 
 
 def policies_from(arguments: argparse.Namespace) -> dict:
@@ -46,7 +46,7 @@ def policies_from(arguments: argparse.Namespace) -> dict:
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=port_number, default=6650)
+    parser.add_argument("--port", type=port_number, default=6650, help="port of the broker protocol")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--advertised-address", help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
@@ -55,11 +55,11 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default 0: no endpoint, nothing measured)",
     )
     parser.add_argument("--ledger-password", default="", help="password of the topics' ledgers (Spark export needs the same)")
-    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000)
-    parser.add_argument("--entry-cache-bytes", type=byte_size, default=64 * 1024**2)
-    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2)
+    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000, help="ZooKeeper session timeout; its partitions move to other brokers this long after it is gone")
+    parser.add_argument("--entry-cache-bytes", type=byte_size, default=64 * 1024**2, help="entries kept in memory for tailing consumers, all partitions together")
+    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2, help="largest frame a client may send; a longer one closes its connection")
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
-    parser.add_argument("--retention-check-interval", type=duration_ms, default=5_000, metavar="DURATION")
+    parser.add_argument("--retention-check-interval", type=duration_ms, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
     add_policies(parser, defaults=True)
 
 

@@ -87,8 +87,51 @@ def _int_at_least(text: str, low: int, complaint: str) -> int:
     return value
 
 
+def human_size(value: int) -> str:
+    """64 MiB as '64MiB': the largest unit that divides the value."""
+    for unit, factor in (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if value >= factor and value % factor == 0:
+            return f"{value // factor}{unit}"
+    return str(value)
+
+
+def human_duration(value_ms: int) -> str:
+    """300000 ms as '5m': the largest unit that divides the value."""
+    for unit, factor in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if value_ms >= factor and value_ms % factor == 0:
+            return f"{value_ms // factor}{unit}"
+    return f"{value_ms}ms"
+
+
+def default_text(action: argparse.Action) -> str | None:
+    """An option's default as a user writes it, or None where it has none worth showing."""
+    default = action.default
+    if action.required or action.nargs == 0 or default in (None, [], argparse.SUPPRESS) or isinstance(default, bool):
+        return None
+    if action.type is byte_size and isinstance(default, int):
+        return human_size(default)
+    if action.type is duration_ms and isinstance(default, int):
+        return human_duration(default)
+    return str(default)
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the text already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        shown = default_text(action)
+        if text and shown is not None and "default" not in text:
+            text += f" (default {shown.replace('%', '%%')})"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
     """Errors are one line (what is wrong, where to look), then exit 2."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -97,7 +140,8 @@ class _Parser(argparse.ArgumentParser):
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", default="127.0.0.1:2181", metavar="HOSTS", help="ZooKeeper hosts (default %(default)s)")
     parser.add_argument("--root", default="/quire", metavar="PATH", help="ZooKeeper chroot of the cluster (default %(default)s)")
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                        help="least severe log records shown (one-shot commands show warnings and errors at info)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="log lines as text (time level role id logger: message) or as JSON objects")
 
@@ -201,6 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
     jepsen.set_defaults(handler=jepsen_commands.jepsen, action=None)
     jepsen_commands.add_jepsen(jepsen)
 
+    from quire import bench_commands
+
+    benchmark = commands.add_parser(
+        "bench", help="run a benchmark", description="run one of the benchmarks in bench/; each prints one JSON object per result",
+    )
+    _common(benchmark)
+    benchmark.set_defaults(handler=bench_commands.bench, action=None)
+    bench_commands.add_bench(benchmark)
+
     from quire import autorecovery_commands
 
     autorecovery = group("autorecovery", "auto-recovery of lost bookies' replicas: run, switch off and on, status")
@@ -231,8 +284,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     arguments = parser.parse_args(argv)
     # Every command logs from here on, quietly: a one-shot command shows
-    # warnings and errors only (kazoo's reconnect warnings not even those,
-    # before a first session: the command's own error line says it). The
+    # warnings and errors only (kazoo's reconnect warnings not even those
+    # until it first connects: the command's own error line says it). The
     # process commands (zk, bookie, broker, autorecovery run) set up their
     # own role, id and level again when they start.
     level = getattr(arguments, "log_level", "info")

@@ -9,14 +9,14 @@ from quire.cli import UsageError, metrics_port, nonnegative_int, port_number, po
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--data-dir", type=Path, required=True, metavar="DIR", help="the cluster's directory: each process's data and log, and cluster.json")
 
 
 def add_up(parser: argparse.ArgumentParser) -> None:
     add_data_dir(parser)
-    parser.add_argument("--bookies", type=positive_int, default=3)
-    parser.add_argument("--brokers", type=nonnegative_int, default=1)
-    parser.add_argument("--zk-port", type=port_number, default=2181)
+    parser.add_argument("--bookies", type=positive_int, default=3, help="bookies to start")
+    parser.add_argument("--brokers", type=nonnegative_int, default=1, help="brokers to start")
+    parser.add_argument("--zk-port", type=port_number, default=2181, help="port of the cluster's ZooKeeper")
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
     parser.add_argument("--broker-base-port", type=port_number, default=6650, help="broker i listens on BASE+i")
     parser.add_argument(

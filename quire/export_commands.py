@@ -59,7 +59,7 @@ def spark_setting(text: str) -> tuple[str, str]:
 def add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topic", help="topic to export (every partition of a partitioned topic)")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (a path or a Hadoop URI)")
-    parser.add_argument("--format", default="parquet", choices=["parquet", "json"])
+    parser.add_argument("--format", default="parquet", choices=["parquet", "json"], help="output format")
     parser.add_argument("--incremental", action="store_true",
                         help="write only ledgers closed since the last incremental run into DIR (one run=<n> folder per run)")
     parser.add_argument("--overwrite", action="store_true", help="without --incremental: replace DIR if it exists")
@@ -159,34 +159,34 @@ class HadoopDirectory:
         jvm = self.spark._jvm
         self._Path = jvm.org.apache.hadoop.fs.Path
         self.path = self._Path(self.uri)
-        self.fs = self.path.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        self.file_system = self.path.getFileSystem(self.spark._jsc.hadoopConfiguration())
         self._jvm = jvm
 
     def child(self, name: str) -> str:
         return self._Path(self.path, name).toString()
 
     def exists(self, name: str | None = None) -> bool:
-        return bool(self.fs.exists(self.path if name is None else self._Path(self.path, name)))
+        return bool(self.file_system.exists(self.path if name is None else self._Path(self.path, name)))
 
     def names(self) -> list[str]:
         if not self.exists():
             return []
-        return sorted(status.getPath().getName() for status in self.fs.listStatus(self.path))
+        return sorted(status.getPath().getName() for status in self.file_system.listStatus(self.path))
 
     def folders(self) -> list[str]:
         if not self.exists():
             return []
-        return sorted(status.getPath().getName() for status in self.fs.listStatus(self.path) if status.isDirectory())
+        return sorted(status.getPath().getName() for status in self.file_system.listStatus(self.path) if status.isDirectory())
 
     def delete(self, name: str) -> None:
-        self.fs.delete(self._Path(self.path, name), True)
+        self.file_system.delete(self._Path(self.path, name), True)
 
     def rename(self, source: str, target: str) -> None:
-        if not self.fs.rename(self._Path(self.path, source), self._Path(self.path, target)):
+        if not self.file_system.rename(self._Path(self.path, source), self._Path(self.path, target)):
             raise RuntimeError(f"could not rename {self.child(source)} to {self.child(target)}")
 
     def read(self, name: str) -> bytes:
-        stream = self.fs.open(self._Path(self.path, name))
+        stream = self.file_system.open(self._Path(self.path, name))
         try:
             return bytes(self._jvm.org.apache.commons.io.IOUtils.toByteArray(stream))
         finally:
@@ -195,7 +195,7 @@ class HadoopDirectory:
     def write_durably(self, name: str, data: bytes) -> None:
         """Write a file under a temporary name, hsync it, rename it into place."""
         temporary = f"{name}.tmp"
-        stream = self.fs.create(self._Path(self.path, temporary), True)
+        stream = self.file_system.create(self._Path(self.path, temporary), True)
         try:
             stream.write(bytearray(data))
             stream.hsync()
@@ -213,14 +213,14 @@ class HadoopDirectory:
 
         lock_path = self._Path(self.path, LOCK)
         try:
-            self.fs.create(lock_path, False).close()
+            self.file_system.create(lock_path, False).close()
         except Py4JJavaError:
             raise UsageError(f"another export is writing to {self.uri} (if none is, one that died left "
                              f"{self.child(LOCK)}: delete it)") from None
         try:
             yield
         finally:
-            self.fs.delete(lock_path, False)
+            self.file_system.delete(lock_path, False)
 
 
 def run_number(folder: str) -> int | None:

@@ -15,9 +15,9 @@ from quire.cli import nonnegative_int, positive_int
 
 def add_jepsen(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=positive_int, default=60, metavar="SECONDS", help="nemesis time (default %(default)s)")
-    parser.add_argument("--writers", type=positive_int, default=2)
-    parser.add_argument("--readers", type=nonnegative_int, default=1)
-    parser.add_argument("--bookies", type=positive_int, default=5)
+    parser.add_argument("--writers", type=positive_int, default=2, help="writer client processes")
+    parser.add_argument("--readers", type=nonnegative_int, default=1, help="reader client processes (they also recover open ledgers)")
+    parser.add_argument("--bookies", type=positive_int, default=5, help="bookie processes")
     parser.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the nemesis and the workload")
     parser.add_argument(
         "--work-dir", type=Path, default=None, metavar="DIR",

@@ -20,28 +20,28 @@ def _password(parser: argparse.ArgumentParser) -> None:
 
 
 def add_create(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ensemble-size", "-E", type=positive_int, default=3)
+    parser.add_argument("--ensemble-size", "-E", type=positive_int, default=3, help="bookies the ledger is spread over")
     parser.add_argument("--write-quorum", "-W", type=positive_int, default=None, help="default: the ensemble size")
     parser.add_argument("--ack-quorum", "-A", type=positive_int, default=None, help="default: write quorum - 1 (at least 1)")
-    parser.add_argument("--digest", choices=["CRC32C", "HMAC_SHA256", "DUMMY"], default="CRC32C")
+    parser.add_argument("--digest", choices=["CRC32C", "HMAC_SHA256", "DUMMY"], default="CRC32C", help="digest of each entry (HMAC_SHA256 is keyed by the password; DUMMY is for tests)")
     _password(parser)
     parser.add_argument("--entries", type=nonnegative_int, default=0, help="add this many generated entries")
-    parser.add_argument("--entry-bytes", type=positive_int, default=1024)
+    parser.add_argument("--entry-bytes", type=positive_int, default=1024, help="with --entries: size of each generated entry")
     parser.add_argument("--stdin", action="store_true", help="add each line of standard input as an entry")
     parser.add_argument("--no-close", action="store_true", help="leave the ledger open (the writer exits: recover it later)")
 
 
 def add_ledger_id(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("ledger_id", type=nonnegative_int)
+    parser.add_argument("ledger_id", type=nonnegative_int, metavar="ID", help="the ledger's id (quire ledger ls lists them)")
 
 
 def add_read(parser: argparse.ArgumentParser) -> None:
     add_ledger_id(parser)
     _password(parser)
-    parser.add_argument("--first", type=nonnegative_int, default=0)
+    parser.add_argument("--first", type=nonnegative_int, default=0, help="first entry id to print")
     parser.add_argument("--last", type=int, default=None, help="default: the last entry (or the LAC of an open ledger)")
     parser.add_argument("--no-recovery", action="store_true", help="do not fence an open ledger: read up to its LAC")
-    parser.add_argument("--format", choices=["text", "json", "raw"], default="text")
+    parser.add_argument("--format", choices=["text", "json", "raw"], default="text", help="text: one entry per line; json: one object per line; raw: the payloads' bytes")
 
 
 def add_recover(parser: argparse.ArgumentParser) -> None:

@@ -1,5 +1,5 @@
 """`quire sim`: run the deterministic simulator. `--seed N` reproduces one run
-exactly; `--seeds K` runs K seeds with a progress bar and prints the seeds
+exactly; `--seeds COUNT` runs COUNT seeds with a progress bar and prints the seeds
 that failed. Every run prints its seed and parameters. Exit status 1 when
 any run broke an invariant, crashed or livelocked. `--broker` simulates the
 broker (one partition, its brokers, producers and consumers) instead of the
@@ -22,7 +22,7 @@ from quire.cli import nonnegative_int, positive_int
 def add_sim(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seed", type=nonnegative_int, metavar="N", help="run seed N (reproduces a run exactly)")
-    which.add_argument("--seeds", type=positive_int, metavar="K", help="run K seeds: --first-seed .. --first-seed + K - 1")
+    which.add_argument("--seeds", type=positive_int, metavar="COUNT", help="run COUNT seeds: --first-seed .. --first-seed + COUNT - 1")
     parser.add_argument("--first-seed", type=nonnegative_int, default=0, metavar="S", help="first seed of --seeds (default 0)")
     parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="processes for --seeds (default 1)")
     parser.add_argument(

@@ -19,7 +19,7 @@ from quire.cli import UsageError, byte_size, configure_logging, duration_ms, non
 
 
 def add_topic(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("topic")
+    parser.add_argument("topic", metavar="TOPIC", help="the topic's name")
     parser.add_argument("--service-url", help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
 
 
@@ -48,24 +48,24 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=nonnegative_int, help="send this many generated messages instead of standard input's lines")
     parser.add_argument("--size", type=byte_size, default=1024, help="bytes of each generated message (default 1024)")
     parser.add_argument("--producer-id", help="for exactly-once publishing across runs (default: a new id)")
-    parser.add_argument("--key", help="message key (generated messages: KEY-<n % --keys>)")
+    parser.add_argument("--key", help="message key (generated messages: KEY-<n %% --keys>)")
     parser.add_argument("--keys", type=positive_int, default=1, help="with --key and --count: this many distinct keys")
-    parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--codec", choices=["none", "zstd", "lz4", "gzip"], default="none")
+    parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE", help="a property of every message (repeat for more)")
+    parser.add_argument("--codec", choices=["none", "zstd", "lz4", "gzip"], default="none", help="compression of each batch")
     parser.add_argument("--batching", action="store_true", help="batch messages into entries")
     parser.add_argument("--window", type=positive_int, default=1000, help="messages in flight (default 1000)")
 
 
 def add_consume(parser: argparse.ArgumentParser) -> None:
     add_topic(parser)
-    parser.add_argument("--subscription", "-s", required=True)
-    parser.add_argument("--type", choices=["exclusive", "failover", "shared", "key_shared"], default="exclusive")
+    parser.add_argument("--subscription", "-s", required=True, help="the durable subscription's name (created if new)")
+    parser.add_argument("--type", choices=["exclusive", "failover", "shared", "key_shared"], default="exclusive", help="subscription type")
     parser.add_argument("--count", type=nonnegative_int, help="stop after this many messages")
     parser.add_argument("--initial-position", choices=["earliest", "latest"], default="earliest",
                         help="where a new subscription starts (default: earliest)")
     parser.add_argument("--idle-timeout", type=duration_ms, default=None, metavar="DURATION",
                         help="stop once no message came for this long (default: wait for ever, or --count)")
-    parser.add_argument("--format", choices=["text", "json"], default="text")
+    parser.add_argument("--format", choices=["text", "json"], default="text", help="text: message id, offset, key and payload per line; json: one object per message")
     parser.add_argument("--no-ack", action="store_true", help="do not acknowledge what is printed")
     parser.add_argument("--important", action="store_true", help="a new subscription holds its unacknowledged messages against retention")
 

@@ -9,9 +9,9 @@ from quire.cli import UsageError, configure_logging, port_number
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=port_number, default=2181)
+    parser.add_argument("--port", type=port_number, default=2181, help="client port")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    parser.add_argument("--data-dir", type=Path, required=True, metavar="DIR")
+    parser.add_argument("--data-dir", type=Path, required=True, metavar="DIR", help="snapshots and transaction logs")
 
 
 def run(arguments: argparse.Namespace) -> int:

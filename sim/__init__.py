@@ -1,1 +1,1 @@
-"""The deterministic simulator and Jepsen-style tests (issue 4)."""
+"""The deterministic simulator and Jepsen-style tests."""

@@ -38,7 +38,7 @@ class _Serving:
     holder: dict[int, int] = field(default_factory=dict)  # offset -> consumer id
     keys: dict[int, str | None] = field(default_factory=dict)  # offset -> key, of what is out
     delivered: set[int] = field(default_factory=set)  # every offset delivered once at least
-    first_max: dict[str | None, int] = field(default_factory=dict)  # ordering key -> highest first delivery
+    highest_first_delivery: dict[str | None, int] = field(default_factory=dict)  # ordering key -> highest offset delivered the first time
 
 
 class BrokerChecker(ViolationLog):
@@ -232,14 +232,14 @@ class BrokerChecker(ViolationLog):
                 self.redeliveries += 1
             elif kind is not SubscriptionType.SHARED:
                 ordering_key = key if kind is SubscriptionType.KEY_SHARED else None
-                previous = serving.first_max.get(ordering_key, -1)
+                previous = serving.highest_first_delivery.get(ordering_key, -1)
                 if offset < previous:
                     self.violate(
                         "first deliveries in offset order" + (" per key" if ordering_key is not None else ""),
                         f"{instance} delivered offset {offset}{f' (key {key!r})' if kind is SubscriptionType.KEY_SHARED else ''} "
                         f"for the first time after offset {previous}",
                     )
-                serving.first_max[ordering_key] = max(previous, offset)
+                serving.highest_first_delivery[ordering_key] = max(previous, offset)
             serving.delivered.add(offset)
             serving.holder[offset] = consumer_id
             serving.keys[offset] = key

@@ -31,9 +31,9 @@ class _AckGroup:
 
 class SimConsumer(SimBrokerClient):
     def __init__(self, name: str, world: World, network: Network, links: Links, brokers: list[str], checker: BrokerChecker,
-                 params: BrokerSimParameters, *, priority: int) -> None:
+                 parameters: BrokerSimParameters, *, priority: int) -> None:
         self.checker = checker
-        self.params = params
+        self.parameters = parameters
         self.priority = priority
         self.acks_answered = 0
         self.nacks = 0
@@ -51,9 +51,9 @@ class SimConsumer(SimBrokerClient):
         self._group = _AckGroup(False)
         self._group_scheduled = False
         self._groups: list[_AckGroup] = []  # sent or waiting to be, until answered
-        self.after(self.world.exponential(self.params.process_ms_mean), self._process)
-        if self.params.ack_timeout_ms:
-            self.after(self.params.ack_timeout_ms / 4, self._ack_timeouts)
+        self.after(self.world.exponential(self.parameters.process_ms_mean), self._process)
+        if self.parameters.ack_timeout_ms:
+            self.after(self.parameters.ack_timeout_ms / 4, self._ack_timeouts)
 
     @property
     def acks_in_flight(self) -> int:
@@ -65,7 +65,7 @@ class SimConsumer(SimBrokerClient):
     # --- subscribing ---------------------------------------------------------------------
 
     def open_request(self, request_id: int) -> Subscribe:
-        return Subscribe(request_id, self.handle, self.params.subscription_type, self.name, self.priority)
+        return Subscribe(request_id, self.handle, self.parameters.subscription_type, self.name, self.priority)
 
     def on_connected(self, response: Response) -> None:
         self._generation += 1
@@ -73,7 +73,7 @@ class SimConsumer(SimBrokerClient):
         self._queue.clear()
         self._unacked_deadlines.clear()
         self._given_since_flow = 0
-        self.links.send(self.connection, self.name, Flow(self.handle, self.params.receiver_queue_size))
+        self.links.send(self.connection, self.name, Flow(self.handle, self.parameters.receiver_queue_size))
         for group in self._groups:
             if not group.in_flight:
                 self._send_group(group)
@@ -88,35 +88,35 @@ class SimConsumer(SimBrokerClient):
     # --- the application ---------------------------------------------------------------------
 
     def _process(self) -> None:
-        params, world = self.params, self.world
+        parameters, world = self.parameters, self.world
         while self._queue:
             generation, offset, key = self._queue.popleft()
             if generation != self._generation:
                 continue  # from a connection since replaced: the broker delivers it again
             self._given(offset)
-            if world.chance(params.nack_probability):
+            if world.chance(parameters.nack_probability):
                 self.nacks += 1
-                self.after(params.negative_ack_delay_ms, self._redeliver, (offset,))
-            elif world.chance(params.forget_probability):
+                self.after(parameters.negative_ack_delay_ms, self._redeliver, (offset,))
+            elif world.chance(parameters.forget_probability):
                 self.forgotten += 1  # the ack timeout brings it back
-            elif world.chance(params.cumulative_ack_probability):
+            elif world.chance(parameters.cumulative_ack_probability):
                 self._groups.append(_AckGroup(True, [offset]))
                 self._send_group(self._groups[-1])
             else:
                 self._group.offsets.append(offset)
                 if not self._group_scheduled:
                     self._group_scheduled = True
-                    self.after(params.ack_group_ms, self._flush_group)
+                    self.after(parameters.ack_group_ms, self._flush_group)
             break
-        self.after(world.exponential(params.process_ms_mean), self._process)
+        self.after(world.exponential(parameters.process_ms_mean), self._process)
 
     def _given(self, offset: int) -> None:
         """The application took a message: track its ack timeout, and give
         permits back once half the queue was taken."""
-        if self.params.ack_timeout_ms:
-            self._unacked_deadlines[offset] = self.world.now_ms + self.params.ack_timeout_ms
+        if self.parameters.ack_timeout_ms:
+            self._unacked_deadlines[offset] = self.world.now_ms + self.parameters.ack_timeout_ms
         self._given_since_flow += 1
-        if self._given_since_flow >= self.params.receiver_queue_size // 2 and self.connected:
+        if self._given_since_flow >= self.parameters.receiver_queue_size // 2 and self.connected:
             self.links.send(self.connection, self.name, Flow(self.handle, self._given_since_flow))
             self._given_since_flow = 0
 
@@ -131,7 +131,7 @@ class SimConsumer(SimBrokerClient):
             del self._unacked_deadlines[offset]
         if expired:
             self._redeliver(expired)
-        self.after(self.params.ack_timeout_ms / 4, self._ack_timeouts)
+        self.after(self.parameters.ack_timeout_ms / 4, self._ack_timeouts)
 
     # --- acknowledgements --------------------------------------------------------------------------
 
@@ -156,7 +156,7 @@ class SimConsumer(SimBrokerClient):
         connection = self.connection
         make = lambda request_id: Ack(request_id, self.handle, group.cumulative, tuple(group.offsets))  # noqa: E731
         self.request(connection, make, lambda response: self._answered(group, connection, response))
-        if self.world.chance(self.params.duplicate_probability):
+        if self.world.chance(self.parameters.duplicate_probability):
             self.request(connection, make, lambda response: None)
 
     def _answered(self, group: _AckGroup, connection, response: Response | None) -> None:

@@ -1,8 +1,8 @@
-"""Known broker mistakes, planted again on purpose (test-only), as
-`sim/mistakes.py` does for the ledger: each is a subclass of a real core
-(or of the simulation's driver, where the mistake lies in how a driver
-uses a core) that undoes one rule, so that tests can show the broker
-simulation finds it. Production code never imports this module.
+"""Known broker mistakes, planted on purpose (test-only), as `sim/mistakes.py`
+does for the ledger: each is a subclass of a real core (or of the
+simulation's driver, where the mistake lies in how a driver uses a core)
+that breaks one rule, so that tests can show the broker simulation finds
+it. Production code never imports this module.
 
 - `dedup-judges-first-sequence-id`: a batch is judged (and remembered) by
   its first sequence id instead of its last, so the broker tells a
@@ -17,29 +17,31 @@ simulation finds it. Production code never imports this module.
 - `ack-before-durable`: an acknowledgement is answered as soon as the
   cursor took it, before a cursor write covering it is durable, so a crash
   or takeover delivers it again;
-- `key-shared-overtakes-on-join`: the key-shared dispatcher as it was
-  before a165bcc (found by this simulation): a message held back or given back
-  below a joining consumer's position goes to it while an earlier message
-  of its key is still out at the consumer the key left;
-- `dispatch-without-lease`: what broker/subscription.py does today: a
-  broker dispatches whatever it knows of its ZooKeeper session, so one cut
-  off from ZooKeeper (or paused) past its session timeout goes on delivering
-  to its consumers messages acknowledged meanwhile through the new owner;
+- `key-shared-overtakes-on-join`: the key-shared dispatcher without its
+  check for earlier messages of a key still out elsewhere: a message held
+  back or given back below a joining consumer's position goes to it while
+  an earlier message of its key is still out at the consumer the key left;
+- `dispatch-without-lease`: a broker dispatches whatever it knows of its
+  ZooKeeper session, with no lease (broker/subscription.py waits for a
+  valid one), so one cut off from ZooKeeper (or paused) past its session
+  timeout goes on delivering to its consumers messages acknowledged
+  meanwhile through the new owner;
 - `resume-after-last-persisted`: a (re)connecting producer is told its last
-  *persisted* sequence id at once, as broker/topic.py did before dcce174: a
-  producer started again after a crash resumes after it while a batch of
-  its old process is still being written, and a batch of the new process
-  that begins at or below that batch's last id is taken as new (judged by
-  its last id): its first messages are persisted twice;
+  *persisted* sequence id at once, without waiting for the batches of its
+  earlier connection (broker/topic.py waits): a producer started again
+  after a crash resumes after it while a batch of its old process is still
+  being written, and a batch of the new process that begins at or below
+  that batch's last id is taken as new (judged by its last id): its first
+  messages are persisted twice;
 - `resume-after-last-taken`: a (re)connecting producer is told at once the
-  last sequence id persisted *or being written*, as broker/topic.py does
-  since dcce174: a producer started again after a crash goes on after a
-  batch of its old process that is still being written; when that write
-  fails, nobody sends those messages again: they are lost;
-- `acks-wait-on-unload`: what broker/subscription.py did before dcce174
-  when a partition was unloaded: the acknowledgements still waiting for a
-  cursor write were never answered, and the consumer's acknowledgement
-  waited for ever (a liveness failure).
+  last sequence id persisted *or being written*: a producer started again
+  after a crash goes on after a batch of its old process that is still
+  being written; when that write fails, nobody sends those messages again:
+  they are lost;
+- `acks-wait-on-unload`: when a partition is unloaded, the
+  acknowledgements still waiting for a cursor write are never answered
+  (broker/subscription.py answers them TOPIC_FENCED), and the consumer's
+  acknowledgement waits for ever (a liveness failure).
 """
 
 from __future__ import annotations

@@ -27,17 +27,17 @@ QUICK_RESTART_MS_MAX = 20.0
 
 class BrokerNemesis(NemesisBase):
     def __init__(self, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
-                 params: BrokerSimParameters, *, brokers: Sequence[SimBroker], clients: Sequence[SimBrokerClient]) -> None:
-        super().__init__(world, network, faults=params.faults, fault_interval_ms_mean=params.fault_interval_ms_mean)
+                 parameters: BrokerSimParameters, *, brokers: Sequence[SimBroker], clients: Sequence[SimBrokerClient]) -> None:
+        super().__init__(world, network, faults=parameters.faults, fault_interval_ms_mean=parameters.fault_interval_ms_mean)
         self.links = links
         self.zk = zk
         self.log = log
-        self.params = params
+        self.parameters = parameters
         self.brokers = list(brokers)
         self.clients = list(clients)
 
     def start(self) -> None:
-        self.links.break_probability = self.params.break_probability
+        self.links.break_probability = self.parameters.break_probability
         self._start_injecting()
 
     def _names(self) -> list[str]:
@@ -74,7 +74,7 @@ class BrokerNemesis(NemesisBase):
             node.restart()
 
     def _pause(self) -> None:
-        self._pause_one([*self.brokers, *self.clients], self.params.session_timeout_ms)
+        self._pause_one([*self.brokers, *self.clients], self.parameters.session_timeout_ms)
 
     def _expire(self) -> None:
         """A broker cut off from ZooKeeper past its session timeout: the
@@ -84,7 +84,7 @@ class BrokerNemesis(NemesisBase):
         if not candidates:
             return self._skip("expire", "every broker is down")
         broker = self.world.rng.choice(candidates)
-        duration_ms = self.world.uniform(1.1, 1.6) * self.params.session_timeout_ms
+        duration_ms = self.world.uniform(1.1, 1.6) * self.parameters.session_timeout_ms
         self._block_for([(broker.name, ZK_NAME), (ZK_NAME, broker.name)], duration_ms)
         self._record("expire", f"{broker.name} cut off from ZooKeeper for {duration_ms:.0f} ms")
 

@@ -65,20 +65,20 @@ class _ConnectionState:
 
 class SimBroker(LinkedNode):
     def __init__(self, name: str, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
-                 checker: BrokerChecker, params: BrokerSimParameters, *, owner_session: Callable[[], int | None],
+                 checker: BrokerChecker, parameters: BrokerSimParameters, *, owner_session: Callable[[], int | None],
                  partition_class: type[SimPartition] = SimPartition,
                  subscription_class: type[SimSubscription] = SimSubscription,
                  dispatcher_class: type[Dispatcher] = Dispatcher) -> None:
         super().__init__(name, world, network, links)
         self.log = log
         self.checker = checker
-        self.params = params
+        self.parameters = parameters
         self._owner_session = owner_session  # the simulator's look at who owns the partition now
         self.partition_class = partition_class
         self.subscription_class = subscription_class
         self.dispatcher_class = dispatcher_class
-        self.metadata = MetadataLink(self, zk, session_timeout_ms=params.session_timeout_ms,
-                                     call_timeout_ms=params.session_timeout_ms)
+        self.metadata = MetadataLink(self, zk, session_timeout_ms=parameters.session_timeout_ms,
+                                     call_timeout_ms=parameters.session_timeout_ms)
         self.loads = 0
         self.sessions_lost = 0
         self._next_consumer_id = 1
@@ -98,9 +98,9 @@ class SimBroker(LinkedNode):
         self._releasing = 0
         self._waiting_load: list[OnServing] = []
         self._reconnecting = False
-        self.lease_until_ms = self.world.now_ms + self.params.session_timeout_ms  # a session just made
+        self.lease_until_ms = self.world.now_ms + self.parameters.session_timeout_ms  # a session just made
         self._connections: dict[int, _ConnectionState] = {}
-        self.after(self.params.session_timeout_ms / 3, self._check_session)
+        self.after(self.parameters.session_timeout_ms / 3, self._check_session)
         self.world.log(f"{self.name} started (session {store.session_id})")
 
     def crash(self) -> None:
@@ -139,7 +139,7 @@ class SimBroker(LinkedNode):
 
     def _renew_lease(self, sent_ms: float) -> None:
         """A call sent at `sent_ms` was answered in the current session."""
-        lease_ms = sent_ms + self.params.session_timeout_ms
+        lease_ms = sent_ms + self.parameters.session_timeout_ms
         if lease_ms > self.lease_until_ms:
             expired = not self.holds_lease()
             self.lease_until_ms = lease_ms
@@ -151,7 +151,7 @@ class SimBroker(LinkedNode):
 
     def _check_session(self) -> None:
         self.zk_call(lambda store: store.session_id, lambda result, error: None, "session check")
-        self.after(self.params.session_timeout_ms / 3, self._check_session)
+        self.after(self.parameters.session_timeout_ms / 3, self._check_session)
 
     def _session_lost(self) -> None:
         """The session expired: the ownership went with it. Give the partition

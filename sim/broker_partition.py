@@ -93,8 +93,8 @@ class SimPartition:
         self.session_id = session_id  # the ZooKeeper session that claimed it
         self.subscription_class = subscription_class
         self.dispatcher_class = dispatcher_class
-        params = broker.params
-        self.snapshot_entries = params.dedup_snapshot_entries  # DEDUP_SNAPSHOT_ENTRIES in broker/topic.py
+        parameters = broker.parameters
+        self.snapshot_entries = parameters.dedup_snapshot_entries  # DEDUP_SNAPSHOT_ENTRIES in broker/topic.py
         self.epoch = -1
         self.entries: list[LogEntry] = []  # persisted, as this load knows them
         self._first_offsets: list[int] = []
@@ -168,7 +168,7 @@ class SimPartition:
             record, version = result
             # Written once now, before anything is dispatched (as the dedup
             # snapshot above).
-            checker, ranges_max = broker.checker, broker.params.cursor_ranges_max
+            checker, ranges_max = broker.checker, broker.parameters.cursor_ranges_max
             write = write_versioned(cursor_path(PARTITION, SUBSCRIPTION), record, version,
                                     lambda: checker.cursor_written(record, ranges_max))
             broker.zk_call(write, lambda written, write_error: cursor_written(record, written, write_error),
@@ -221,12 +221,13 @@ class SimPartition:
     def last_sequence_id_for(self, producer_id: str) -> int | None:
         """What a (re)connecting producer must continue after, once it is
         known: None while a batch of an earlier connection is still being
-        written (the producer asks again). broker/topic.py answers at once,
-        with the last id persisted or being written (`Dedup.last_taken`): a
-        batch being written then fails, and a producer started again after
-        a crash never sends its messages (`resume-after-last-taken` in
-        sim.broker_mistakes); answering with the last persisted id, as it did
-        before, makes it send them again in batches that overlap the one
+        written (the producer asks again), as broker/topic.py waits for
+        those batches before it answers. Answering at once goes wrong either
+        way: with the last id persisted or being written
+        (`Dedup.last_taken`), a batch being written may then fail, and a
+        producer started again after a crash never sends its messages
+        (`resume-after-last-taken` in sim.broker_mistakes); with the last
+        persisted id, it sends them again in batches that overlap the one
         being written, persisted twice (`resume-after-last-persisted`)."""
         last_persisted = self.dedup.last_persisted(producer_id)
         return last_persisted if self.dedup.last_taken(producer_id) == last_persisted else None

@@ -32,17 +32,17 @@ class _Batch:
 
 class SimProducer(SimBrokerClient):
     def __init__(self, name: str, world: World, network: Network, links: Links, brokers: list[str], checker: BrokerChecker,
-                 params: BrokerSimParameters) -> None:
+                 parameters: BrokerSimParameters) -> None:
         self.producer_id = name
         self.checker = checker
-        self.params = params
+        self.parameters = parameters
         rng = world.rng
         # The outbox: every message this producer's application will send.
         self.plan: list[tuple[int, str | None]] = []
         sequence_id = -1
-        for _ in range(params.messages_per_producer):
-            sequence_id += rng.randint(2, 4) if rng.random() < params.sequence_gap_probability else 1
-            self.plan.append((sequence_id, f"key-{rng.randrange(params.keys)}" if params.keys > 1 else None))
+        for _ in range(parameters.messages_per_producer):
+            sequence_id += rng.randint(2, 4) if rng.random() < parameters.sequence_gap_probability else 1
+            self.plan.append((sequence_id, f"key-{rng.randrange(parameters.keys)}" if parameters.keys > 1 else None))
         self.active = True
         self.duplicates_sent = 0
         self.retries = 0
@@ -61,7 +61,7 @@ class SimProducer(SimBrokerClient):
         self._building: list[tuple[int, str | None]] = []
         self._batch_target = 1
         self._flush_scheduled = False
-        self.after(self.world.exponential(self.params.send_gap_ms_mean), self._produce)
+        self.after(self.world.exponential(self.parameters.send_gap_ms_mean), self._produce)
 
     @property
     def done(self) -> bool:
@@ -92,19 +92,19 @@ class SimProducer(SimBrokerClient):
 
     def _produce(self) -> None:
         if self._resume_from_broker and not self.connected:
-            self.after(self.params.send_gap_ms_mean + 1, self._produce)
+            self.after(self.parameters.send_gap_ms_mean + 1, self._produce)
             return
-        if self.active and self._next < len(self.plan) and self.pending_messages < self.params.pending_messages_max:
+        if self.active and self._next < len(self.plan) and self.pending_messages < self.parameters.pending_messages_max:
             if not self._building:
-                self._batch_target = self.world.rng.randint(1, self.params.batch_messages_max)
+                self._batch_target = self.world.rng.randint(1, self.parameters.batch_messages_max)
             self._building.append(self.plan[self._next])
             self._next += 1
             if len(self._building) >= self._batch_target:
                 self._flush()
             elif not self._flush_scheduled:
                 self._flush_scheduled = True
-                self.after(self.params.batch_delay_ms, self._flush_timer)
-        self.after(self.world.exponential(self.params.send_gap_ms_mean), self._produce)
+                self.after(self.parameters.batch_delay_ms, self._flush_timer)
+        self.after(self.world.exponential(self.parameters.send_gap_ms_mean), self._produce)
 
     def _flush_timer(self) -> None:
         self._flush_scheduled = False
@@ -123,7 +123,7 @@ class SimProducer(SimBrokerClient):
             return  # sent on reconnection
         send = Send(self.handle, self.producer_id, batch.sequence_ids, batch.keys)
         self.links.send(self.connection, self.name, send)
-        if self.world.chance(self.params.duplicate_probability):
+        if self.world.chance(self.parameters.duplicate_probability):
             self.duplicates_sent += 1
             self.links.send(self.connection, self.name, send)
 

@@ -34,17 +34,17 @@ def run_broker_seed(seed: int, *, mistake: str | None = None, trace: bool = Fals
     """Run one broker seed (with a planted mistake from `sim.broker_mistakes`, for tests)."""
     if mistake is not None and mistake not in BROKER_MISTAKES:
         raise ValueError(f"unknown broker mistake {mistake!r}; known: {', '.join(sorted(BROKER_MISTAKES))}")
-    params = choose_broker_parameters(seed, **overrides)
-    return run_phases(BrokerSimRun(params, BROKER_MISTAKES.get(mistake, {}) if mistake else {}, trace=trace), mistake)
+    parameters = choose_broker_parameters(seed, **overrides)
+    return run_phases(BrokerSimRun(parameters, BROKER_MISTAKES.get(mistake, {}) if mistake else {}, trace=trace), mistake)
 
 
 class BrokerSimRun:
-    def __init__(self, params: BrokerSimParameters, classes: dict, *, trace: bool) -> None:
-        self.params = params
+    def __init__(self, parameters: BrokerSimParameters, classes: dict, *, trace: bool) -> None:
+        self.parameters = parameters
         classes = dict(classes)
         self.producer_class = classes.pop("producer_class", SimProducer)
         self.classes = classes  # the brokers'
-        self.world = World(params.seed, trace=trace)
+        self.world = World(parameters.seed, trace=trace)
         self.checker = BrokerChecker(lambda: self.world.now_ms)
         self.notes: list[str] = []
         self.brokers: list[SimBroker] = []
@@ -56,24 +56,24 @@ class BrokerSimRun:
         self.liveness_ms_taken: float | None = None
 
     def build(self) -> None:
-        world, params, checker = self.world, self.params, self.checker
-        network = Network(world, latency_ms_min=params.latency_ms_min, latency_ms_max=params.latency_ms_max,
-                          slow_message_probability=params.slow_message_probability)
+        world, parameters, checker = self.world, self.parameters, self.checker
+        network = Network(world, latency_ms_min=parameters.latency_ms_min, latency_ms_max=parameters.latency_ms_max,
+                          slow_message_probability=parameters.slow_message_probability)
         zk = ZkNode(world, network)
         self._observer = zk.server.connect(OBSERVER_SESSION_TIMEOUT_MS, ROOT)
         links = self.links = Links(world, network)
-        log = self.log = SimPartitionLog(world, append_ms_max=params.append_ms_max, on_persisted=checker.entry_persisted)
-        names = [f"broker-{index}" for index in range(params.brokers)]
+        log = self.log = SimPartitionLog(world, append_ms_max=parameters.append_ms_max, on_persisted=checker.entry_persisted)
+        names = [f"broker-{index}" for index in range(parameters.brokers)]
         self.brokers = [
-            SimBroker(name, world, network, links, zk, log, checker, params, owner_session=self._owner_session, **self.classes)
+            SimBroker(name, world, network, links, zk, log, checker, parameters, owner_session=self._owner_session, **self.classes)
             for name in names
         ]
-        self.producers = [self.producer_class(f"producer-{index}", world, network, links, names, checker, params)
-                          for index in range(params.producers)]
-        priorities = consumer_priorities(params.kind, params.consumers, world.rng)
-        self.consumers = [SimConsumer(f"consumer-{index}", world, network, links, names, checker, params, priority=priority)
+        self.producers = [self.producer_class(f"producer-{index}", world, network, links, names, checker, parameters)
+                          for index in range(parameters.producers)]
+        priorities = consumer_priorities(parameters.kind, parameters.consumers, world.rng)
+        self.consumers = [SimConsumer(f"consumer-{index}", world, network, links, names, checker, parameters, priority=priority)
                           for index, priority in enumerate(priorities)]
-        self.nemesis = BrokerNemesis(world, network, links, zk, log, params, brokers=self.brokers,
+        self.nemesis = BrokerNemesis(world, network, links, zk, log, parameters, brokers=self.brokers,
                                      clients=self.producers + self.consumers)
 
     def _owner_session(self) -> int | None:
@@ -91,13 +91,13 @@ class BrokerSimRun:
 
     def safety(self) -> None:
         self.nemesis.start()
-        self.world.run_until(self.params.safety_ms, stop=lambda: not self.checker.ok)
+        self.world.run_until(self.parameters.safety_ms, stop=lambda: not self.checker.ok)
 
     def liveness(self) -> None:
         world, checker = self.world, self.checker
         self.nemesis.heal()
         healed_ms = world.now_ms
-        deadline_ms = healed_ms + self.params.liveness_ms
+        deadline_ms = healed_ms + self.parameters.liveness_ms
         while world.now_ms < deadline_ms and checker.ok and self.unfinished():
             world.run_until(world.now_ms + LIVENESS_STEP_MS, stop=lambda: not checker.ok)
         if not checker.ok:
@@ -106,7 +106,7 @@ class BrokerSimRun:
         if not unfinished:
             self.liveness_ms_taken = world.now_ms - healed_ms
         for invariant, detail in unfinished:
-            checker.violate(invariant, f"{detail} {self.params.liveness_ms} ms after healing")
+            checker.violate(invariant, f"{detail} {self.parameters.liveness_ms} ms after healing")
 
     def unfinished(self) -> list[tuple[str, str]]:
         """What the liveness phase still waits for (empty once done)."""

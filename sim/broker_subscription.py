@@ -109,7 +109,7 @@ class SimSubscription:
         if self._writing or self._persisted == self._changes or self.closed:
             return
         target = self._changes
-        record = {**self.cursor.to_record(self.broker.params.cursor_ranges_max), "type": self.kind.value}
+        record = {**self.cursor.to_record(self.broker.parameters.cursor_ranges_max), "type": self.kind.value}
         self._writing = True
 
         def written(result: Any, error: Exception | None) -> None:
@@ -123,7 +123,7 @@ class SimSubscription:
             self._answer_durable(record)
             self._persist()
 
-        checker, ranges_max = self.broker.checker, self.broker.params.cursor_ranges_max
+        checker, ranges_max = self.broker.checker, self.broker.parameters.cursor_ranges_max
         write = write_versioned(cursor_path(PARTITION, SUBSCRIPTION), record, self._version,
                                 lambda: checker.cursor_written(record, ranges_max))
         self.broker.zk_call(write, written,
@@ -139,8 +139,8 @@ class SimSubscription:
     def close(self) -> None:
         """Unloaded. The acknowledgements still waiting for a write are
         answered TOPIC_FENCED, so that the client sends them again to the
-        next owner, as `Subscription.finish` does (before dcce174 they
-        waited for ever: `acks-wait-on-unload` in sim.broker_mistakes)."""
+        next owner, as `Subscription.finish` does (left unanswered, they
+        would wait for ever: `acks-wait-on-unload` in sim.broker_mistakes)."""
         self.closed = True
         waiting, self._waiting = self._waiting, []
         for _, _, _, respond in waiting:
@@ -169,7 +169,7 @@ class SimSubscription:
             # fail): what could not be sent goes back to the dispatcher.
             world = self.broker.world
             for index, delivery in enumerate(deliveries):
-                if world.chance(self.broker.params.read_error_probability):
+                if world.chance(self.broker.parameters.read_error_probability):
                     for unsent in deliveries[index:]:
                         self.dispatcher.give_back(unsent)
                     self._send(deliveries[:index])

@@ -1,6 +1,6 @@
-"""Known mistakes, planted again on purpose (test-only): each is a subclass of
-a real core that undoes one safety rule, so that tests can show the
-simulator finds it. Production code never imports this module.
+"""Known mistakes, planted on purpose (test-only): each is a subclass of a
+real core that breaks one safety rule, so that tests can show the simulator
+finds it. Production code never imports this module.
 
 - `unfenced-recovery-reads`: recovery reads without the fence flag, so a
   bookie that missed the fencing keeps taking the old writer's adds while

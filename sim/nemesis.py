@@ -143,19 +143,19 @@ class NemesisBase:
 
 
 class SimNemesis(NemesisBase):
-    def __init__(self, world: World, network: Network, zk: ZkNode, checker: SimChecker, params: SimParameters, *,
+    def __init__(self, world: World, network: Network, zk: ZkNode, checker: SimChecker, parameters: SimParameters, *,
                  bookies: Sequence[SimBookie], clients: Sequence[SimNode]) -> None:
-        super().__init__(world, network, faults=params.faults, fault_interval_ms_mean=params.fault_interval_ms_mean)
+        super().__init__(world, network, faults=parameters.faults, fault_interval_ms_mean=parameters.fault_interval_ms_mean)
         self.zk = zk
         self.checker = checker
-        self.params = params
+        self.parameters = parameters
         self.bookies = list(bookies)
         self.clients = list(clients)
         self.corrupted: set[tuple[int, int]] = set()
 
     def start(self) -> None:
-        self.network.drop_probability = self.params.drop_probability
-        self.network.duplicate_probability = self.params.duplicate_probability
+        self.network.drop_probability = self.parameters.drop_probability
+        self.network.duplicate_probability = self.parameters.duplicate_probability
         self._start_injecting()
 
     def _partition(self) -> None:
@@ -181,7 +181,7 @@ class SimNemesis(NemesisBase):
             node.restart() if isinstance(node, SimBookie) else node.start()
 
     def _pause(self) -> None:
-        self._pause_one(self.bookies + self.clients, self.params.session_timeout_ms)
+        self._pause_one(self.bookies + self.clients, self.parameters.session_timeout_ms)
 
     def _client_crash(self) -> None:
         candidates = [node for node in self.clients if node.up]

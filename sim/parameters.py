@@ -50,10 +50,10 @@ class SimParameters:
         return describe_parameters(self)
 
 
-def describe_parameters(params) -> str:
+def describe_parameters(parameters) -> str:
     """A run's parameters on one line, `name=value` each (faults joined by commas)."""
-    fields = dataclasses.asdict(params)
-    fields["faults"] = ",".join(params.faults) or "none"
+    fields = dataclasses.asdict(parameters)
+    fields["faults"] = ",".join(parameters.faults) or "none"
     return " ".join(f"{name}={value}" for name, value in fields.items())
 
 

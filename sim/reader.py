@@ -23,9 +23,9 @@ FINAL_RETRY_MS = 200.0
 
 
 class SimReader(SimClient):
-    def __init__(self, *args: Any, params: SimParameters, **kwargs: Any) -> None:
-        super().__init__(*args, request_timeout_ms=params.read_timeout_ms, **kwargs)
-        self.params = params
+    def __init__(self, *args: Any, parameters: SimParameters, **kwargs: Any) -> None:
+        super().__init__(*args, request_timeout_ms=parameters.read_timeout_ms, **kwargs)
+        self.parameters = parameters
         self.active = True
         self.busy = False
         self.unreadable = 0  # entries no replica returned (during faults: expected)

@@ -53,10 +53,10 @@ class StuckRecovery:
 
 
 class SimRecoverer(SimClient):
-    def __init__(self, *args: Any, params: SimParameters, recovery_core_class: type[RecoveryCore] = RecoveryCore,
+    def __init__(self, *args: Any, parameters: SimParameters, recovery_core_class: type[RecoveryCore] = RecoveryCore,
                  idle_ms_mean: float = IDLE_MS_MEAN, **kwargs: Any) -> None:
-        super().__init__(*args, request_timeout_ms=params.read_timeout_ms, **kwargs)
-        self.params = params
+        super().__init__(*args, request_timeout_ms=parameters.read_timeout_ms, **kwargs)
+        self.parameters = parameters
         self.recovery_core_class = recovery_core_class
         self.idle_ms_mean = idle_ms_mean
         self.active = True
@@ -121,7 +121,7 @@ class SimRecoverer(SimClient):
         digest = DigestManager(metadata.ledger_id, metadata.digest_type, PASSWORD)
         self.core = self.recovery_core_class(
             metadata, version, digest, bookies=self.writable_bookies(), rng=self.world.rng,
-            add_timeout_ms=self.params.add_timeout_ms,
+            add_timeout_ms=self.parameters.add_timeout_ms,
         )
         self._fence_errors = {}
         self.world.log(f"{self.name} recovers ledger {metadata.ledger_id}")

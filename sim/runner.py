@@ -61,16 +61,16 @@ def run_seed(seed: int, *, mistake: str | None = None, trace: bool = False, **ov
     with a violation, so that a batch goes on and names the seed."""
     if mistake is not None and mistake not in MISTAKES:
         raise ValueError(f"unknown mistake {mistake!r}; known: {', '.join(sorted(MISTAKES))}")
-    params = choose_parameters(seed, **overrides)
-    return run_phases(SimRun(params, MISTAKES.get(mistake, {}) if mistake else {}, trace=trace), mistake)
+    parameters = choose_parameters(seed, **overrides)
+    return run_phases(SimRun(parameters, MISTAKES.get(mistake, {}) if mistake else {}, trace=trace), mistake)
 
 
 def run_phases(run, mistake: str | None) -> SimResult:
     """Build a run (a SimRun or a BrokerSimRun), run its safety phase and,
     if that kept every invariant, its liveness phase. An exception inside
     (an assert in a core) or a livelock ends the run with a violation."""
-    world, seed = run.world, run.params.seed
-    world.log(f"parameters {run.params.describe()} mistake={mistake}")
+    world, seed = run.world, run.parameters.seed
+    world.log(f"parameters {run.parameters.describe()} mistake={mistake}")
     crashes: list[Violation] = []
     try:
         run.build()
@@ -85,17 +85,17 @@ def run_phases(run, mistake: str | None) -> SimResult:
             world.now_ms, "crash",
             f"seed {seed}: {type(error).__name__}: {error}\n" + textwrap.indent(trace_text, "    "),
         ))
-    return SimResult(seed, run.params, mistake, run.checker.violations + crashes, world.digest(), run.stats(), run.notes, world.trace)
+    return SimResult(seed, run.parameters, mistake, run.checker.violations + crashes, world.digest(), run.stats(), run.notes, world.trace)
 
 
 class SimRun:
     """The nodes of one run and its two phases."""
 
-    def __init__(self, params: SimParameters, classes: dict, *, trace: bool) -> None:
-        self.params = params
+    def __init__(self, parameters: SimParameters, classes: dict, *, trace: bool) -> None:
+        self.parameters = parameters
         self.write_core_class = classes.get("write_core_class", WriteCore)
         self.recovery_class = classes.get("recovery_core_class", RecoveryCore)
-        self.world = World(params.seed, trace=trace)
+        self.world = World(parameters.seed, trace=trace)
         self.checker = SimChecker(lambda: self.world.now_ms)
         self.notes: list[str] = []  # known limits met (not violations)
         self.network: Network | None = None
@@ -110,30 +110,30 @@ class SimRun:
         self.unclosed_entries_read = 0
 
     def build(self) -> None:
-        world, params, checker = self.world, self.params, self.checker
+        world, parameters, checker = self.world, self.parameters, self.checker
         network = self.network = Network(
-            world, latency_ms_min=params.latency_ms_min, latency_ms_max=params.latency_ms_max,
-            slow_message_probability=params.slow_message_probability,
+            world, latency_ms_min=parameters.latency_ms_min, latency_ms_max=parameters.latency_ms_max,
+            slow_message_probability=parameters.slow_message_probability,
         )
         zk = self.zk = ZkNode(world, network)
         self.bookies = [
-            SimBookie(f"bookie-{index}", world, network, zk, checker, fsync_ms_max=params.fsync_ms_max,
-                      slow_fsync_probability=params.slow_fsync_probability,
-                      write_cache_bytes=params.write_cache_bytes, session_timeout_ms=params.session_timeout_ms)
-            for index in range(params.bookies)
+            SimBookie(f"bookie-{index}", world, network, zk, checker, fsync_ms_max=parameters.fsync_ms_max,
+                      slow_fsync_probability=parameters.slow_fsync_probability,
+                      write_cache_bytes=parameters.write_cache_bytes, session_timeout_ms=parameters.session_timeout_ms)
+            for index in range(parameters.bookies)
         ]
-        common = dict(session_timeout_ms=params.session_timeout_ms, params=params)
+        common = dict(session_timeout_ms=parameters.session_timeout_ms, parameters=parameters)
         self.writers = [
             SimWriter(f"writer-{index}", world, network, zk, checker, write_core_class=self.write_core_class, **common)
-            for index in range(params.writers)
+            for index in range(parameters.writers)
         ]
         self.recoverers = [
             SimRecoverer(f"recoverer-{index}", world, network, zk, checker, recovery_core_class=self.recovery_class,
-                         idle_ms_mean=params.recovery_interval_ms_mean, **common)
-            for index in range(params.recoverers)
+                         idle_ms_mean=parameters.recovery_interval_ms_mean, **common)
+            for index in range(parameters.recoverers)
         ]
-        self.readers = [SimReader(f"reader-{index}", world, network, zk, checker, **common) for index in range(params.readers)]
-        self.nemesis = SimNemesis(world, network, zk, checker, params, bookies=self.bookies,
+        self.readers = [SimReader(f"reader-{index}", world, network, zk, checker, **common) for index in range(parameters.readers)]
+        self.nemesis = SimNemesis(world, network, zk, checker, parameters, bookies=self.bookies,
                                   clients=self.writers + self.recoverers + self.readers)
 
     # --- safety: workload and faults -------------------------------------------------------
@@ -147,27 +147,27 @@ class SimRun:
 
         self.nemesis.start()
         world.after(DURABILITY_CHECK_MS, durability_check)
-        world.run_until(self.params.safety_ms, stop=lambda: not checker.ok)
+        world.run_until(self.parameters.safety_ms, stop=lambda: not checker.ok)
 
     # --- liveness: heal, then everything must close and read back --------------------------
 
     def liveness(self) -> None:
-        world, checker, params = self.world, self.checker, self.params
+        world, checker, parameters = self.world, self.checker, self.parameters
         self.nemesis.heal()
         for client in self.writers + self.recoverers + self.readers:
             client.active = False
-        deadline_ms = world.now_ms + params.liveness_ms
+        deadline_ms = world.now_ms + parameters.liveness_ms
         # Adds in flight get their answers (or time out) first. Inactive
         # writers add nothing more and close nothing: every ledger still
         # open is left to the recoverers below.
-        world.run_until(world.now_ms + 2 * params.add_timeout_ms, stop=lambda: not checker.ok)
+        world.run_until(world.now_ms + 2 * parameters.add_timeout_ms, stop=lambda: not checker.ok)
         # One recoverer per ledger (as many brokers taking over their topics at
         # once would): a ledger that cannot be recovered holds up no other.
         closers: dict[int, SimRecoverer] = {}
         for ledger_id in sorted(ledger_id for ledger_id in checker.metadata if ledger_id not in checker.closed):
             closer = closers[ledger_id] = SimRecoverer(
                 f"liveness-recoverer-{ledger_id}", self.world, self.network, self.zk, checker,
-                recovery_core_class=self.recovery_class, session_timeout_ms=params.session_timeout_ms, params=params,
+                recovery_core_class=self.recovery_class, session_timeout_ms=parameters.session_timeout_ms, parameters=parameters,
                 idle_ms_mean=0.0,
             )
             closer.recover_all([ledger_id])
@@ -187,9 +187,9 @@ class SimRun:
         for ledger_id in unclosed:
             acked = checker.acked.get(ledger_id, {})
             targets[ledger_id] = (checker.metadata[ledger_id], range(max(acked, default=-1) + 1))
-        deadline_ms = world.now_ms + params.liveness_ms
+        deadline_ms = world.now_ms + parameters.liveness_ms
         reader = SimReader("liveness-reader", world, self.network, self.zk, checker,
-                           session_timeout_ms=params.session_timeout_ms, params=params)
+                           session_timeout_ms=parameters.session_timeout_ms, parameters=parameters)
         reader.active = False
         self.final_readers = [reader]
         reader.read_all(dict(sorted(targets.items())))
@@ -205,7 +205,7 @@ class SimRun:
                 checker.violate(
                     "liveness: acknowledged entries read back",
                     f"entries {sorted(missing)[:10]} of ledger {ledger_id} ({what}) "
-                    f"unreadable {params.liveness_ms} ms after healing",
+                    f"unreadable {parameters.liveness_ms} ms after healing",
                 )
         checker.check_durability(self.bookies, "the liveness phase")
 
@@ -228,7 +228,7 @@ class SimRun:
             return
         self.checker.violate(
             "liveness: every ledger closes",
-            f"ledger {ledger_id} is not closed {self.params.liveness_ms} ms after healing (recovery: {stuck or 'not started'})",
+            f"ledger {ledger_id} is not closed {self.parameters.liveness_ms} ms after healing (recovery: {stuck or 'not started'})",
         )
 
     def stats(self) -> dict[str, object]:

@@ -33,9 +33,9 @@ ABANDON_PROBABILITY = 0.2  # a ledger left open for a recoverer to close
 
 
 class SimWriter(SimClient):
-    def __init__(self, *args: Any, params: SimParameters, write_core_class: type[WriteCore] = WriteCore, **kwargs: Any) -> None:
-        super().__init__(*args, request_timeout_ms=params.read_timeout_ms, **kwargs)
-        self.params = params
+    def __init__(self, *args: Any, parameters: SimParameters, write_core_class: type[WriteCore] = WriteCore, **kwargs: Any) -> None:
+        super().__init__(*args, request_timeout_ms=parameters.read_timeout_ms, **kwargs)
+        self.parameters = parameters
         self.write_core_class = write_core_class
         self.active = True
         self.sequence = 0
@@ -60,9 +60,9 @@ class SimWriter(SimClient):
     def _next_ledger(self) -> None:
         if not self.active or self.core is not None:
             return
-        params = self.params
+        parameters = self.parameters
         try:
-            ensemble = choose_ensemble(self.writable_bookies(), params.ensemble_size, params.write_quorum, rng=self.world.rng)
+            ensemble = choose_ensemble(self.writable_bookies(), parameters.ensemble_size, parameters.write_quorum, rng=self.world.rng)
         except NotEnoughBookiesError:
             self.after(RETRY_MS, self._next_ledger)
             return
@@ -70,8 +70,8 @@ class SimWriter(SimClient):
 
         def build(ledger_id: int) -> LedgerMetadata:
             return LedgerMetadata(
-                ledger_id=ledger_id, ensemble_size=params.ensemble_size, write_quorum=params.write_quorum,
-                ack_quorum=params.ack_quorum, ensembles=((0, tuple(ensemble)),), digest_type=DigestType.CRC32C,
+                ledger_id=ledger_id, ensemble_size=parameters.ensemble_size, write_quorum=parameters.write_quorum,
+                ack_quorum=parameters.ack_quorum, ensembles=((0, tuple(ensemble)),), digest_type=DigestType.CRC32C,
                 password_hash=password_hash(PASSWORD), creation_time_ms=created_ms,
             )
 
@@ -93,14 +93,14 @@ class SimWriter(SimClient):
         metadata, version = result
         self.core = self.write_core_class(
             metadata, version, DigestManager(metadata.ledger_id, DigestType.CRC32C, PASSWORD),
-            bookies=self.writable_bookies(), rng=self.world.rng, add_timeout_ms=self.params.add_timeout_ms,
+            bookies=self.writable_bookies(), rng=self.world.rng, add_timeout_ms=self.parameters.add_timeout_ms,
         )
         self.ledgers_created += 1
-        self._entries_left = self.world.rng.randint(1, self.params.entries_per_ledger_max)
+        self._entries_left = self.world.rng.randint(1, self.parameters.entries_per_ledger_max)
         self._payloads = {}
         self._closing = False
         self.world.log(f"{self.name} writes ledger {metadata.ledger_id} on {list(metadata.last_ensemble[1])}")
-        if self.params.add_gap_ms_mean > 0:
+        if self.parameters.add_gap_ms_mean > 0:
             self._add_timer(self.core)
         else:
             self._pump()
@@ -112,23 +112,23 @@ class SimWriter(SimClient):
         core = self.core
         if core is None or not self.active:
             return
-        if self.params.add_gap_ms_mean == 0:
-            while self._entries_left > 0 and core.pending_count < self.params.add_window and self.core is core:
+        if self.parameters.add_gap_ms_mean == 0:
+            while self._entries_left > 0 and core.pending_count < self.parameters.add_window and self.core is core:
                 self._add_one(core)
         self._maybe_close(core)
 
     def _add_timer(self, core: WriteCore) -> None:
         if self.core is not core or not self.active:
             return
-        if core.pending_count < self.params.add_window:
+        if core.pending_count < self.parameters.add_window:
             self._add_one(core)
         if self._entries_left > 0:
-            self.after(self.world.exponential(self.params.add_gap_ms_mean), self._add_timer, core)
+            self.after(self.world.exponential(self.parameters.add_gap_ms_mean), self._add_timer, core)
         self._maybe_close(core)
 
     def _add_one(self, core: WriteCore) -> None:
         self.sequence += 1
-        filler = self.world.rng.randbytes(self.world.rng.randrange(self.params.payload_bytes_max + 1))
+        filler = self.world.rng.randbytes(self.world.rng.randrange(self.parameters.payload_bytes_max + 1))
         payload = f"{self.name}:{self.sequence}:".encode() + filler
         try:
             entry_id, actions = core.add(payload, self.world.now_ms)

@@ -6,11 +6,11 @@ Why both: a writer task coalesces many queued frames into one send, which is
 what a loaded connection needs, but each hand-over to it costs a pass of the
 trio scheduler, and `send_all` another one after the write. On this machine a
 pass costs 30-70 µs, so at a window of one request the two passes on each
-side were most of an add's latency above the fsync. `flush()` writes what is
+side would be most of an add's latency above the fsync. `flush()` writes what is
 queued with one non-blocking `write` on the socket's descriptor, right where
 the frames were produced; whatever the socket does not take at once (or any
 error) is left to the writer task, which waits for room and reports errors
-through `send_all` as before.
+through `send_all`.
 """
 
 from __future__ import annotations

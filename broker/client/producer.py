@@ -163,7 +163,7 @@ class PartitionProducer:
         self._pending: collections.OrderedDict[int, _Batch] = collections.OrderedDict()  # by last sequence id, send order
         self._by_sequence: dict[int, SendFuture] = {}
         self._building = _Building()
-        self._room = trio.Semaphore(options.pending_messages_max)
+        self._pending_message_slots = trio.Semaphore(options.pending_messages_max)
         self._connection: BrokerConnection | None = None
         self._lost = trio.Event()
         self._flush_wakeup = trio.Event()
@@ -271,9 +271,9 @@ class PartitionProducer:
             if pending is not None:
                 return pending  # a retry of a message still on its way
         try:
-            self._room.acquire_nowait()  # no scheduling point while there is room
+            self._pending_message_slots.acquire_nowait()  # no scheduling point while there is room
         except trio.WouldBlock:
-            await self._room.acquire()
+            await self._pending_message_slots.acquire()
         if sequence_id is None:
             sequence_id = self.last_sequence_id + 1
         elif sequence_id <= self.last_sequence_id:
@@ -383,14 +383,14 @@ class PartitionProducer:
             if self._by_sequence.get(message.sequence_id) is message.future:
                 del self._by_sequence[message.sequence_id]
             message.future._resolve(None if error is not None else result_of(index, message), error)
-            self._room.release()
+            self._pending_message_slots.release()
 
     def _fail_all(self, error: BaseException) -> None:
         for batch in list(self._pending.values()):
             self._settle(batch, None, error)
         for message in self._building.messages:
             message.future._resolve(None, error)
-            self._room.release()
+            self._pending_message_slots.release()
         self._building = _Building()
 
     @property

@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 class Auditor:
-    def __init__(self, bk: "BookKeeper", config: AutoRecoveryConfig, name: str, layout: ClusterLayout | None = None) -> None:
-        self._bk = bk
+    def __init__(self, bookkeeper: "BookKeeper", config: AutoRecoveryConfig, name: str, layout: ClusterLayout | None = None) -> None:
+        self._bookkeeper = bookkeeper
         self._config = config
         self.name = name
         self._layout = layout or ClusterLayout()
@@ -48,7 +48,7 @@ class Auditor:
             await self._withdraw()
 
     async def _stand(self) -> None:
-        store, layout = self._bk.store, self._layout
+        store, layout = self._bookkeeper.store, self._layout
         await trio.to_thread.run_sync(underreplication.ensure_paths, store.store, layout, abandon_on_cancel=True)
         losses = store.session_losses
         node = await self._candidate()
@@ -76,7 +76,7 @@ class Auditor:
         takes it away), else a new one. Other nodes of our session (a create
         whose answer was lost, sent again) are removed: the lower one would
         otherwise stay first while we wait behind it, and nobody would audit."""
-        store, election = self._bk.store, self._layout.auditor_election
+        store, election = self._bookkeeper.store, self._layout.auditor_election
         session_id = store.session_id
         if self._node is not None:
             stat = await store.exists(f"{election}/{self._node}")
@@ -106,16 +106,16 @@ class Auditor:
         with trio.move_on_after(5) as scope:
             scope.shield = True
             try:
-                await self._bk.store.delete(f"{self._layout.auditor_election}/{node}")
+                await self._bookkeeper.store.delete(f"{self._layout.auditor_election}/{node}")
             except MetadataError:
                 pass  # gone with the session, or ZooKeeper is away: it goes with the session
 
     async def _audit_while_enabled(self) -> None:
         core = AuditCore(self._config.lost_bookie_delay_ms, self._config.audit_interval_ms)
-        await run_while_enabled("auditor", self._bk.store, self._layout, functools.partial(self._audit, core))
+        await run_while_enabled("auditor", self._bookkeeper.store, self._layout, functools.partial(self._audit, core))
 
     async def _audit(self, core: AuditCore) -> None:
-        registry = self._bk.registry
+        registry = self._bookkeeper.registry
         while True:
             generation = registry.generation
             now_ms = wall_ms()
@@ -128,8 +128,8 @@ class Auditor:
         """Read every ledger's ensembles and mark those on lost bookies
         (in one worker thread: the scan is a sequence of ZooKeeper reads)."""
         lost = core.lost(now_ms)
-        store = self._bk.store.store
-        ledgers = self._bk.ledger_store.ledgers
+        store = self._bookkeeper.store.store
+        ledgers = self._bookkeeper.ledger_store.ledgers
 
         def scan_and_mark() -> tuple[set[str], int]:
             index = underreplication.ensemble_bookies(ledgers)

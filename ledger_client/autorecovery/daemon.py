@@ -31,9 +31,9 @@ def default_name() -> str:
 class AutoRecoveryDaemon:
     """The parts running over one client session (for status and tests)."""
 
-    def __init__(self, bk: BookKeeper, config: AutoRecoveryConfig, name: str, rng: random.Random) -> None:
-        self.auditor = Auditor(bk, config, name) if config.auditor else None
-        self.worker = ReplicationWorker(bk, config, name, rng=rng) if config.worker else None
+    def __init__(self, bookkeeper: BookKeeper, config: AutoRecoveryConfig, name: str, rng: random.Random) -> None:
+        self.auditor = Auditor(bookkeeper, config, name) if config.auditor else None
+        self.worker = ReplicationWorker(bookkeeper, config, name, rng=rng) if config.worker else None
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
@@ -53,16 +53,16 @@ async def run_autorecovery(
     rng: random.Random | None = None,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run auto-recovery until cancelled. `task_status.started()` once the
-    first session is up."""
+    """Run auto-recovery until cancelled. `task_status.started()` once it
+    is first connected to ZooKeeper."""
     name = name or default_name()
     rng = rng or random.Random()
     delay_s = RESTART_DELAY_S_INITIAL
     started = False
     while True:
         try:
-            async with BookKeeper.connect(zk_hosts, root, session_timeout_ms=session_timeout_ms, rng=rng) as bk:
-                daemon = AutoRecoveryDaemon(bk, config, name, rng)
+            async with BookKeeper.connect(zk_hosts, root, session_timeout_ms=session_timeout_ms, rng=rng) as bookkeeper:
+                daemon = AutoRecoveryDaemon(bookkeeper, config, name, rng)
                 if not started:
                     started = True
                     task_status.started(daemon)

@@ -70,14 +70,14 @@ class ReplicationError(BKError):
 class ReplicationWorker:
     def __init__(
         self,
-        bk: "BookKeeper",
+        bookkeeper: "BookKeeper",
         config: AutoRecoveryConfig,
         name: str,
         *,
         layout: ClusterLayout | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        self._bk = bk
+        self._bookkeeper = bookkeeper
         self._config = config
         self.name = name
         self._layout = layout or ClusterLayout()
@@ -103,12 +103,12 @@ class ReplicationWorker:
     async def run(self) -> None:
         """Work until cancelled, pausing while auto-recovery is switched off."""
         await trio.to_thread.run_sync(
-            underreplication.ensure_paths, self._bk.store.store, self._layout, abandon_on_cancel=True
+            underreplication.ensure_paths, self._bookkeeper.store.store, self._layout, abandon_on_cancel=True
         )
-        await run_while_enabled("replication worker", self._bk.store, self._layout, self._work)
+        await run_while_enabled("replication worker", self._bookkeeper.store, self._layout, self._work)
 
     async def _work(self) -> None:
-        store, layout = self._bk.store, self._layout
+        store, layout = self._bookkeeper.store, self._layout
         slots = trio.Semaphore(self._config.ledgers_in_flight_max)
         changed: trio.Event | None = None
         async with trio.open_nursery() as nursery:
@@ -150,7 +150,7 @@ class ReplicationWorker:
                 await wait_any(changed.wait, finished.wait, deadline_ms=deadline_ms)
 
     async def _attempt(self, ledger_id: int, slots: trio.Semaphore) -> None:
-        store, layout = self._bk.store, self._layout
+        store, layout = self._bookkeeper.store, self._layout
         try:
             if not await trio.to_thread.run_sync(underreplication.try_lock, store.store, layout, ledger_id, self.name):
                 self._backoff.wait_until(ledger_id, wall_ms() + LOCKED_RECHECK_MS)
@@ -182,7 +182,7 @@ class ReplicationWorker:
             scope.shield = True
             try:
                 await trio.to_thread.run_sync(
-                    underreplication.unlock, self._bk.store.store, self._layout, ledger_id, abandon_on_cancel=True
+                    underreplication.unlock, self._bookkeeper.store.store, self._layout, ledger_id, abandon_on_cancel=True
                 )
                 self._unlocks_pending.discard(ledger_id)
                 return True
@@ -202,19 +202,19 @@ class ReplicationWorker:
         """Bring the ledger back to full replication. Returns None once its
         marker is gone, or the time to look again (an open ledger within its
         grace period)."""
-        bk, layout = self._bk, self._layout
-        sync_store = bk.store.store
+        bookkeeper, layout = self._bookkeeper, self._layout
+        sync_store = bookkeeper.store.store
         for _ in range(ROUNDS_MAX):
             found = await trio.to_thread.run_sync(underreplication.read_marker, sync_store, layout, ledger_id)
             if found is None:
                 return None
             marker, marker_version = found
             try:
-                metadata, _ = await bk.ledger_store.read(ledger_id)
+                metadata, _ = await bookkeeper.ledger_store.read(ledger_id)
             except NoSuchLedgerError:
                 await trio.to_thread.run_sync(underreplication.unmark, sync_store, layout, ledger_id, marker_version)
                 continue
-            registered = set(bk.registry.writable_bookies) | set(bk.registry.readonly_bookies)
+            registered = set(bookkeeper.registry.writable_bookies) | set(bookkeeper.registry.readonly_bookies)
             suspects = marker.lost_bookies or metadata.all_bookies()
             lost = frozenset(suspects - registered)
             now_ms = wall_ms()
@@ -239,7 +239,7 @@ class ReplicationWorker:
             if plan.step is Step.RECOVER:
                 log.info("ledger %d: %s past its grace period; fencing and closing it", ledger_id, metadata.state.value)
                 with trio.fail_after(RECOVERY_TIMEOUT_S):
-                    await bk.open_ledger(ledger_id, password, recovery=True)
+                    await bookkeeper.open_ledger(ledger_id, password, recovery=True)
                 self.ledgers_recovered += 1
                 continue
             await self._replicate_fragments(metadata, plan.fragments, lost, password)
@@ -263,9 +263,9 @@ class ReplicationWorker:
         )
 
     async def _replicate_fragments(self, metadata, fragments: tuple[Fragment, ...], lost: frozenset[str], password: bytes) -> None:
-        bk = self._bk
-        await bk.registry.refresh()
-        new_bookies = choose_replacements(metadata, fragments, bk.registry.writable_racks(), lost, rng=self._rng)
+        bookkeeper = self._bookkeeper
+        await bookkeeper.registry.refresh()
+        new_bookies = choose_replacements(metadata, fragments, bookkeeper.registry.writable_racks(), lost, rng=self._rng)
         digest = DigestManager(metadata.ledger_id, metadata.digest_type, password)
         key = master_key(password)
         for fragment, new_bookie in zip(fragments, new_bookies):
@@ -274,7 +274,7 @@ class ReplicationWorker:
             Replacement(fragment.first_entry_id, fragment.index, fragment.bookie_id, new_bookie)
             for fragment, new_bookie in zip(fragments, new_bookies)
         ]
-        await bk.ledger_store.update(metadata.ledger_id, functools.partial(apply_replacements, replacements=replacements))
+        await bookkeeper.ledger_store.update(metadata.ledger_id, functools.partial(apply_replacements, replacements=replacements))
         self.fragments_replicated += len(fragments)
         log.info(
             "ledger %d: %s", metadata.ledger_id,
@@ -375,7 +375,7 @@ class ReplicationWorker:
                 answered.set()
 
         for offset, entry in enumerate(entries):
-            self._bk.pool.send_add_tail(
+            self._bookkeeper.pool.send_add_tail(
                 new_bookie, encode_add_tail(AddFlag.RECOVERY_ADD, key, entry),
                 functools.partial(on_answer, first_entry_id + offset), ledger_id, first_entry_id + offset,
             )
@@ -437,7 +437,7 @@ class ReplicationWorker:
 
     async def _call(self, bookie_id: str, request_factory):
         with trio.fail_after(REQUEST_TIMEOUT_S):
-            return await self._bk.pool.call(bookie_id, request_factory)
+            return await self._bookkeeper.pool.call(bookie_id, request_factory)
 
 
 def _read(ledger_id: int, entry_id: int, request_id: int) -> ReadRequest:

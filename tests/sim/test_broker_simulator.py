@@ -22,11 +22,11 @@ from sim.world import World
 from tests.sim.sim_cli import assert_same_run_under_other_hash_seeds, forbid_trio, quire_sim
 
 # How many seeds the simulation may take to find a planted mistake. Measured
-# over seeds 0-299 (see the README); the bound leaves room for changes that
+# over seeds 0-299; the bound leaves room for changes that
 # move the random stream.
 MISTAKE_SEEDS_MAX = 300
 # A mistake that needs a rare coincidence gets the faults that make it
-# likely (the swarm finds it too, in more seeds: see the README): a
+# likely (the swarm finds it too, in more seeds): a
 # snapshot after every entry while appends in flight are lost; a producer
 # started again at once while a batch of its old process is still being
 # written (and fails); a broker cut off from ZooKeeper while connections
@@ -143,12 +143,12 @@ def test_a_ledger_mistake_is_refused_with_broker():
 
 def test_the_swarm_covers_every_subscription_type_and_fault_kind():
     chosen = [choose_broker_parameters(seed) for seed in range(200)]
-    assert {params.subscription_type for params in chosen} == {"exclusive", "failover", "shared", "key_shared"}
+    assert {parameters.subscription_type for parameters in chosen} == {"exclusive", "failover", "shared", "key_shared"}
     for kind in BROKER_FAULT_KINDS:
-        assert any(kind in params.faults for params in chosen)
+        assert any(kind in parameters.faults for parameters in chosen)
     # Cumulative acknowledgements only where Pulsar's clients allow them.
-    assert all(params.cumulative_ack_probability == 0 for params in chosen
-               if params.subscription_type in ("shared", "key_shared"))
+    assert all(parameters.cumulative_ack_probability == 0 for parameters in chosen
+               if parameters.subscription_type in ("shared", "key_shared"))
 
 
 def test_takeovers_rebuild_dedup_and_cursors_and_the_liveness_phase_finishes():

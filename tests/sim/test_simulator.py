@@ -28,7 +28,7 @@ from tests.sim.sim_cli import REPOSITORY, assert_same_run_under_other_hash_seeds
 from tests.support import wait_until
 
 # How many seeds the simulator may take to find a planted mistake. Measured
-# over seeds 0-149 (see the README): unfenced-recovery-reads first at seed 4
+# over seeds 0-149: unfenced-recovery-reads first at seed 4
 # (7% of seeds), io-error-is-negative at 60 (2%), ack-before-ensemble-written
 # at 48 (5%); the bound leaves room for changes that move the random stream.
 MISTAKE_SEEDS_MAX = 300
@@ -268,9 +268,9 @@ def test_no_seed_declares_corruption_with_one_copy_of_each_entry():
     # With WQ = 1 the nemesis could never corrupt a copy (never the last
     # intact one): the kind is not declared at all.
     chosen = [choose_parameters(seed) for seed in range(300)]
-    single = [params for params in chosen if params.write_quorum == 1]
-    assert single and not any("corrupt" in params.faults for params in single)
-    assert any("corrupt" in params.faults for params in chosen)
+    single = [parameters for parameters in chosen if parameters.write_quorum == 1]
+    assert single and not any("corrupt" in parameters.faults for parameters in single)
+    assert any("corrupt" in parameters.faults for parameters in chosen)
 
 
 def test_the_first_fault_comes_within_the_first_second(monkeypatch):
@@ -278,8 +278,8 @@ def test_the_first_fault_comes_within_the_first_second(monkeypatch):
     world = World(1)
     injected_ms = []
     monkeypatch.setattr(SimNemesis, "_inject", lambda nemesis: injected_ms.append(world.now_ms))
-    params = choose_parameters(0, faults=("crash",), fault_interval_ms_mean=86_400_000.0)
-    nemesis = SimNemesis(world, Network(world, latency_ms_min=1, latency_ms_max=2), None, None, params, bookies=[], clients=[])
+    parameters = choose_parameters(0, faults=("crash",), fault_interval_ms_mean=86_400_000.0)
+    nemesis = SimNemesis(world, Network(world, latency_ms_min=1, latency_ms_max=2), None, None, parameters, bookies=[], clients=[])
     nemesis.start()
     world.run_until(FIRST_FAULT_MS_MAX)
     assert len(injected_ms) == 1
@@ -287,8 +287,8 @@ def test_the_first_fault_comes_within_the_first_second(monkeypatch):
 
 def test_a_fault_with_nothing_to_act_on_is_counted_as_skipped():
     world = World(1)
-    params = choose_parameters(0, faults=("crash", "client_crash"))
-    nemesis = SimNemesis(world, Network(world, latency_ms_min=1, latency_ms_max=2), None, None, params, bookies=[], clients=[])
+    parameters = choose_parameters(0, faults=("crash", "client_crash"))
+    nemesis = SimNemesis(world, Network(world, latency_ms_min=1, latency_ms_max=2), None, None, parameters, bookies=[], clients=[])
     nemesis._crash()
     nemesis._client_crash()
     assert nemesis.skipped == {"crash": 1, "client_crash": 1} and not nemesis.injected

@@ -1,8 +1,9 @@
 """Key-shared dispatching keeps a key's order when the key moves to a consumer
 that joins: a message of the key never goes to the new consumer while an
 earlier message of it is still out at the old one, whether the message was
-held back (no permits) or given back (a negative acknowledgement). Found by
-the broker simulation (`quire sim --broker --seed 14`)."""
+held back (no permits) or given back (a negative acknowledgement). The
+broker simulation shows the same with this rule broken
+(`key-shared-overtakes-on-join` in sim.broker_mistakes)."""
 
 from __future__ import annotations
 

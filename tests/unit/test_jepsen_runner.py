@@ -14,7 +14,7 @@ from sim.jepsen.checker import Anomaly, CheckResult
 from sim.jepsen.runner import JepsenReport, ephemeral_owners, live_sessions
 
 # What ZooKeeper 3.x answers `dump` with (taken from a real server): a bookie
-# and a writer with an ephemeral znode each, a third session without any.
+# and a writer with an ephemeral znode each, and one more session without any.
 DUMP = """SessionTracker dump:
 Session Sets (2)/(3):
 0 expire at Sun Nov 22 17:19:12 UTC 2026:

@@ -1,0 +1,29 @@
+"""`quire bench NAME [ARGS...]`: run one of the benchmarks in bench/."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+BENCHMARKS = {
+    "bookie_add": "one bookie, one client pipelining 1 KiB adds, fsync on",
+    "ledger_write": "the ledger client on 3 bookies, and NATS JetStream as the reference",
+    "ledger_read": "catch-up read of a closed 1M-entry ledger",
+    "broker_pubsub": "broker publish, end to end and backlog, and NATS JetStream as the reference",
+    "autorecovery": "time to restore full replication after a bookie is lost",
+    "bookie_gc": "disk space the bookies' garbage collection reclaims, and how fast",
+    "spark_export": "Spark export of a 1 GiB topic to Parquet, and its two references",
+    "metrics_overhead": "ledger_write's workload with the bookies' metrics off and on",
+}
+
+
+def add_bench(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("benchmark", choices=sorted(BENCHMARKS), metavar="NAME",
+                        help="; ".join(f"{name}: {what}" for name, what in BENCHMARKS.items()))
+    parser.add_argument("arguments", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="the benchmark's own flags (quire bench NAME --help lists them)")
+
+
+def bench(arguments: argparse.Namespace) -> int:
+    module = importlib.import_module(f"bench.{arguments.benchmark}")
+    return module.main(arguments.arguments) or 0
