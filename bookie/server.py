@@ -389,7 +389,7 @@ class BookieServer:
     def _may_fsync_inline(self, data_bytes: int) -> bool:
         """Whether to fsync on the event loop instead of the journal thread.
 
-        STYLE keeps fsync off the event loop so that a slow disk never
+        Fsyncs normally stay off the event loop so that a slow disk never
         stalls reads and other clients. When nothing else is runnable there
         is nobody to stall, and handing a small batch to the journal thread
         and back costs two thread wake-ups with GIL handoffs, about 0.2 ms

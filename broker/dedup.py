@@ -58,7 +58,7 @@ class Dedup:
         self.producers_max = producers_max
         # producer id -> last persisted sequence id; least recently used first.
         self._persisted: OrderedDict[str, int] = OrderedDict()
-        # producer id -> highest sequence id handed to storage and not settled.
+        # producer id -> highest sequence id handed to storage and not yet persisted or failed.
         self._pushed: dict[str, int] = {}
         self._in_flight: dict[str, int] = {}  # producer id -> batches being written
 
@@ -93,13 +93,13 @@ class Dedup:
 
     def persisted(self, producer_id: str, last_sequence_id: int) -> None:
         """A batch is durable (completions arrive in entry order)."""
-        self._settle(producer_id)
+        self._leave_flight(producer_id)
         self._record(producer_id, last_sequence_id)
 
     def failed(self, producer_id: str) -> None:
         """A batch's write failed: the partition is fenced and reloaded, so
         what it pushed is no longer in flight here."""
-        self._settle(producer_id)
+        self._leave_flight(producer_id)
         if producer_id not in self._in_flight:
             self._pushed.pop(producer_id, None)
 
@@ -107,9 +107,9 @@ class Dedup:
         """An entry found while rebuilding the map after a takeover."""
         self._record(producer_id, last_sequence_id)
 
-    def _settle(self, producer_id: str) -> None:
+    def _leave_flight(self, producer_id: str) -> None:
         remaining = self._in_flight.get(producer_id, 0) - 1
-        assert remaining >= 0, f"producer {producer_id} settled a batch it never pushed"
+        assert remaining >= 0, f"producer {producer_id} finished a batch it never pushed"
         if remaining:
             self._in_flight[producer_id] = remaining
         else:

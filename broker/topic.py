@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplication map
 PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
-PRODUCER_SETTLE_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
+PRODUCER_EARLIER_BATCHES_WAIT_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
 UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
@@ -145,7 +145,7 @@ class PartitionService:
         self._entries_since_snapshot = 0
         self._last_position: Position | None = None  # of the last entry persisted
         self._batches_taken: dict[str, int] = {}  # producer id -> batches queued or being written
-        self._batches_settled = trio.Event()
+        self._batch_finished = trio.Event()
         self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
 
@@ -288,9 +288,9 @@ class PartitionService:
         self._check_serving()
         if link.producer_id in self.producers:
             raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
-        with trio.move_on_after(PRODUCER_SETTLE_S):
+        with trio.move_on_after(PRODUCER_EARLIER_BATCHES_WAIT_S):
             while self._batches_taken.get(link.producer_id):
-                await self._batches_settled.wait()
+                await self._batch_finished.wait()
         if self._batches_taken.get(link.producer_id):
             raise RetryLaterError(f"producer {link.producer_id!r} still has batches being written to {self.name}; retry")
         self._check_serving()
@@ -299,14 +299,14 @@ class PartitionService:
         self.producers[link.producer_id] = link
         return self.dedup.last_persisted(link.producer_id)
 
-    def _batch_settled(self, producer_id: str) -> None:
+    def _batch_finished_for(self, producer_id: str) -> None:
         remaining = self._batches_taken[producer_id] - 1
         if remaining:
             self._batches_taken[producer_id] = remaining
             return
         del self._batches_taken[producer_id]
-        settled, self._batches_settled = self._batches_settled, trio.Event()
-        settled.set()
+        finished, self._batch_finished = self._batch_finished, trio.Event()
+        finished.set()
 
     def remove_producer(self, producer_id: str, handle: int) -> None:
         link = self.producers.get(producer_id)
@@ -368,7 +368,7 @@ class PartitionService:
             except trio.WouldBlock:
                 link, send, codec, keys = await receive.receive()
             if not await self._append(link, send, codec, keys):
-                self._batch_settled(link.producer_id)
+                self._batch_finished_for(link.producer_id)
 
     async def _append(self, link: ProducerLink, send: Send, codec: Codec, keys: tuple | None) -> bool:
         """Append a batch taken from a producer; True if it went to the
@@ -400,7 +400,7 @@ class PartitionService:
             return encode_entry(header, send.body)
 
         def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
-            self._batch_settled(producer_id)
+            self._batch_finished_for(producer_id)
             if error is not None:
                 if deduplicating:
                     self.dedup.failed(producer_id)

@@ -57,8 +57,8 @@ LONG_POLL_TIMEOUT_MS = 10_000
 # Room for the entry's header, digest and the frame around it within a
 # bookie's default frame bound.
 ENTRY_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT - 4096
-TAIL_IDLE_DELAY_S_MAX = 1.0
-READ_TIMEOUT_S = 5.0  # a bookie that accepts a read and never answers: try the next replica  # back-off of a tailing reader that no bookie holds
+TAIL_IDLE_DELAY_S_MAX = 1.0  # back-off of a tailing reader that no bookie holds
+READ_TIMEOUT_S = 5.0  # a bookie that accepts a read and never answers: try the next replica
 
 
 class ReadHandle:

@@ -7,28 +7,46 @@ import socket
 
 import trio
 
-from quire.cli import UsageError, byte_size, configure_logging, duration_ms, metrics_port, port_number, positive_int
+from broker.topic_store import TopicPolicies
+from quire.cli import (
+    UsageError,
+    byte_size,
+    configure_logging,
+    duration_ms,
+    human_duration,
+    human_size,
+    metrics_port,
+    port_number,
+    positive_int,
+)
 
 
 def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     """Topic policy flags; with `defaults`, they set the broker's defaults for new topics."""
     scope = "default for new topics: " if defaults else ""
+    built_in = TopicPolicies()
+
+    def unless_set(text: str) -> str:
+        # The broker's own default is the built-in one unless its flag sets
+        # it; a topic's is the broker's.
+        return f" ({text} unless set)" if defaults else f" (default: the broker's; {text} unless set there)"
+
     parser.add_argument("--retention-time", type=duration_ms, metavar="DURATION",
                         help=f"{scope}delete closed ledgers older than this (e.g. 7d) once no important subscription needs them")
     parser.add_argument("--retention-size", type=byte_size, metavar="BYTES",
                         help=f"{scope}keep at most this much beyond what important subscriptions need")
     parser.add_argument("--backlog-quota", type=byte_size, metavar="BYTES",
                         help=f"{scope}refuse producers (partition overflow) while a partition holds this much")
-    parser.add_argument("--rollover-entries", type=positive_int, help=f"{scope}entries per ledger")
-    parser.add_argument("--rollover-size", type=byte_size, metavar="BYTES", help=f"{scope}bytes per ledger")
-    parser.add_argument("--rollover-time", type=duration_ms, metavar="DURATION", help=f"{scope}age of a ledger")
-    parser.add_argument("--rollover-idle", type=duration_ms, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long")
+    parser.add_argument("--rollover-entries", type=positive_int, help=f"{scope}entries per ledger" + unless_set(str(built_in.rollover_entries)))
+    parser.add_argument("--rollover-size", type=byte_size, metavar="BYTES", help=f"{scope}bytes per ledger" + unless_set(human_size(built_in.rollover_bytes)))
+    parser.add_argument("--rollover-time", type=duration_ms, metavar="DURATION", help=f"{scope}age of a ledger" + unless_set(human_duration(built_in.rollover_time_ms)))
+    parser.add_argument("--rollover-idle", type=duration_ms, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long" + unless_set(human_duration(built_in.rollover_idle_ms)))
     parser.add_argument("--rollover-min-time", type=duration_ms, metavar="DURATION",
-                        help=f"{scope}no rollover for entries or size before a ledger is this old" + ("" if defaults else " (default: the broker's, 10m unless set)"))
-    parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication")
-    parser.add_argument("--ensemble-size", "-E", type=positive_int, help=f"{scope}bookies per ledger (3 unless set)")
-    parser.add_argument("--write-quorum", "-W", type=positive_int, help=f"{scope}copies of each entry (3 unless set)")
-    parser.add_argument("--ack-quorum", "-A", type=positive_int, help=f"{scope}copies acknowledged before a message is persisted (2 unless set)")
+                        help=f"{scope}no rollover for entries or size before a ledger is this old" + unless_set(human_duration(built_in.rollover_min_time_ms)))
+    parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication" + unless_set("on" if built_in.deduplication else "off"))
+    parser.add_argument("--ensemble-size", "-E", type=positive_int, help=f"{scope}bookies per ledger" + unless_set(str(built_in.ensemble_size)))
+    parser.add_argument("--write-quorum", "-W", type=positive_int, help=f"{scope}copies of each entry" + unless_set(str(built_in.write_quorum)))
+    parser.add_argument("--ack-quorum", "-A", type=positive_int, help=f"{scope}copies acknowledged before a message is persisted" + unless_set(str(built_in.ack_quorum)))
 
 
 def policies_from(arguments: argparse.Namespace) -> dict:

@@ -106,7 +106,7 @@ def human_duration(value_ms: int) -> str:
 def default_text(action: argparse.Action) -> str | None:
     """An option's default as a user writes it, or None where it has none worth showing."""
     default = action.default
-    if action.required or action.nargs == 0 or default in (None, [], argparse.SUPPRESS) or isinstance(default, bool):
+    if action.required or action.nargs == 0 or default in (None, "", [], argparse.SUPPRESS) or isinstance(default, bool):
         return None
     if action.type is byte_size and isinstance(default, int):
         return human_size(default)

@@ -63,18 +63,23 @@ def _flag_names(action: argparse.Action) -> str:
 def _default(action: argparse.Action) -> str:
     from quire.cli import default_text
 
-    if action.required:
+    if action.required and action.nargs != argparse.REMAINDER:
         return "required"
     shown = default_text(action)
     return "" if shown is None else f"`{shown}`"
 
 
 def _help(action: argparse.Action) -> str:
+    from quire.cli import default_text
+
     text = action.help or ""
     if "%" in text:
         text = text % {**vars(action), "prog": "", "default": action.default}
-    # The default has a column of its own.
-    return _cell(re.sub(r"\s*\(default[ :][^()]*\)", "", text))
+    # The default has a column of its own: a parenthesis that only repeats it goes.
+    shown = default_text(action)
+    if shown is not None:
+        text = re.sub(rf"\s*\(default:? {re.escape(shown)}\)", "", text)
+    return _cell(text)
 
 
 def _option_rows(parser: argparse.ArgumentParser, skip: tuple[str, ...]) -> list[str]:

@@ -354,11 +354,11 @@ class PartitionProducer:
             return  # a receipt for a batch settled already (answered twice after a resend)
         status = BrokerStatus(receipt.status) if receipt.status in BrokerStatus._value2member_map_ else BrokerStatus.ERROR
         if status is BrokerStatus.OK:
-            self._settle(batch, lambda index, message: SendResult(
+            self._resolve_batch(batch, lambda index, message: SendResult(
                 MessageId(receipt.ledger_id, receipt.entry_id, index, self.partition_index),
                 receipt.first_offset + index, message.sequence_id))
         elif status is BrokerStatus.DUPLICATE:
-            self._settle(batch, lambda index, message: SendResult(
+            self._resolve_batch(batch, lambda index, message: SendResult(
                 MessageId(-1, -1, -1, self.partition_index), -1, message.sequence_id))
         elif status is BrokerStatus.RETRY:
             self.client.nursery.start_soon(self._resend_later, batch)
@@ -370,14 +370,14 @@ class PartitionProducer:
                 self._on_closed(f"broker answered {status.name}: {receipt.message}")
         else:
             error = error_for_status(status, receipt.message)
-            self._settle(batch, None, error)
+            self._resolve_batch(batch, None, error)
 
     async def _resend_later(self, batch: _Batch) -> None:
         await trio.sleep(RETRY_DELAY_S)
         if self._pending.get(batch.last_sequence_id) is batch:
             self._send_frame(batch)
 
-    def _settle(self, batch: _Batch, result_of, error: BaseException | None = None) -> None:
+    def _resolve_batch(self, batch: _Batch, result_of, error: BaseException | None = None) -> None:
         del self._pending[batch.last_sequence_id]
         for index, message in enumerate(batch.messages):
             if self._by_sequence.get(message.sequence_id) is message.future:
@@ -387,7 +387,7 @@ class PartitionProducer:
 
     def _fail_all(self, error: BaseException) -> None:
         for batch in list(self._pending.values()):
-            self._settle(batch, None, error)
+            self._resolve_batch(batch, None, error)
         for message in self._building.messages:
             message.future._resolve(None, error)
             self._pending_message_slots.release()

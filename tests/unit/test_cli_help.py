@@ -71,3 +71,13 @@ def test_quire_bench_offers_every_benchmark():
     modules = {path.stem for path in (Path(__file__).resolve().parents[2] / "bench").glob("*.py")
                if "def main(" in path.read_text()}
     assert set(BENCHMARKS) == modules
+
+
+@pytest.mark.parametrize("benchmark", sorted(__import__("quire.bench_commands").bench_commands.BENCHMARKS))
+def test_each_benchmark_answers_help(benchmark):
+    output = io.StringIO()
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(io.StringIO()):
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench", benchmark, "--help"])
+    assert exit_.value.code == 0
+    assert output.getvalue().startswith("usage:")
