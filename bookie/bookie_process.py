@@ -5,6 +5,7 @@ and exit."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -23,13 +24,15 @@ from bookie.journal import FileJournal
 from bookie.storage_interfaces import JournalCorruptError
 from bookie.ledger_storage import LedgerStorage
 from bookie.metrics import BookieMetrics, MetricsEndpoint, UnderReplicatedCount, open_bookie_metrics, serve_bookie_metrics
-from bookie.registration import Registration, check_and_write_cookies
-from bookie.server import BookieServer
-from bookie.startup_recovery import RecoveryReport, recover
+from bookie.registration import CookieCheck, Registration
+from bookie.flush_room import check_flush
+from bookie.ledger_storage import Checkpoint
+from bookie.server import BookieServer, flush_reserve, measure_ledger_room, pending_flush_bytes
+from bookie.startup_recovery import RecoveryReport, ReplayHeldError, recover
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout
+from coordination.startup import Startup, StartupTimeoutError
 from coordination.store import MetadataError
-from coordination.zk_store import KazooMetadataStore
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +103,15 @@ async def run_bookie(
     # Bind both ports before the cookies are written: a bookie that cannot
     # serve must leave its directories as it found them.
     listeners, endpoint, registry = await _bind_ports(config)
+    # Every start-up step that talks to ZooKeeper is tried again after a
+    # lost connection or session, until this deadline (local work such as
+    # the journal replay does not count against it).
+    startup = Startup("bookie", config.startup_timeout_ms)
     try:
-        await _start(config, listeners, registry, task_status, handle_signals)
+        with startup.deadline():
+            await _start(config, startup, listeners, registry, task_status, handle_signals)
+    except StartupTimeoutError as error:
+        raise StartupError(str(error)) from None
     finally:
         for listener in listeners:
             listener.socket.close()  # idempotent: the server may have closed them already
@@ -126,30 +136,26 @@ async def _bind_ports(config: BookieConfig) -> tuple[list[trio.SocketListener], 
     return listeners, endpoint, registry
 
 
-async def _start(config: BookieConfig, listeners, registry, task_status, handle_signals: bool) -> None:
+async def _start(config: BookieConfig, startup: Startup, listeners, registry, task_status, handle_signals: bool) -> None:
     bookie_id = config.identity
     try:
-        store = await trio.to_thread.run_sync(
-            lambda: KazooMetadataStore.connect(
-                config.zk_hosts, config.root, session_timeout_ms=config.session_timeout_ms
-            )
-        )
+        store = await startup.connect(config.zk_hosts, config.root, session_timeout_ms=config.session_timeout_ms)
     except MetadataError as error:
         raise StartupError(str(error)) from None
     except ValueError as error:
         raise StartupError(f"bad ZooKeeper address {config.zk_hosts!r}: {error}") from None
     async with AsyncMetadataStore(store) as metadata:
         layout = ClusterLayout()
+        cookies = CookieCheck(metadata, layout, bookie_id, Path(config.journal_dir), Path(config.ledger_dir))
         try:
-            cookie, new = await check_and_write_cookies(
-                metadata, layout, bookie_id, Path(config.journal_dir), Path(config.ledger_dir)
-            )
+            cookie, new = await startup.step("check the bookie's cookies (/cookies)", cookies.run)
         except CookieError as error:
             raise StartupError(str(error)) from None
-        try:
-            journal, storage = await trio.to_thread.run_sync(open_storage, config)
-        except Exception as error:  # RocksDB reports a held lock or corruption this way
-            raise StartupError(f"cannot open the bookie's storage: {error}") from None
+        with startup.paused():
+            try:
+                journal, storage = await trio.to_thread.run_sync(open_storage, config)
+            except Exception as error:  # RocksDB reports a held lock or corruption this way
+                raise StartupError(f"cannot open the bookie's storage: {error}") from None
         try:
             check_storage_identity(storage, cookie, new)
         except StartupError:
@@ -157,56 +163,65 @@ async def _start(config: BookieConfig, listeners, registry, task_status, handle_
             journal.close()
             raise
         try:
-            await _serve(config, metadata, layout, journal, storage, listeners, registry, handle_signals, task_status)
+            await _serve(config, startup, metadata, layout, journal, storage, listeners, registry, handle_signals, task_status)
         finally:
             storage.close()
             journal.close()
 
 
-async def _serve(config, metadata, layout, journal, storage, listeners, registry, handle_signals, task_status) -> None:
+async def _serve(config, startup, metadata, layout, journal, storage, listeners, registry, handle_signals, task_status) -> None:
     directories = [Path(config.journal_dir), Path(config.ledger_dir)]
     policy = ReadOnlyPolicy(
         threshold=config.disk_usage_threshold, low_water_mark=config.disk_usage_lwm, quota_bytes=config.disk_quota_bytes
     )
-    usage = await trio.to_thread.run_sync(lambda: measure(directories, count_own_bytes=config.disk_quota_bytes is not None))
-    starts_read_only = policy.update(usage)
-    if starts_read_only:
-        log.warning("starting read-only: %s", policy.reason)
     try:
-        core, report = await trio.to_thread.run_sync(
-            lambda: recover(
-                bookie_id=config.identity, limits=config.limits, journal=journal, storage=storage, read_only=starts_read_only
+        with startup.paused():
+            usage = await trio.to_thread.run_sync(lambda: measure(directories, count_own_bytes=config.disk_quota_bytes is not None))
+            starts_read_only = policy.update(usage)
+            if starts_read_only:
+                log.warning("starting read-only: %s", policy.reason)
+            # On a full ledger disk a checkpoint that does not fit is held:
+            # the bookie starts read-only and tries it again as it serves.
+            core, report = await trio.to_thread.run_sync(
+                lambda: recover(
+                    bookie_id=config.identity, limits=config.limits, journal=journal, storage=storage, read_only=starts_read_only,
+                    flush_room=functools.partial(_startup_flush_room, config, storage),
+                    held_bytes_max=config.write_cache_bytes + config.journal_queue_bytes_max,
+                )
             )
-        )
     except JournalCorruptError as error:
         raise StartupError(f"the journal cannot be replayed: {error}") from None
-    except OSError as error:
+    except ReplayHeldError as error:
         raise StartupError(
-            f"cannot checkpoint the replayed journal ({error.strerror or error}): free space on the bookie's disks "
-            "and start it again; nothing was lost"
+            f"{error}: free space on the ledger disk (or start with the earlier --write-cache-bytes) and start again; "
+            "nothing was lost"
         ) from None
+    except OSError as error:
+        raise StartupError(f"cannot replay the journal ({error.strerror or error}); nothing was deleted") from None
     server = BookieServer(
         config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
         ledger_metadata=metadata.store, metrics=BookieMetrics() if config.metrics_port else None,
+        checkpoint_mark=report.mark_durable, held_checkpoint=report.held, journal_failed=report.journal_failed,
     )
-    server.set_disk_read_only(starts_read_only)
+    server.set_disk_read_only(starts_read_only, policy.reason)
+    starts_read_only = server.core.read_only  # a held checkpoint or a failed journal count too
     _record_usage(server, usage, policy)
     info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only)
     registration = Registration(metadata, layout, info, stale_wait_s=2 * config.session_timeout_ms / 1000 + 10)
     server.on_read_only_change = registration.set_read_only
     await server.listen(listeners)
     if registry is None:
-        await _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
+        await _run_server(config, startup, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
         return
     under_replicated = UnderReplicatedCount(metadata.store)
     serve_bookie_metrics(registry, server, under_replicated)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(under_replicated.run)
-        await _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
+        await _run_server(config, startup, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status)
         nursery.cancel_scope.cancel()
 
 
-async def _run_server(config, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status) -> None:
+async def _run_server(config, startup, server, registration, report, starts_read_only, directories, policy, handle_signals, task_status) -> None:
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         await nursery.start(server.run)
@@ -215,14 +230,39 @@ async def _run_server(config, server, registration, report, starts_read_only, di
                 helpers.start_soon(_wait_for_signal, stop)
             helpers.start_soon(_follow_disk_usage, server, policy, directories, config)
             await helpers.start(registration.run)
-            _announce(config, report, starts_read_only)
-            task_status.started(server)
-            await stop.wait()
+            # Serving starts once the bookie can be found. If the deadline
+            # passes first, the server still stops the clean way below
+            # (journal drained), and the deadline then reports it.
+            registered = await startup.wait_for(
+                f"register bookie {config.identity} under /bookies",
+                functools.partial(_first_set, registration.registered, stop),
+                detail=registration.problem,
+            )
+            if registered:
+                startup.finish()
+                if not stop.is_set():
+                    _announce(config, report, starts_read_only)
+                task_status.started(server)
+                await stop.wait()
             helpers.cancel_scope.cancel()
         log.info("stopping bookie %s", config.identity)
         with trio.move_on_after(5):
-            await registration.unregister()
+            try:
+                await registration.unregister()
+            except MetadataError as error:
+                log.warning("could not unregister (%s): the registration goes when the ZooKeeper session ends", error)
         server.stop()
+
+
+async def _first_set(*events: trio.Event) -> None:
+    """Return once any of `events` is set."""
+    async with trio.open_nursery() as nursery:
+        async def wait(event: trio.Event) -> None:
+            await event.wait()
+            nursery.cancel_scope.cancel()
+
+        for event in events:
+            nursery.start_soon(wait, event)
 
 
 async def _wait_for_signal(stop: trio.Event) -> None:
@@ -242,12 +282,20 @@ async def _follow_disk_usage(server: BookieServer, policy: ReadOnlyPolicy, direc
         except OSError as error:
             log.error("cannot measure disk usage: %s", error)
             continue
-        was_read_only = policy.read_only
         read_only = policy.update(usage)
-        if read_only != was_read_only:
-            log.warning("disk usage: %s", policy.reason or "back under the low water mark")
         _record_usage(server, usage, policy)
-        server.set_disk_read_only(read_only)
+        server.set_disk_read_only(read_only, policy.reason)  # the server logs when the mode changes
+
+
+def _startup_flush_room(config: BookieConfig, storage: LedgerStorage, checkpoint: Checkpoint) -> str:
+    """Worker thread, during start-up recovery: "" if the checkpoint fits on
+    the ledger disk, else why it is held (bookie.flush_room)."""
+    try:
+        room = measure_ledger_room(config, storage)
+    except OSError as error:
+        log.warning("cannot measure the ledger disk's free space (%s): the checkpoint is written unchecked", error)
+        return ""
+    return check_flush(pending_flush_bytes(config, storage), room, flush_reserve(config)).reason
 
 
 def _record_usage(server: BookieServer, usage, policy: ReadOnlyPolicy) -> None:
@@ -256,7 +304,6 @@ def _record_usage(server: BookieServer, usage, policy: ReadOnlyPolicy) -> None:
         total_bytes=usage.total_bytes,
         disk_used_fraction=round(usage.used_fraction, 4),
         own_bytes=usage.own_bytes,
-        read_only_reason=policy.reason or (server.journal_failed or ""),
         journal_failed=server.journal_failed is not None,
         journal_batches=server.stats.journal_batches,
         journal_records=server.stats.journal_records,
@@ -264,6 +311,8 @@ def _record_usage(server: BookieServer, usage, policy: ReadOnlyPolicy) -> None:
         checkpoints=server.stats.checkpoints,
         connections_accepted=server.stats.connections_accepted,
         protocol_errors=server.stats.protocol_errors,
+        connections_refused=server.stats.connections_refused,
+        frame_buffer_bytes_reserved=server.frame_budget.reserved,
     )
 
 

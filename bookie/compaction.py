@@ -41,6 +41,14 @@ class EntryLogCompaction:
     def step(self) -> bool:
         """Copy the live entries of the next stretch; True once the whole
         log has been read."""
+        self.move(self.scan_next())
+        return self.scanned_to_end
+
+    def scan_next(self) -> dict[int, dict[int, bytes]]:
+        """Read the next stretch; return its live entries, {ledger: {entry:
+        data}}, for `move` (the driver checks the disk has room for them in
+        between). Dropping the compaction after this is safe: a later one
+        starts over and copies only what the index still points at here."""
         assert not self.scanned_to_end
         scan = self.storage.entry_log.scan(self.log_id, self.offset, self.stretch_bytes)
         index = self.storage.entry_index
@@ -49,13 +57,16 @@ class EntryLogCompaction:
             self.scanned_bytes[ledger_id] = self.scanned_bytes.get(ledger_id, 0) + location.size
             if index.get(ledger_id, entry_id) == location:
                 live.setdefault(ledger_id, {})[entry_id] = data
+        self.offset = scan.next_offset
+        self.scanned_to_end = scan.end
+        return live
+
+    def move(self, live: dict[int, dict[int, bytes]]) -> None:
+        """Copy what `scan_next` found live into the log being written."""
         if live:
             moved = self.storage.move_entries(live)
             self.entries_moved += len(moved)
             self.bytes_moved += sum(location[4] for location in moved)
-        self.offset = scan.next_offset
-        self.scanned_to_end = scan.end
-        return scan.end
 
     def finish(self, live_ledgers: AbstractSet[int]) -> int:
         """Remove the old log once every live ledger's records in it were

@@ -7,6 +7,12 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bookie.protocol.peer_limits import (
+    CONNECTIONS_MAX_DEFAULT,
+    CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+    FRAME_BUFFER_BYTES_MAX_DEFAULT,
+    FRAME_DEADLINE_S_DEFAULT,
+)
 from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT
 from bookie.core_actions import CoreLimits
 
@@ -25,10 +31,16 @@ class BookieConfig:
     bookie_id: str | None = None  # default: advertised_host:port
     rack: str | None = None
     session_timeout_ms: int = 10_000
+    startup_timeout_ms: int = 60_000  # ZooKeeper steps of start-up are retried this long, then it exits (coordination.startup)
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: no endpoint and nothing measured
     # wire
     frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT
     connection_output_bytes_max: int = 16 * MIB  # stop reading a client whose responses pile up
+    connections_max: int = CONNECTIONS_MAX_DEFAULT  # open client connections; past it new ones are closed at once
+    connections_per_address_max: int = CONNECTIONS_PER_ADDRESS_MAX_DEFAULT  # ... from one client address
+    frame_buffer_bytes_max: int = FRAME_BUFFER_BYTES_MAX_DEFAULT  # large frames being received, all connections together
+    frame_deadline_s: float = FRAME_DEADLINE_S_DEFAULT  # a frame's bytes, once the first arrived, must all arrive within this
+    requests_per_connection_max: int = 32_768  # a client's unanswered requests; past it, its requests are not read
     # journal
     journal_file_bytes_max: int = 256 * MIB
     journal_preallocate_bytes: int = 4 * MIB
@@ -75,10 +87,17 @@ class BookieConfig:
             raise ValueError("disk_quota_bytes must be positive")
         if self.frame_bytes_max < 64 * 1024:
             raise ValueError("frame_bytes_max must be at least 64 KiB")
+        if self.frame_buffer_bytes_max < self.frame_bytes_max:
+            raise ValueError(f"frame_buffer_bytes_max ({self.frame_buffer_bytes_max}) must hold at least one frame "
+                             f"of frame_bytes_max ({self.frame_bytes_max})")
+        if self.connections_max < 1 or self.connections_per_address_max < 1 or self.requests_per_connection_max < 1:
+            raise ValueError("connection and request bounds must be at least 1")
+        if not 0 < self.frame_deadline_s <= 3600:
+            raise ValueError(f"frame_deadline_s must be in (0, 3600], got {self.frame_deadline_s}")
         if self.write_cache_bytes < 64 * 1024:
             raise ValueError("write_cache_bytes must be at least 64 KiB")
         for name in (
-            "session_timeout_ms", "connection_output_bytes_max", "journal_queue_bytes_max", "group_bytes",
+            "session_timeout_ms", "startup_timeout_ms", "connection_output_bytes_max", "journal_queue_bytes_max", "group_bytes",
             "checkpoint_interval_ms", "read_threads_max", "disk_check_interval_ms",
         ):
             if getattr(self, name) < 1:

@@ -39,6 +39,15 @@ def measure(directories: list[Path], *, count_own_bytes: bool) -> DiskUsage:
     return DiskUsage(used_fraction, free_bytes or 0, total_bytes, own_bytes)
 
 
+def ledger_disk_room(ledger_dir: Path, journal_dir: Path) -> tuple[int, bool]:
+    """Free bytes on the ledger directory's file system, and whether the
+    journal directory shares it. Blocking (a few syscalls): call from a
+    worker thread."""
+    stats = os.statvfs(ledger_dir)
+    shares = os.stat(ledger_dir).st_dev == os.stat(journal_dir).st_dev
+    return stats.f_bavail * stats.f_frsize, shares
+
+
 def tree_bytes(directory: Path) -> int:
     """Disk space the files under `directory` take (allocated blocks)."""
     total = 0

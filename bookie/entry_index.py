@@ -24,6 +24,7 @@ from bookie.storage_interfaces import (
     EntryLocation,
     EntryLogUsage,
     FlatLocation,
+    IndexWriteError,
     JournalPosition,
     LedgerStateRecord,
 )
@@ -104,8 +105,17 @@ class RocksEntryIndex:
             batch.put(_LEDGER_KEY.pack(b"L", ledger_id), value)
         _put_log_usage(batch, log_usage)
         batch.put(_MARK_KEY, _MARK.pack(*mark))
-        self._db.write(batch, self._sync)
+        self._write(batch)
         self._mark = mark
+
+    def _write(self, batch: WriteBatch) -> None:
+        try:
+            self._db.write(batch, self._sync)
+        except Exception as error:  # rocksdict raises plain Exception("IO error: ...")
+            raise IndexWriteError(f"index write failed: {error}") from error
+
+    def memtable_bytes(self) -> int:
+        return self._db.property_int_value("rocksdb.cur-size-all-mem-tables") or 0
 
     def _read_mark(self) -> JournalPosition:
         value = self._db.get(_MARK_KEY)
@@ -138,7 +148,7 @@ class RocksEntryIndex:
         batch = self.new_batch()
         self.stage(batch, locations)
         _put_log_usage(batch, log_usage)
-        self._db.write(batch, self._sync)
+        self._write(batch)
 
     def drop_ledgers(self, ledger_ids: Iterable[int]) -> None:
         """Durably and atomically forget the ledgers' entries and states."""
@@ -146,10 +156,12 @@ class RocksEntryIndex:
         for ledger_id in ledger_ids:
             batch.delete_range(_ENTRY_KEY.pack(b"E", ledger_id, 0), _ENTRY_KEY.pack(b"E", ledger_id + 1, 0))
             batch.delete(_LEDGER_KEY.pack(b"L", ledger_id))
-        self._db.write(batch, self._sync)
+        self._write(batch)
 
     def delete_log_usage(self, log_id: int) -> None:
-        self._db.delete(_LOG_USAGE_KEY.pack(b"G", log_id), self._sync)
+        batch = self.new_batch()
+        batch.delete(_LOG_USAGE_KEY.pack(b"G", log_id))
+        self._write(batch)
 
     def iter_locations(self) -> Iterator[FlatLocation]:
         unpack_key, unpack_location = _ENTRY_KEY.unpack, _LOCATION.unpack

@@ -6,7 +6,10 @@ drop them, record the usage of entry logs that have none, delete the logs
 that hold no live ledger, and compact those below `gc_compaction_threshold`.
 Decisions come from `bookie.gc_policy`; blocking work runs on worker
 threads; every storage step holds the server's checkpoint lock, because
-checkpoints write the same entry logs and index.
+checkpoints write the same entry logs and index. On a full disk, dropping
+deleted ledgers comes first (it lets a checkpoint held for room fit), and
+compaction copies a stretch only when the ledger disk has room for it above
+the reserve (bookie.flush_room).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import trio
 
 from bookie.compaction import CompactionAborted, EntryLogCompaction
 from bookie.gc_policy import DeletedLedgerDetector, plan_entry_logs
-from bookie.storage_interfaces import CorruptEntryError
+from bookie.storage_interfaces import CorruptEntryError, IndexWriteError
 from coordination.cluster_layout import iter_ledger_ids, ledger_path
 from coordination.store import MetadataError, MetadataStore, NoNodeError
 
@@ -123,9 +126,10 @@ class GarbageCollector:
         try:
             await self._drop_deleted_ledgers(work)
             await self._collect_entry_logs(work)
-        except (OSError, CorruptEntryError) as error:
+        except (OSError, CorruptEntryError, IndexWriteError) as error:
             # The disk refused (full, failing): nothing half-done is visible,
-            # the next round tries again.
+            # the next round tries again. (After a failed index write the next
+            # checkpoint fails too, and the bookie turns read-only.)
             self.stats.rounds_failed += 1
             self.stats.last_error = f"{type(error).__name__}: {error}"
             log.error("garbage collection round failed: %s", error)
@@ -165,17 +169,22 @@ class GarbageCollector:
         if not self._dropping:
             return
         async with server.storage_lock:
+            # A writer that did not hear of the delete may have started one
+            # of them afresh meanwhile: that ledger is live again.
+            ledgers = sorted(ledger_id for ledger_id in self._dropping if ledger_id not in core.ledgers)
+            # Their cached entries need no flush: forgetting them first makes
+            # the checkpoint smaller, so that one held for room may now fit.
+            server.storage.discard_cached(ledgers)
             # Every journal record of a dropped ledger is synced (the core
             # drops none with a request in flight). A checkpoint past them
             # comes first, so that no restart replays them once the index
             # forgets the ledger.
             synced = server.synced_position
             mark = await server.checkpoint_locked()
-            assert mark >= synced, f"checkpoint mark {mark} is behind the synced position {synced}"
-            # A writer that did not hear of the delete may have started one
-            # of them afresh meanwhile: that ledger is live again.
-            ledgers = sorted(ledger_id for ledger_id in self._dropping if ledger_id not in core.ledgers)
-            server.storage.discard_cached(ledgers)
+            if mark < synced:
+                log.info("garbage collection: a checkpoint is held, ledgers %s are dropped once it is written", _ids(ledgers))
+                return
+            ledgers = [ledger_id for ledger_id in ledgers if ledger_id not in core.ledgers]
             await trio.to_thread.run_sync(server.storage.drop_from_index, ledgers)
         self._dropping.clear()
         work.ledgers_dropped += len(ledgers)
@@ -226,7 +235,16 @@ class GarbageCollector:
             while not done:
                 # Checkpoints get the lock between stretches.
                 async with lock:
-                    done = await trio.to_thread.run_sync(compaction.step)
+                    live = await trio.to_thread.run_sync(compaction.scan_next)
+                    entries = sum(map(len, live.values()))
+                    data_bytes = sum(len(data) for entries_of_ledger in live.values() for data in entries_of_ledger.values())
+                    if entries and not await self.server.has_room_for(entries, data_bytes):
+                        # Copies need room until the old log goes: leave the
+                        # rest for a round when the disk has it.
+                        log.info("garbage collection: no room on the ledger disk to compact entry log %d this round", log_id)
+                        return
+                    await trio.to_thread.run_sync(compaction.move, live)
+                    done = compaction.scanned_to_end
             async with lock:
                 live = self._live_ledgers()
                 freed = await trio.to_thread.run_sync(compaction.finish, live)

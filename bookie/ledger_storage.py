@@ -229,7 +229,9 @@ class LedgerStorage:
         self.drop_from_index(ledger_ids)
 
     def discard_cached(self, ledger_ids: Iterable[int]) -> None:
-        """Event loop: forget the ledgers' entries in the write and read caches."""
+        """Event loop: forget the ledgers' entries in the write and read
+        caches, the buffer of a checkpoint held for room included (so that
+        deleting ledgers lets it fit)."""
         ledger_ids = set(ledger_ids)
         self.write_cache.discard_ledgers(ledger_ids)
         self.read_cache.discard_ledgers(ledger_ids)

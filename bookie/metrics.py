@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector, start_http_se
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from bookie.protocol.wire import Status
+from bookie.read_only_mode import Cause
 from coordination.cluster_layout import ClusterLayout
 from coordination.store import MetadataError, MetadataStore
 
@@ -119,6 +120,13 @@ def server_families(server) -> list[Metric]:
     inflight.add_metric(["add"], core.adds_in_flight)
     inflight.add_metric(["read"], core.reads_in_flight)
     inflight.add_metric(["long_poll"], core.waiter_count)
+    causes = server.read_only_causes
+    read_only_reasons = GaugeMetricFamily(
+        "quire_bookie_read_only_reason", "1 for each cause that keeps the bookie read-only now (bookie.read_only_mode)",
+        labels=["reason"],
+    )
+    for cause in Cause:
+        read_only_reasons.add_metric([cause.value], 1 if cause in causes else 0)
     return [
         _results_family("quire_bookie_add_requests", "Adds answered, by result", metrics.add_results, metrics.adds_ok),
         metrics.add_latency_s.family("quire_bookie_add_latency_seconds", "From an add's arrival to its answer, successful adds"),
@@ -133,6 +141,9 @@ def server_families(server) -> list[Metric]:
         CounterMetricFamily("quire_bookie_checkpoints", "Checkpoints of the write cache into entry logs", value=stats.checkpoints),
         CounterMetricFamily("quire_bookie_connections", "Client connections accepted", value=stats.connections_accepted),
         CounterMetricFamily("quire_bookie_protocol_errors", "Connections closed for breaking the protocol", value=stats.protocol_errors),
+        CounterMetricFamily("quire_bookie_connections_refused", "Connections closed at once: too many open in all or from one address",
+                            value=stats.connections_refused),
+        _gauge("quire_bookie_frame_buffer_bytes", "Bytes reserved by large frames being received", server.frame_budget.reserved),
         _gauge("quire_bookie_open_connections", "Client connections open now", len(server._connections)),
         _gauge("quire_bookie_write_cache_bytes", "Entries in the write cache, both buffers",
                write_cache.active_bytes + write_cache.flushing_bytes),
@@ -140,6 +151,9 @@ def server_families(server) -> list[Metric]:
         _gauge("quire_bookie_ledgers", "Ledgers this bookie stores", len(core.ledgers)),
         _gauge("quire_bookie_read_only", "1 while the bookie takes no adds (disk full, journal or checkpoint failure)",
                1 if core.read_only else 0),
+        read_only_reasons,
+        _gauge("quire_bookie_checkpoint_held_bytes", "What a checkpoint held for room (or failed) needs on the ledger disk; 0: none",
+               server.checkpoint_held_bytes),
     ]
 
 

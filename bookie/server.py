@@ -11,21 +11,39 @@ stops the reading of requests until there is room.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import trio
 
 from bookie.config import BookieConfig
+from bookie.disk_usage import ledger_disk_room
+from bookie.flush_room import (
+    DiskRoom,
+    FailureKind,
+    Reserve,
+    RetryBackoff,
+    check_flush,
+    classify_failure,
+    describe_failure,
+    flush_bytes,
+    flush_trigger_bytes,
+    journal_reserve_bytes,
+)
 from bookie.garbage_collector import GarbageCollector
 from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.metrics import BookieMetrics
 from bookie.protocol.frame_output import FrameOutput
+from bookie.protocol.peer_limits import ConnectionLimits, FrameBudget, FrameReader
 from bookie.protocol.wire import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
+    REQUEST_ITEMS_MAX,
     AddBatchRequest,
     AddBatchResponse,
     AddRequest,
@@ -45,16 +63,15 @@ from bookie.protocol.wire import (
     encode_response,
 )
 from bookie.core_actions import AppendJournal, DurableAdd, ListEntries, ReadEntries, Respond, StoreEntry
+from bookie.read_only_mode import Cause, ReadOnlyMode
 from bookie.request_core import BookieCore
-from bookie.storage_interfaces import Journal, JournalPosition, JournalRecord, ReadOutcome
+from bookie.startup_recovery import HeldCheckpoint
+from bookie.storage_interfaces import IndexWriteError, Journal, JournalPosition, JournalRecord, ReadOutcome
 from coordination.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BYTES = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
-CHECKPOINT_TRIES_MAX = 10
-CHECKPOINT_RETRY_DELAY_MAX_S = 5.0
 INLINE_FSYNC_BACKOFF_S_MIN = 1.0
 INLINE_FSYNC_BACKOFF_S_MAX = 60.0
 CHECKPOINT_STEP_ENTRIES = 1000  # entries framed per slice on the event loop (about 2 ms)
@@ -91,6 +108,30 @@ def now_ms() -> float:
     return trio.current_time() * 1000.0
 
 
+def measure_ledger_room(config: BookieConfig, storage: LedgerStorage) -> DiskRoom:
+    """Worker thread: the ledger disk's free space and the index's memtables."""
+    free_bytes, shares = ledger_disk_room(Path(config.ledger_dir), Path(config.journal_dir))
+    return DiskRoom(free_bytes, storage.entry_index.memtable_bytes(), shares)
+
+
+def pending_flush_bytes(config: BookieConfig, storage: LedgerStorage) -> int:
+    """What the write cache's flushing buffer takes on the ledger disk."""
+    write_cache = storage.write_cache
+    return flush_bytes(write_cache.flushing_entries, write_cache.flushing_bytes, config.entry_log_bytes_max)
+
+
+def flush_reserve(config: BookieConfig) -> Reserve:
+    return Reserve(journal_reserve_bytes(config.journal_preallocate_bytes, config.group_bytes))
+
+
+# The read-only cause a failed checkpoint write sets (bookie.flush_room).
+_FAILURE_CAUSES = {
+    FailureKind.NO_SPACE: Cause.CHECKPOINT_HELD,
+    FailureKind.IO_ERROR: Cause.CHECKPOINT_FAILED,
+    FailureKind.INDEX: Cause.INDEX_FAILED,
+}
+
+
 class Wakeup:
     """Wakes every task waiting at the time of `set()`. Edge-triggered: a
     task checks its condition first and waits only if it does not hold (in
@@ -115,11 +156,14 @@ class _Connection:
     output: FrameOutput
     # With metrics on: when each add and read in progress arrived (ms).
     started_ms: dict[int, float] = field(default_factory=dict)
+    unanswered: int = 0  # requests read and not yet answered
+    answered: trio.Event | None = None  # set when `unanswered` drops, for a reader that waits on it
 
 
 @dataclass
 class ServerStats:
     connections_accepted: int = 0
+    connections_refused: int = 0
     protocol_errors: int = 0
     journal_batches: int = 0
     journal_batches_fsynced_inline: int = 0
@@ -139,10 +183,18 @@ class BookieServer:
         journal_position: JournalPosition,
         ledger_metadata: MetadataStore | None = None,
         metrics: BookieMetrics | None = None,
+        checkpoint_mark: JournalPosition | None = None,
+        held_checkpoint: HeldCheckpoint | None = None,
+        journal_failed: str | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         """`ledger_metadata`: where garbage collection looks for ledger
         metadata (None: it deletes no ledger). `metrics`: where to count
-        requests and journal batches (None: nothing is measured)."""
+        requests and journal batches (None: nothing is measured).
+        From start-up recovery: `checkpoint_mark`, the durable mark (default
+        `journal_position`); `held_checkpoint`, one it could not write,
+        tried again first; `journal_failed`, why the journal cannot take
+        records. `rng`: jitter of checkpoint retries."""
         self.config = config
         self.core = core
         self.storage = storage
@@ -153,6 +205,9 @@ class BookieServer:
         self.on_read_only_change = None  # callable(bool), set by the owner
         self.journal_failed: str | None = None
         self._connections: dict[int, _Connection] = {}
+        self._connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
+        self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
+        self._refusals_logged_s = float("-inf")
         # Connections with responses queued since the last flush.
         self._unflushed: list[FrameOutput] = []
         self._next_connection_id = 1
@@ -166,17 +221,34 @@ class BookieServer:
         self._inline_fsync_backoff = InlineFsyncBackoff()
         self._journal_bug: BaseException | None = None
         self._synced_position = journal_position
-        self._checkpoint_mark = journal_position
+        self._checkpoint_mark = journal_position if checkpoint_mark is None else checkpoint_mark
         self._checkpoint_wakeup = Wakeup()
         self._checkpoint_lock = trio.Lock()
         self._tick_wakeup = Wakeup()
         self._read_limiter = trio.CapacityLimiter(config.read_threads_max)
         self._service_nursery: trio.Nursery | None = None
         self._network_scope: trio.CancelScope | None = None
-        self._disk_read_only = False
-        self._checkpoint_failing = False
+        # Why the bookie takes no adds (bookie.read_only_mode).
+        self._mode = ReadOnlyMode()
+        # A checkpoint begun and not yet durable, between tries: held for
+        # room on the ledger disk, or failed. Its entries stay readable in
+        # the write cache and its records in the journal.
+        self._checkpoint_pending: Checkpoint | None = None
+        self._checkpoint_failure: FailureKind | None = None
+        self._checkpoint_retry = RetryBackoff(rng or random.Random())
+        self._flush_reserve = flush_reserve(config)
+        self.checkpoint_held_bytes = 0  # what the pending checkpoint needs on the disk (also in GET_INFO)
         self._listeners: list[trio.SocketListener] = []
         self.garbage_collector = GarbageCollector(self, ledger_metadata) if config.gc_interval_s > 0 else None
+        self.core.info.update(read_only_reason="", checkpoint_held_bytes=0)
+        if journal_failed is not None:
+            self.journal_failed = journal_failed
+            self._set_cause(Cause.JOURNAL_FAILED, journal_failed)
+        if held_checkpoint is not None:
+            self._checkpoint_pending = held_checkpoint.checkpoint
+            self._checkpoint_failure = held_checkpoint.kind
+            self._note_held(self._pending_flush_bytes())
+            self._set_cause(_FAILURE_CAUSES[held_checkpoint.kind], held_checkpoint.reason)
 
     # --- lifetime -----------------------------------------------------------
 
@@ -242,6 +314,9 @@ class BookieServer:
             if not output:
                 self._unflushed.append(output)
             output.queue(frame)
+            connection.unanswered -= 1
+            if connection.answered is not None:
+                connection.answered.set()
 
     def _carry_out(self, actions: list) -> None:
         measured = self.metrics is not None
@@ -350,14 +425,23 @@ class BookieServer:
 
     # --- read-only mode -------------------------------------------------------
 
-    def set_disk_read_only(self, read_only: bool) -> None:
-        self._disk_read_only = read_only
-        self._update_read_only()
+    def set_disk_read_only(self, read_only: bool, reason: str = "") -> None:
+        """The disk usage policy's verdict (bookie.disk_usage.ReadOnlyPolicy)."""
+        self._set_cause(Cause.DISK_FULL, (reason or "disk full") if read_only else "")
 
-    def _update_read_only(self) -> None:
-        read_only = self._disk_read_only or self.journal_failed is not None or self._checkpoint_failing
+    @property
+    def read_only_causes(self) -> frozenset[Cause]:
+        return self._mode.causes
+
+    def _set_cause(self, cause: Cause, reason: str) -> None:
+        """`cause` holds for `reason`, or no longer holds (""). The log says
+        when the set of causes changes, not when a reason's numbers do."""
+        change = self._mode.set(cause, reason) if reason else self._mode.clear(cause)
+        self.core.info["read_only_reason"] = self._mode.reason
+        if change is not None:
+            log.warning("%s", change.describe())
+        read_only = self._mode.read_only
         if read_only != self.core.read_only:
-            log.warning("bookie turns %s", "read-only" if read_only else "writable")
             self._execute(self.core.set_read_only(read_only))
             if self.on_read_only_change is not None:
                 self.on_read_only_change(read_only)
@@ -436,7 +520,7 @@ class BookieServer:
             if self.journal_failed is None:
                 self.journal_failed = str(batch.error)
                 log.error("journal failed, the bookie turns read-only until restarted: %s", batch.error)
-                self._update_read_only()
+                self._set_cause(Cause.JOURNAL_FAILED, f"journal failed: {batch.error}; read-only until restarted")
             self._execute(self.core.journal_failed(tokens))
             return
         self.stats.journal_batches += 1
@@ -451,9 +535,17 @@ class BookieServer:
     async def _checkpoint_loop(self) -> None:
         interval_s = self.config.checkpoint_interval_ms / 1000.0
         while True:
-            if not self.storage.write_cache.wants_flush():
+            if self._checkpoint_pending is not None:
+                # Held for room or failed: tried again after a backoff, with
+                # no bound on the tries (its entries wait in the journal).
+                if self._checkpoint_failure is FailureKind.INDEX:
+                    await trio.sleep_forever()  # RocksDB takes no write until the bookie restarts
+                await trio.sleep(self._checkpoint_retry.next_delay_s(self._checkpoint_failure or FailureKind.NO_SPACE))
+            elif not self.storage.write_cache.wants_flush():
                 with trio.move_on_after(interval_s):
                     await self._checkpoint_wakeup.wait()
+                if self._checkpoint_pending is not None:
+                    continue  # held by another's checkpoint (garbage collection's) meanwhile: back off first
             await self._checkpoint()
 
     async def _checkpoint(self) -> None:
@@ -475,47 +567,107 @@ class BookieServer:
 
     async def checkpoint_locked(self) -> JournalPosition:
         """With `storage_lock` held: checkpoint everything synced so far;
-        return the durable checkpoint mark."""
+        return the durable checkpoint mark (behind the synced position while
+        a checkpoint is held for room or failed)."""
         await self._checkpoint_once()
+        if self._checkpoint_pending is None and self._checkpoint_mark < self._synced_position:
+            await self._checkpoint_once()  # that one was held from before: now the rest
         return self._checkpoint_mark
 
     async def _checkpoint_once(self) -> None:
-        mark = self._synced_position
+        if self._checkpoint_failure is FailureKind.INDEX:
+            return  # the journal keeps every entry until a restart
         write_cache = self.storage.write_cache
-        if write_cache.active_entries == 0 and mark == self._checkpoint_mark and not self.core.has_dirty_ledger_states:
+        checkpoint = self._checkpoint_pending
+        if checkpoint is None:
+            mark = self._synced_position
+            if write_cache.active_entries == 0 and mark == self._checkpoint_mark and not self.core.has_dirty_ledger_states:
+                return
+            checkpoint = self._checkpoint_pending = self.storage.begin_checkpoint(self.core.take_dirty_ledger_states(), mark)
+        if not await self._flush_fits():
             return
-        checkpoint = self.storage.begin_checkpoint(self.core.take_dirty_ledger_states(), mark)
-        await self._run_checkpoint(checkpoint)
+        try:
+            for _ in self.storage.stage_checkpoint(checkpoint, CHECKPOINT_STEP_ENTRIES):
+                await trio.sleep(0)  # requests get served between slices
+            await trio.to_thread.run_sync(self.storage.write_checkpoint, checkpoint)
+        except (OSError, IndexWriteError) as error:
+            self._checkpoint_failed(checkpoint, error)
+            return
         self.storage.end_checkpoint()
+        self._checkpoint_pending = None
+        self._checkpoint_failure = None
+        self._checkpoint_retry.reset()
+        self._note_held(0)
         self._checkpoint_mark = checkpoint.mark
         self.stats.checkpoints += 1
-        deleted = await trio.to_thread.run_sync(self.journal.delete_before, checkpoint.mark)
-        self.stats.journal_files_deleted += len(deleted)
+        self._set_cause(Cause.CHECKPOINT_HELD, "")  # a failure with a real I/O error stays until restarted
+        try:
+            deleted = await trio.to_thread.run_sync(self.journal.delete_before, checkpoint.mark)
+        except OSError as error:
+            log.error("cannot delete journal files before the checkpoint mark (the next checkpoint tries again): %s", error)
+        else:
+            self.stats.journal_files_deleted += len(deleted)
         if self.core.adds_paused and not write_cache.is_full():
             self._execute(self.core.set_adds_paused(False, now_ms()))
 
-    async def _run_checkpoint(self, checkpoint: Checkpoint) -> None:
-        delay_s = 0.1
-        while True:
-            for _ in self.storage.stage_checkpoint(checkpoint, CHECKPOINT_STEP_ENTRIES):
-                await trio.sleep(0)  # requests get served between slices
-            try:
-                await trio.to_thread.run_sync(self.storage.write_checkpoint, checkpoint)
-                break
-            except OSError as error:
-                # The entries are safe in the journal; the mark just does not
-                # move. No adds are taken until a checkpoint succeeds.
-                if checkpoint.attempts >= CHECKPOINT_TRIES_MAX:
-                    log.critical("checkpoint failed %d times, the bookie stops: %s", checkpoint.attempts, error)
-                    raise
-                log.error("checkpoint failed (attempt %d): %s", checkpoint.attempts, error)
-                self._checkpoint_failing = True
-                self._update_read_only()
-                await trio.sleep(delay_s)
-                delay_s = min(delay_s * 2, CHECKPOINT_RETRY_DELAY_MAX_S)
-        if self._checkpoint_failing:
-            self._checkpoint_failing = False
-            self._update_read_only()
+    def _pending_flush_bytes(self) -> int:
+        return pending_flush_bytes(self.config, self.storage)
+
+    def _note_held(self, needed_bytes: int) -> None:
+        self.checkpoint_held_bytes = needed_bytes
+        self.core.info["checkpoint_held_bytes"] = needed_bytes
+
+    async def _flush_fits(self) -> bool:
+        """Whether the pending checkpoint fits on the ledger disk above the
+        reserve (bookie.flush_room); if not, it is held and the bookie is
+        read-only until it is written. Also sets the write cache's flush
+        trigger from the room left."""
+        write_cache = self.storage.write_cache
+        needed = self._pending_flush_bytes()
+        queued_bytes = self._journal_bytes + self._journal_record_bytes
+        try:
+            room = await trio.to_thread.run_sync(measure_ledger_room, self.config, self.storage)
+        except OSError as error:
+            log.warning("cannot measure the ledger disk's free space (%s): the checkpoint is written unchecked", error)
+            return True
+        verdict = check_flush(needed, dataclasses.replace(room, journal_queued_bytes=queued_bytes), self._flush_reserve)
+        write_cache.flush_bytes = flush_trigger_bytes(write_cache.half_bytes, verdict.room_after_bytes)
+        if verdict.fits:
+            return True
+        self._note_held(needed)
+        self._checkpoint_failure = self._checkpoint_failure or FailureKind.NO_SPACE
+        self._set_cause(Cause.CHECKPOINT_HELD, verdict.reason)
+        self._checkpoint_wakeup.set()  # the loop retries it
+        return False
+
+    async def has_room_for(self, entries: int, data_bytes: int) -> bool:
+        """Whether writing `entries` more entries of `data_bytes` in all
+        (compaction's copies) leaves the ledger disk's reserve free, with
+        room for a pending checkpoint too. Raises OSError when the disk
+        cannot be measured."""
+        room = await trio.to_thread.run_sync(measure_ledger_room, self.config, self.storage)
+        needed = flush_bytes(entries, data_bytes, self.config.entry_log_bytes_max)
+        if self._checkpoint_pending is not None:
+            needed += self._pending_flush_bytes()
+        queued_bytes = self._journal_bytes + self._journal_record_bytes
+        return check_flush(needed, dataclasses.replace(room, journal_queued_bytes=queued_bytes), self._flush_reserve).fits
+
+    def _checkpoint_failed(self, checkpoint: Checkpoint, error: OSError | IndexWriteError) -> None:
+        """The entries are safe in the journal and readable in the write
+        cache; the mark does not move. A refusal for room is a state that
+        clears when a try succeeds; any other I/O error keeps the bookie
+        read-only until restarted (the journal's rule); a failed index write
+        stops the tries (RocksDB takes none until reopened)."""
+        kind = classify_failure(error, index_error=isinstance(error, IndexWriteError))
+        first = self._checkpoint_failure is not kind
+        self._checkpoint_failure = kind
+        self._note_held(self._pending_flush_bytes())
+        if first:
+            log.error("checkpoint failed (attempt %d, %s): %s", checkpoint.attempts, kind.value, error)
+        else:
+            log.debug("checkpoint failed again (attempt %d): %s", checkpoint.attempts, error)
+        self._set_cause(_FAILURE_CAUSES[kind], describe_failure(kind, error))
+        self._checkpoint_wakeup.set()  # the loop retries it
 
     # --- long polls and waiting adds --------------------------------------------
 
@@ -535,19 +687,40 @@ class BookieServer:
         connection_id = self._next_connection_id
         self._next_connection_id += 1
         try:
-            peer = "%s:%s" % stream.socket.getpeername()[:2]
+            address, port = stream.socket.getpeername()[:2]
         except OSError:
-            peer = "?"
+            address, port = "?", 0
+        peer = f"{address}:{port}"
+        refusal = self._connection_limits.admit(address)
+        if refusal is not None:
+            self.stats.connections_refused += 1
+            self._log_refusal(peer, refusal)
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await self._serve_connection(connection_id, stream, peer)
+        finally:
+            self._connection_limits.release(address)
+
+    def _log_refusal(self, peer: str, reason: str) -> None:
+        # At most one line a second: a flood of connections must not become a flood of logs.
+        now = trio.current_time()
+        if now - self._refusals_logged_s >= 1.0:
+            self._refusals_logged_s = now
+            log.warning("refusing connection from %s: %s (%d refused so far)", peer, reason, self.stats.connections_refused)
+
+    async def _serve_connection(self, connection_id: int, stream: trio.SocketStream, peer: str) -> None:
         connection = _Connection(connection_id, stream, peer, FrameOutput(stream))
         self.stats.connections_accepted += 1
-        decoder = FrameDecoder(self.config.frame_bytes_max)
+        decoder = FrameDecoder(self.config.frame_bytes_max, REQUEST_ITEMS_MAX)
+        reader = FrameReader(stream, decoder, self.frame_budget, self.config.frame_deadline_s)
         try:
-            if not await self._handshake(connection, decoder):
+            if not await self._handshake(connection, reader):
                 return
             self._connections[connection_id] = connection
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
-                if await self._read_requests(connection, decoder):
+                if await self._read_requests(connection, reader):
                     # The client finished sending: give the writer a bounded
                     # moment to send what is already answered.
                     with trio.move_on_after(1):
@@ -558,7 +731,15 @@ class BookieServer:
             self._protocol_error(connection, error)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             pass
+        except AssertionError:
+            raise  # our own invariant broke: a bug, crash
+        except Exception:
+            # Reading a client's handshake failed in a way we did not foresee:
+            # that client's connection closes, not the bookie.
+            self.stats.protocol_errors += 1
+            log.exception("closing connection %d from %s: unexpected error reading its handshake", connection_id, connection.peer)
         finally:
+            reader.close()
             self._connections.pop(connection_id, None)
             self._execute(self.core.connection_closed(connection_id))
             await trio.aclose_forcefully(stream)
@@ -567,10 +748,10 @@ class BookieServer:
         self.stats.protocol_errors += 1
         log.info("closing connection %d from %s: protocol error: %s", connection.id, connection.peer, error)
 
-    async def _handshake(self, connection: _Connection, decoder: FrameDecoder) -> bool:
+    async def _handshake(self, connection: _Connection, reader: FrameReader) -> bool:
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             while True:
-                for fields in decoder.frames():
+                for fields in reader.decoder.frames():
                     hello = decode_hello(fields)
                     if not PROTOCOL_VERSION_MIN <= hello.protocol_version <= PROTOCOL_VERSION:
                         reply = HelloReply(Status.BAD_VERSION, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
@@ -580,43 +761,48 @@ class BookieServer:
                     reply = HelloReply(Status.OK, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
                     await connection.stream.send_all(encode_hello_reply(reply))
                     return True
-                data = await connection.stream.receive_some(RECEIVE_BYTES)
-                if not data:
+                if not await reader.receive():
                     return False
-                decoder.feed(data)
 
-    async def _read_requests(self, connection: _Connection, decoder: FrameDecoder) -> bool:
+    async def _read_requests(self, connection: _Connection, reader: FrameReader) -> bool:
         """Read and handle requests until the client closes (True) or breaks
         the protocol or the connection (False). Errors stay here, so that
         the connection's nursery never has to carry them."""
         try:
-            await self._read_loop(connection, decoder)
+            await self._read_loop(connection, reader)
             return True
         except ProtocolError as error:
             self._protocol_error(connection, error)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
+        except AssertionError:
+            raise  # our own invariant broke: a bug, crash
+        except Exception:
+            # Decoding or judging one client's request failed in a way we did
+            # not foresee: that client's connection closes, not the bookie.
+            self.stats.protocol_errors += 1
+            log.exception("closing connection %d from %s: unexpected error handling its requests", connection.id, connection.peer)
         return False
 
-    async def _read_loop(self, connection: _Connection, decoder: FrameDecoder) -> None:
-        core, execute = self.core, self._execute
+    async def _read_loop(self, connection: _Connection, reader: FrameReader) -> None:
+        core, execute, decoder = self.core, self._execute, reader.decoder
         output_max = self.config.connection_output_bytes_max
         journal_max = self.config.journal_queue_bytes_max
+        unanswered_max = self.config.requests_per_connection_max
         # Frames that arrived with the handshake are handled first.
-        data = b""
         while True:
-            if data:
-                decoder.feed(data)
             now = now_ms()
             deadline_before = core.next_deadline_ms()
             actions: list = []
             try:
                 if self.metrics is None:
                     for fields in decoder.frames():
+                        connection.unanswered += 1
                         actions += core.receive(connection.id, decode_request(fields), now)
                 else:
                     started_ms = connection.started_ms
                     for fields in decoder.frames():
+                        connection.unanswered += 1
                         request = decode_request(fields)
                         kind = type(request)
                         # A long poll waits on purpose: its time says nothing of the bookie.
@@ -637,8 +823,11 @@ class BookieServer:
                 await connection.output.wait_drained()
             while self._journal_bytes > journal_max:
                 await self._journal_room.wait()
-            data = await connection.stream.receive_some(RECEIVE_BYTES)
-            if not data:
+            while connection.unanswered > unanswered_max:
+                connection.answered = trio.Event()
+                await connection.answered.wait()
+            connection.answered = None
+            if not await reader.receive():
                 return
 
     async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:

@@ -265,6 +265,9 @@ class SimEntryIndex:
     def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
         return self._locations.get((ledger_id, entry_id))
 
+    def memtable_bytes(self) -> int:
+        return 0
+
     def locations(self) -> list[tuple[tuple[int, int], EntryLocation]]:
         """Every indexed (ledger, entry) and its location, in key order."""
         return sorted(self._locations.items())

@@ -109,6 +109,12 @@ class CorruptEntryError(Exception):
     A bookie answers IO_ERROR for it, never NO_ENTRY."""
 
 
+class IndexWriteError(Exception):
+    """The index refused a write (RocksDB's "IO error: No space left on
+    device", for one). RocksDB then takes no write until it is reopened:
+    the bookie stays read-only until restarted, and reads go on."""
+
+
 class Journal(Protocol):
     def append(self, records: list[JournalRecord]) -> JournalPosition:
         """Write records after everything written before (not durable yet);
@@ -248,5 +254,9 @@ class EntryIndex(Protocol):
 
     def iter_locations(self) -> Iterator[FlatLocation]:
         """Every indexed entry, in (ledger, entry) order."""
+
+    def memtable_bytes(self) -> int:
+        """Index data held in memory that a later flush of the index writes
+        to disk (RocksDB's memtables); room is kept for it on a full disk."""
 
     def close(self) -> None: ...

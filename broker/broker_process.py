@@ -5,6 +5,7 @@ unregister and exit."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 
@@ -12,9 +13,10 @@ import trio
 
 from broker.metrics import MetricsEndpoint, broker_registry, register_collector
 from broker.server import BrokerConfig, BrokerServer
+from coordination.startup import STARTUP_TIMEOUT_MS_DEFAULT, Startup, StartupTimeoutError
 from coordination.store import MetadataError
-from coordination.async_store import connect_zookeeper
 from ledger_client import BookKeeper
+from ledger_client.exception_groups import unwrap_single_exception
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +31,16 @@ async def run_broker(
     root: str,
     *,
     session_timeout_ms: int = 10_000,
+    startup_timeout_ms: int = STARTUP_TIMEOUT_MS_DEFAULT,
     handle_signals: bool = True,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one broker until SIGTERM/SIGINT (or cancellation). Its ports are
     bound first, so that a busy one is reported at once, not after waiting
-    for ZooKeeper and bookies."""
+    for ZooKeeper and bookies. Every start-up step that talks to ZooKeeper
+    is tried again after a lost connection or session, with a fresh session,
+    until `startup_timeout_ms`; then BrokerStartupError names the step."""
+    startup = Startup("broker", startup_timeout_ms)
     try:
         listeners = await trio.open_tcp_listeners(config.port, host=config.host)
     except OSError as error:
@@ -49,19 +55,27 @@ async def run_broker(
                 raise BrokerStartupError(
                     f"cannot serve metrics on {config.host}:{config.metrics_port}: {error.strerror or error}"
                 ) from None
-        try:
-            sync_store = await connect_zookeeper(zk_hosts, root, session_timeout_ms=session_timeout_ms)
-        except MetadataError as error:
-            raise BrokerStartupError(str(error)) from None
-        except ValueError as error:
-            raise BrokerStartupError(f"bad ZooKeeper address {zk_hosts!r}: {error}") from None
-        config.session_timeout_ms = session_timeout_ms
-        async with BookKeeper.open(sync_store) as bk:
-            server = BrokerServer(config, bk, bk.store, metrics)
-            await server.listen(listeners)
-            if registry is not None:
-                register_collector(registry, server)
-            await _serve(server, handle_signals, task_status)
+        with startup.deadline():
+            try:
+                sync_store = await startup.connect(zk_hosts, root, session_timeout_ms=session_timeout_ms)
+            except MetadataError as error:
+                raise BrokerStartupError(str(error)) from None
+            except ValueError as error:
+                raise BrokerStartupError(f"bad ZooKeeper address {zk_hosts!r}: {error}") from None
+            config.session_timeout_ms = session_timeout_ms
+            # The ledger client's registry retries by itself until it has
+            # read the bookie lists once; the deadline bounds that too.
+            startup.begin("read the bookie registry (/bookies)")
+            async with BookKeeper.open(sync_store) as bk:
+                server = BrokerServer(config, bk, bk.store, metrics)
+                await server.listen(listeners)
+                if registry is not None:
+                    register_collector(registry, server)
+                # A step's error would come out of _serve's nursery wrapped in a group.
+                with unwrap_single_exception():
+                    await _serve(server, startup, handle_signals, task_status)
+    except StartupTimeoutError as error:
+        raise BrokerStartupError(str(error)) from None
     finally:
         with trio.CancelScope(shield=True):
             for listener in listeners:
@@ -70,10 +84,11 @@ async def run_broker(
                 await trio.to_thread.run_sync(endpoint.close)
 
 
-async def _serve(server: BrokerServer, handle_signals: bool, task_status) -> None:
+async def _serve(server: BrokerServer, startup: Startup, handle_signals: bool, task_status) -> None:
     config = server.config
     async with trio.open_nursery() as nursery:
-        await nursery.start(server.run)
+        await nursery.start(functools.partial(server.run, startup=startup))
+        startup.finish()
         message = f"broker {server.info.broker_id} serving on {server.info.address}"
         if config.metrics_port:
             message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"

@@ -35,6 +35,14 @@ class BadRequestError(BrokerError):
     status = BrokerStatus.BAD_REQUEST
 
 
+class MalformedBatchError(BadRequestError):
+    """A producer's batch that cannot be stored faithfully: its declared
+    codec, count, keys or sequence ids do not match its body, or the body
+    does not decode. Refused before anything is stored. On the wire it is a
+    BAD_REQUEST (a client gets a `BadRequestError` saying "malformed batch:
+    ..."): a bug of the producer, which a resend cannot mend."""
+
+
 class NotOwnerError(BrokerError):
     status = BrokerStatus.NOT_OWNER
 
@@ -132,6 +140,7 @@ __all__ = [
     "ConnectionClosedError",
     "ConsumerBusyError",
     "DuplicateMessageError",
+    "MalformedBatchError",
     "NotOwnerError",
     "PartitionOverflowError",
     "ProducerBusyError",

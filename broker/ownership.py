@@ -14,15 +14,21 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 from dataclasses import asdict, dataclass
 
 import trio
 
 from broker.topic_store import BROKERS, broker_path, owner_path
 from coordination.async_store import AsyncMetadataStore
+from coordination.retry import RetryPolicy
+from coordination.startup import RETRYABLE
 from coordination.store import NodeExistsError, NoNodeError
 
 log = logging.getLogger(__name__)
+# Delays between tries of a registration that ZooKeeper failed after a
+# session loss: growing over the first tries, then `delay_max_ms` each.
+REGISTRATION_RETRY = RetryPolicy(tries_max=10, delay_initial_ms=100.0, delay_max_ms=2_000.0)
 
 
 @dataclass(frozen=True)
@@ -68,31 +74,89 @@ async def list_brokers(store: AsyncMetadataStore) -> dict[str, BrokerInfo]:
 
 
 class Ownership:
-    def __init__(self, store: AsyncMetadataStore, info: BrokerInfo, *, stale_wait_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        store: AsyncMetadataStore,
+        info: BrokerInfo,
+        *,
+        stale_wait_s: float = 30.0,
+        retry: RetryPolicy = REGISTRATION_RETRY,
+        rng: random.Random | None = None,
+    ) -> None:
         self.store = store
         self.info = info
-        self.stale_wait_s = stale_wait_s
+        self.stale_wait_s = stale_wait_s  # waiting this long for a stale node is worth a warning
+        self.retry = retry
+        self.rng = rng if rng is not None else random.Random()
+        self.stale_owner: int | None = None  # the other session holding our node while we wait for it
 
     async def register(self) -> None:
-        """Create this broker's ephemeral node. A node left by this broker's
-        previous process (same id, another session) is waited out: it goes
-        when that session expires."""
+        """Create this broker's ephemeral node under /brokers. A node of
+        another session (this broker's previous process, killed before its
+        session expired) is waited out: ZooKeeper deletes it when that
+        session expires. It is never deleted by us: if it outlives its
+        session timeout, another live process uses this broker id, and
+        taking its node would hide that. Waits as long as that takes; the
+        caller bounds it (the start-up deadline). ZooKeeper errors
+        propagate."""
         path = broker_path(self.info.broker_id)
-        with trio.move_on_after(self.stale_wait_s):
-            while True:
-                try:
-                    await self.store.create(path, self.info.to_bytes(), ephemeral=True, make_parents=True)
-                    return
-                except NodeExistsError:
-                    try:
-                        _, stat = await self.store.get(path)
-                    except NoNodeError:
-                        continue
-                    if stat.ephemeral_owner == self.store.session_id:
-                        return
-                    log.warning("broker %s is still registered by an earlier session; waiting for it to expire", self.info.broker_id)
-                    await trio.sleep(0.5)
-        raise RuntimeError(f"broker {self.info.broker_id} is registered by another live process")
+        data = self.info.to_bytes()
+        self.stale_owner = None  # as found by this try, not an earlier one
+        while True:
+            try:
+                await self.store.create(path, data, ephemeral=True, make_parents=True)
+                break
+            except NodeExistsError:
+                pass
+            stat, gone = await self.store.exists_watch(path)
+            if stat is None:
+                self.stale_owner = None
+                continue
+            # The session now: a node of our own (a try whose answer was
+            # lost) is ours; bring its address up to date.
+            if stat.ephemeral_owner == self.store.session_id:
+                await self.store.set(path, data)
+                break
+            if self.stale_owner != stat.ephemeral_owner:
+                log.warning(
+                    "broker %s is still registered by another ZooKeeper session (0x%x), probably its previous "
+                    "process; waiting for that session to expire", self.info.broker_id, stat.ephemeral_owner,
+                )
+            self.stale_owner = stat.ephemeral_owner
+            # The watch also fires when our connection drops: then look again.
+            with trio.move_on_after(self.stale_wait_s) as waiting:
+                await gone.wait()
+            if waiting.cancelled_caught:
+                log.warning(
+                    "broker %s is still registered by ZooKeeper session 0x%x after %.0fs: is another broker running "
+                    "with this id? still waiting", self.info.broker_id, stat.ephemeral_owner, self.stale_wait_s,
+                )
+        self.stale_owner = None
+        log.info("registered broker %s at %s", self.info.broker_id, path)
+
+    async def register_with_retries(self) -> None:
+        """`register`, tried again with backoff and jitter whenever
+        ZooKeeper loses the connection or the session, until it succeeds:
+        unbounded in tries (a broker that gave up would serve unregistered
+        for good), bounded in delay; cancel it to stop."""
+        delays_ms = self.retry.iter_delays_ms(self.rng)
+        while True:
+            try:
+                await self.register()
+                return
+            except RETRYABLE as error:
+                delay_ms = next(delays_ms, self.retry.delay_max_ms)
+                log.warning("registering broker %s failed (%s); trying again in %.1fs", self.info.broker_id, error, delay_ms / 1000)
+                await trio.sleep(delay_ms / 1000)
+
+    def problem(self) -> str | None:
+        """Why registration is not done yet, for the start-up error line."""
+        if self.stale_owner is None:
+            return None
+        return (
+            f"{broker_path(self.info.broker_id)} is still held by another ZooKeeper session (0x{self.stale_owner:x}) "
+            f"that has not expired: is another broker running with id {self.info.broker_id}?"
+        )
 
     async def unregister(self) -> None:
         try:

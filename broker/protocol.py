@@ -14,13 +14,16 @@ import enum
 from dataclasses import dataclass, fields as dataclass_fields
 from typing import Any, Callable
 
-from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, encode_frame
+from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, describe, encode_frame
 
 PROTOCOL_VERSION = 1
 I64_MAX = 2**63 - 1
 NAME_BYTES_MAX = 256
 KEYS_MAX = 100_000  # messages in one batch
 OFFSETS_MAX = 100_000  # offsets in one ack or redelivery
+# Items of all arrays and maps of one client frame together: a SEND's keys or
+# an ACK's offsets, the fields around them, and an admin request's arguments.
+REQUEST_ITEMS_MAX = max(KEYS_MAX, OFFSETS_MAX) + 1024
 
 
 class Command(enum.IntEnum):
@@ -42,6 +45,8 @@ class Command(enum.IntEnum):
     RESPONSE = 15
     CLOSED = 16
     ADMIN = 17
+    PING = 18  # either side, after a silence: the other answers PONG
+    PONG = 19
 
 
 # --- field checks -----------------------------------------------------------------
@@ -50,7 +55,7 @@ class Command(enum.IntEnum):
 def _int(low: int, high: int) -> Callable[[Any, str], int]:
     def check(value: Any, name: str) -> int:
         if type(value) is not int or not low <= value <= high:
-            raise ProtocolError(f"field {name} must be an integer in [{low}, {high}], got {value!r:.40}")
+            raise ProtocolError(f"field {name} must be an integer in [{low}, {high}], got {describe(value)}")
         return value
 
     return check
@@ -269,6 +274,17 @@ class Admin:
     arguments: dict
 
 
+@dataclass(slots=True)
+class Ping:
+    """Are you there? (Sent after a silence; a peer silent for two keep-alive
+    intervals is taken for gone and its connection closed.)"""
+
+
+@dataclass(slots=True)
+class Pong:
+    """Here (the answer to a PING)."""
+
+
 _SCHEMAS: dict[type, tuple[Command, tuple]] = {
     Connect: (Command.CONNECT, (_u32, _str)),
     Connected: (Command.CONNECTED, (_u32, _u32, _str, _u32)),
@@ -288,6 +304,8 @@ _SCHEMAS: dict[type, tuple[Command, tuple]] = {
     Response: (Command.RESPONSE, (_id, _u32, _text, _map)),
     Closed: (Command.CLOSED, (_str, _id, _text)),
     Admin: (Command.ADMIN, (_id, _str, _map)),
+    Ping: (Command.PING, ()),
+    Pong: (Command.PONG, ()),
 }
 _BY_COMMAND = {command: (cls, checks) for cls, (command, checks) in _SCHEMAS.items()}
 _COMMAND_NUMBERS = frozenset(int(command) for command in _BY_COMMAND)
@@ -307,10 +325,10 @@ def encode(message: Message) -> bytes:
 def decode(fields: list[Any]) -> Message:
     """A frame's array as a message; `ProtocolError` if it is not one."""
     if type(fields) is not list or not fields:
-        raise ProtocolError(f"a message is a non-empty array, got {fields!r:.40}")
+        raise ProtocolError(f"a message is a non-empty array, got {describe(fields)}")
     # `type(...) is int`: true and 1.0 equal 1 but are not a command number.
     if type(fields[0]) is not int or fields[0] not in _COMMAND_NUMBERS:
-        raise ProtocolError(f"unknown command {fields[0]!r:.40}")
+        raise ProtocolError(f"unknown command {describe(fields[0])}")
     cls, checks = _BY_COMMAND[Command(fields[0])]
     if len(fields) != len(checks) + 1:
         raise ProtocolError(f"{cls.__name__} has {len(checks)} fields, got {len(fields) - 1}")
@@ -333,6 +351,9 @@ __all__ = [
     "Lookup",
     "MessageDelivery",
     "PROTOCOL_VERSION",
+    "Ping",
+    "Pong",
+    "REQUEST_ITEMS_MAX",
     "ProducerOpen",
     "ProtocolError",
     "Redeliver",

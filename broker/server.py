@@ -19,8 +19,17 @@ from typing import Any
 
 import trio
 
-from bookie.protocol.frame_input import enable_keepalive, receive_first_frames
+from bookie.protocol.frame_input import enable_keepalive
 from bookie.protocol.frame_output import FrameOutput
+from bookie.protocol.peer_limits import (
+    CONNECTIONS_MAX_DEFAULT,
+    CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
+    FRAME_BUFFER_BYTES_MAX_DEFAULT,
+    FRAME_DEADLINE_S_DEFAULT,
+    ConnectionLimits,
+    FrameBudget,
+    FrameReader,
+)
 from broker.admin import AdminHandler
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
@@ -38,6 +47,7 @@ from broker.metrics import BrokerMetrics
 from broker.ownership import BrokerInfo, Ownership, rendezvous_choice
 from broker.protocol import (
     PROTOCOL_VERSION,
+    REQUEST_ITEMS_MAX,
     Ack,
     Admin,
     CloseConsumer,
@@ -48,6 +58,8 @@ from broker.protocol import (
     Flow,
     FrameDecoder,
     Lookup,
+    Ping,
+    Pong,
     ProducerOpen,
     ProtocolError,
     Redeliver,
@@ -64,12 +76,12 @@ from broker.subscription import ConsumerLink
 from broker.topic import BrokerContext, PartitionService, PartitionStats, ProducerLink
 from broker.topic_store import TopicPolicies, TopicRecord, TopicStore, check_name, split_partition
 from coordination.async_store import AsyncMetadataStore
+from coordination.startup import Startup
 from coordination.store import MetadataError, NodeExistsError
 from ledger_client import BKError, BookKeeper
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BYTES = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 LOAD_TIMEOUT_S = 60.0
 UNLOAD_TIMEOUT_S = 15.0
@@ -88,11 +100,27 @@ class BrokerConfig:
     frame_bytes_max: int = 16 * 1024 * 1024
     requests_in_flight_max: int = 1_000  # per connection
     connection_output_bytes_max: int = 64 * 1024 * 1024  # a connection's unsent answers; past it, reading stops
+    connections_max: int = CONNECTIONS_MAX_DEFAULT  # open client connections; past it new ones are closed at once
+    connections_per_address_max: int = CONNECTIONS_PER_ADDRESS_MAX_DEFAULT  # ... from one client address (maxConnectionsPerIp)
+    frame_buffer_bytes_max: int = FRAME_BUFFER_BYTES_MAX_DEFAULT  # large frames being received, all connections together
+    frame_deadline_s: float = FRAME_DEADLINE_S_DEFAULT  # a frame's bytes, once the first arrived, must all arrive within this
+    # Pulsar's keepAliveIntervalSeconds: a connection silent this long is
+    # sent a PING, and one silent for two intervals is closed.
+    keepalive_interval_s: float = 30.0
     auto_topic_creation: bool = True
     default_policies: TopicPolicies = field(default_factory=TopicPolicies)
     retention_check_interval_s: float = 5.0
     session_timeout_ms: int = 10_000  # the broker's ZooKeeper session (its dispatch lease follows it)
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: no endpoint and nothing measured
+
+    def __post_init__(self) -> None:
+        if self.frame_buffer_bytes_max < self.frame_bytes_max:
+            raise ValueError(f"the frame buffer ({self.frame_buffer_bytes_max} bytes) must hold at least one frame "
+                             f"of the frame bound ({self.frame_bytes_max} bytes)")
+        if self.connections_max < 1 or self.connections_per_address_max < 1 or self.requests_in_flight_max < 1:
+            raise ValueError("connection and request bounds must be at least 1")
+        if not 0 < self.frame_deadline_s <= 3600 or not 0 < self.keepalive_interval_s <= 86_400:
+            raise ValueError("the frame deadline and the keep-alive interval must be positive")
 
 
 @dataclass(eq=False)
@@ -107,6 +135,9 @@ class _Connection:
     metrics: BrokerMetrics | None = None
     # With metrics on: when each batch in progress arrived, by (producer handle, last sequence id).
     publish_started_s: dict[tuple[int, int], float] = field(default_factory=dict)
+    reader: FrameReader | None = None
+    pinged: bool = False  # a PING went out since the client last sent anything
+    cancel_scope: trio.CancelScope | None = None
 
     def send(self, message: Any) -> None:
         if self.closed:
@@ -153,6 +184,12 @@ class BrokerServer:
         self._load_errors: dict[str, str] = {}  # why a partition's last load failed
         self._unloading: set[str] = set()
         self._connections: set[_Connection] = set()
+        self.protocol_errors = 0  # connections closed for breaking the protocol
+        self.connections_refused = 0
+        self.connections_timed_out = 0  # closed after two keep-alive intervals of silence
+        self._connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
+        self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
+        self._refusals_logged_s = float("-inf")
         self._consumer_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._listeners: list[trio.SocketListener] = []
@@ -172,16 +209,27 @@ class BrokerServer:
             self.ownership.info = self.info
         return port
 
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    async def run(self, *, startup: Startup | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Register and serve. With `startup`, its ZooKeeper steps are tried
+        again after a lost connection or session, within its deadline."""
         if not self._listeners:
             await self.listen()
-        await self.topic_store.ensure_layout()
-        await self.ownership.register()
+        # Read before registering: a session replaced from now on, even
+        # before the loops below start, makes _session_loop register again.
+        generation = self.store.session_generation
+        if startup is None:
+            await self.topic_store.ensure_layout()
+            await self.ownership.register()
+        else:
+            await startup.step("create the broker's nodes in ZooKeeper", self.topic_store.ensure_layout)
+            await startup.step(f"register broker {self.info.broker_id} under /brokers", self.ownership.register,
+                               detail=self.ownership.problem)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._session_loop)
+            nursery.start_soon(self._session_loop, generation)
             nursery.start_soon(self._session_lost_loop)
             nursery.start_soon(self._lease_loop)
+            nursery.start_soon(self._keepalive_loop)
             await nursery.start(self._serve)
             log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
             task_status.started()
@@ -235,19 +283,19 @@ class BrokerServer:
             for service in list(self.partitions.values()):
                 service.fence(TopicFencedError(f"broker {self.info.broker_id} lost its ZooKeeper session"))
 
-    async def _session_loop(self) -> None:
+    async def _session_loop(self, generation: int) -> None:
         """A new ZooKeeper session means the old one expired: every ownership
         node went with it, so every partition is given up at once (another
-        broker may already be fencing it), and the broker registers again."""
-        generation = self.store.session_generation
+        broker may already be fencing it), and the broker registers again
+        (trying again while ZooKeeper fails it)."""
         while True:
             generation = await self.store.wait_session_change(generation)
             log.warning("ZooKeeper session replaced: unloading %d partitions", len(self.partitions))
             for service in list(self.partitions.values()):
                 service.fence(TopicFencedError(f"broker {self.info.broker_id} lost its ZooKeeper session"))
             try:
-                await self.ownership.register()
-            except (MetadataError, RuntimeError) as error:
+                await self.ownership.register_with_retries()
+            except MetadataError as error:
                 log.error("cannot register again after a session loss: %s", error)
 
     # --- ownership and loading ---------------------------------------------------------------
@@ -463,12 +511,29 @@ class BrokerServer:
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         try:
-            peer = "%s:%s" % stream.socket.getpeername()[:2]
+            address, port = stream.socket.getpeername()[:2]
         except OSError:
-            peer = "?"
+            address, port = "?", 0
+        peer = f"{address}:{port}"
+        refusal = self._connection_limits.admit(address)
+        if refusal is not None:
+            self.connections_refused += 1
+            now = trio.current_time()
+            if now - self._refusals_logged_s >= 1.0:  # at most a line a second, whatever the flood
+                self._refusals_logged_s = now
+                log.warning("refusing connection from %s: %s (%d refused so far)", peer, refusal, self.connections_refused)
+            await trio.aclose_forcefully(stream)
+            return
+        try:
+            await self._serve_connection(stream, peer)
+        finally:
+            self._connection_limits.release(address)
+
+    async def _serve_connection(self, stream: trio.SocketStream, peer: str) -> None:
         connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max,
                                  metrics=self.metrics)
-        decoder = FrameDecoder(self.config.frame_bytes_max)
+        decoder = FrameDecoder(self.config.frame_bytes_max, REQUEST_ITEMS_MAX)
+        connection.reader = FrameReader(stream, decoder, self.frame_budget, self.config.frame_deadline_s)
         enable_keepalive(stream)
         try:
             with trio.fail_after(HANDSHAKE_TIMEOUT_S):
@@ -478,14 +543,23 @@ class BrokerServer:
             self._connections.add(connection)
             slots = trio.Semaphore(self.config.requests_in_flight_max)
             async with trio.open_nursery() as nursery:
+                connection.cancel_scope = nursery.cancel_scope
                 nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
                 await self._read_requests(connection, decoder, nursery, slots, early)
                 nursery.cancel_scope.cancel()
         except ProtocolError as error:
-            log.info("closing connection from %s: protocol error: %s", peer, error)
+            self._protocol_error(connection, error)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
             pass
+        except AssertionError:
+            raise  # our own invariant broke: a bug, crash
+        except Exception:
+            # Decoding a client's handshake failed in a way we did not
+            # foresee: that client's connection closes, not the broker.
+            self.protocol_errors += 1
+            log.exception("closing connection from %s: unexpected error reading its handshake", peer)
         finally:
+            connection.reader.close()
             connection.closed = True
             self._connections.discard(connection)
             self._forget_connection(connection)
@@ -494,9 +568,11 @@ class BrokerServer:
     async def _first_frame(self, connection: _Connection, decoder: FrameDecoder) -> tuple[Connect | None, list]:
         """The client's CONNECT (None if it closed or speaks another
         version), and the frames that came behind it."""
-        frames = await receive_first_frames(connection.stream, decoder)
-        if not frames:
-            return None, []
+        frames = list(decoder.frames())
+        while not frames:
+            if not await connection.reader.receive():
+                return None, []
+            frames = list(decoder.frames())
         hello = decode(frames[0])
         if not isinstance(hello, Connect):
             raise ProtocolError("the first frame must be CONNECT")
@@ -521,7 +597,7 @@ class BrokerServer:
                 await self._handle(connection, decode(fields), nursery, slots)
             await self._read_loop(connection, decoder, nursery, slots)
         except ProtocolError as error:
-            log.info("closing connection from %s: protocol error: %s", connection.peer, error)
+            self._protocol_error(connection, error)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except AssertionError:
@@ -529,7 +605,12 @@ class BrokerServer:
         except Exception:
             # A failure handling one client's frame (a bug, or input we did
             # not foresee) closes that client's connection, not the broker.
+            self.protocol_errors += 1
             log.exception("closing connection from %s: unexpected error handling its frames", connection.peer)
+
+    def _protocol_error(self, connection: _Connection, error: ProtocolError) -> None:
+        self.protocol_errors += 1
+        log.info("closing connection from %s: protocol error: %s", connection.peer, error)
 
     async def _read_loop(self, connection: _Connection, decoder: FrameDecoder, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
         while True:
@@ -537,10 +618,31 @@ class BrokerServer:
                 await self._handle(connection, decode(fields), nursery, slots)
             while connection.output.bytes > self.config.connection_output_bytes_max:
                 await connection.output.wait_drained()
-            data = await connection.stream.receive_some(RECEIVE_BYTES)
-            if not data:
+            if not await connection.reader.receive():
                 return
-            decoder.feed(data)
+            connection.pinged = False
+
+    async def _keepalive_loop(self) -> None:
+        """Pulsar's keep-alive: every client connection silent for an
+        interval is sent a PING; one silent for two intervals (a client gone
+        without a FIN, or stuck) is closed, and its producers and consumers
+        are let go."""
+        interval_s = self.config.keepalive_interval_s
+        while True:
+            await trio.sleep(interval_s / 4)
+            now = trio.current_time()
+            for connection in list(self._connections):
+                if connection.reader is None or connection.cancel_scope is None:
+                    continue
+                silent_s = now - connection.reader.last_received_s
+                if silent_s >= 2 * interval_s:
+                    self.connections_timed_out += 1
+                    log.info("closing connection from %s: silent for %.0fs (keep-alive interval %gs)",
+                             connection.peer, silent_s, interval_s)
+                    connection.cancel_scope.cancel()
+                elif silent_s >= interval_s and not connection.pinged:
+                    connection.pinged = True
+                    connection.send(Ping())
 
     def _forget_connection(self, connection: _Connection) -> None:
         for service, link in connection.producers.values():
@@ -585,6 +687,10 @@ class BrokerServer:
         elif kind in (Lookup, ProducerOpen, Subscribe, Ack, Seek, Unsubscribe, Admin):
             await slots.acquire()
             nursery.start_soon(self._request, connection, message, slots)
+        elif kind is Ping:
+            connection.send(Pong())
+        elif kind is Pong:
+            pass  # any bytes from the client show it is there
         else:
             raise ProtocolError(f"{kind.__name__} is not a request a client sends")
 

@@ -34,7 +34,7 @@ from broker.errors import (
     TopicFencedError,
 )
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
-from broker.message_format import BatchHeader, Codec, MalformedEntryError, encode_entry
+from broker.message_format import BatchHeader, Codec, MalformedEntryError, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.subscription import ConsumerLink, Subscription
 from broker.topic_store import TopicPolicies, TopicStore, check_name
@@ -327,14 +327,10 @@ class PartitionService:
         not taken, and its producer resends it after reconnecting."""
         try:
             self._check_serving()
-            codec = Codec.parse(send.codec)
-            if send.keys is not None and len(send.keys) != send.message_count:
-                raise BadRequestError("a batch has one key (or nil) per message")
-            if send.first_sequence_id > send.last_sequence_id:
-                raise BadRequestError("a batch's first sequence id is above its last")
-        except ValueError as error:
-            self._answer(link, send, BrokerStatus.BAD_REQUEST, str(error))
-            return
+            # Before anything is queued: a batch whose body does not hold
+            # what it declares would take offsets for messages no consumer
+            # can read (MalformedBatchError, answered to this producer only).
+            codec = check_batch(send)
         except BrokerError as error:
             self._answer(link, send, error.status, str(error))
             return

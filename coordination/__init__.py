@@ -36,11 +36,14 @@ from coordination.zk_launcher import ZooKeeperNotInstalledError, ZooKeeperServer
 
 if TYPE_CHECKING:
     from coordination.async_store import AsyncMetadataStore
+    from coordination.startup import Startup, StartupTimeoutError
     from coordination.zk_store import KazooMetadataStore
 
 _LAZY = {
     "KazooMetadataStore": "coordination.zk_store",
     "AsyncMetadataStore": "coordination.async_store",
+    "Startup": "coordination.startup",
+    "StartupTimeoutError": "coordination.startup",
 }
 
 __getattr__ = lazy_exports(globals(), _LAZY)
@@ -65,6 +68,8 @@ __all__ = [
     "SessionExpiredError",
     "SessionListener",
     "SessionState",
+    "Startup",
+    "StartupTimeoutError",
     "StoreClosedError",
     "WatchEvent",
     "Watcher",

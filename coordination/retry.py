@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
@@ -49,13 +49,16 @@ class RetryPolicy:
 
     def delays_ms(self, rng: random.Random) -> list[float]:
         """The `tries_max - 1` delays to wait between consecutive tries."""
-        delays: list[float] = []
+        return list(self.iter_delays_ms(rng))
+
+    def iter_delays_ms(self, rng: random.Random) -> Iterator[float]:
+        """The same delays as `delays_ms`, drawn one at a time: for a loop
+        that a deadline usually ends long before `tries_max`."""
         base_ms = float(self.delay_initial_ms)
         for _ in range(self.tries_max - 1):
             jitter = rng.uniform(1.0 - self.jitter_ratio, 1.0 + self.jitter_ratio)
-            delays.append(min(base_ms * jitter, float(self.delay_max_ms)))
+            yield min(base_ms * jitter, float(self.delay_max_ms))
             base_ms = min(base_ms * self.backoff_factor, float(self.delay_max_ms))
-        return delays
 
 
 def call_with_retry(

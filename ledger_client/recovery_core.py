@@ -1,9 +1,10 @@
 """Ledger recovery as a pure state machine (DESIGN.md section 6): mark the
 ledger IN_RECOVERY, fence the last ensemble until E - AQ + 1 bookies are
 fenced, read forward from the largest LAC with the fence flag on every read,
-decide each entry (present at AQ positive answers, absent at WQ - AQ + 1
-NO_ENTRY/NO_LEDGER answers, otherwise ask again), rewrite the present ones
-with RECOVERY_ADD through a `WriteCore`, then close by compare-and-set. A
+decide each entry (present as soon as one bookie of its write set returns it
+with a valid digest, absent at WQ - AQ + 1 NO_ENTRY/NO_LEDGER answers,
+otherwise ask again), rewrite the present ones with RECOVERY_ADD through a
+`WriteCore`, then close by compare-and-set. A
 concurrent recoverer's close is adopted. No I/O, no clock, no randomness of
 its own: the driver or the simulator carries out the actions.
 """
@@ -327,7 +328,8 @@ class RecoveryCore:
         else:
             # IO_ERROR, a digest mismatch, no answer, a busy bookie: neither
             # present nor absent. A corrupt replica must never truncate the
-            # ledger, so it is asked again rather than counted. (While
+            # ledger, so it is asked again rather than counted (another
+            # bookie's intact copy may settle the entry first). (While
             # reading the start entry for its length, which is known to be
             # acknowledged, NO_ENTRY is retried too.)
             self._schedule_retry(bookie_id, entry_id, now_ms)
@@ -356,20 +358,28 @@ class RecoveryCore:
 
     def _decide(self, now_ms: float) -> list[Action]:
         """Settle entries in order from the first undecided one: present
-        ones go to the rewriter, the first absent one ends the ledger."""
+        ones go to the rewriter, the first absent one ends the ledger.
+
+        One intact copy makes an entry present, as in BookKeeper: it may
+        never have been acknowledged, but keeping it breaks nothing (it lies
+        beyond every LAC a reader was given, and it is rewritten to an ack
+        quorum before the close). Waiting for AQ copies would leave a
+        WQ = AQ ledger undecidable while one bookie of a write set is down.
+        Absent needs WQ - AQ + 1 bookies of the write set to say so
+        themselves: then at most AQ - 1 hold it, so it never completed."""
         assert self.writer is not None and self._read_metadata is not None
-        ack_quorum = self._read_metadata.ack_quorum
-        negatives_needed = self._read_metadata.write_quorum - ack_quorum + 1
+        negatives_needed = self._read_metadata.write_quorum - self._read_metadata.ack_quorum + 1
         actions: list[Action] = []
         while self.last_entry_id is None:
             decision = self._decisions.get(self._next_to_decide)
             if decision is None:
                 break
-            if len(decision.positives) >= ack_quorum:
+            if decision.positives:
                 if self.writer.error is not None:
                     return actions + self._failed(self.writer.error)
                 entry = next(iter(decision.positives.values()))
                 del self._decisions[decision.entry_id]
+                self._drop_retries(decision.entry_id)
                 self._next_to_decide += 1
                 actions += self._from_writer(self.writer.add_encoded(decision.entry_id, entry, now_ms), now_ms)
                 if self.phase is not Phase.READING:
@@ -392,6 +402,11 @@ class RecoveryCore:
         previous = self._retries.get((bookie_id, entry_id))
         delay_ms = RETRY_DELAY_MS_MIN if previous is None else min(previous.delay_ms * 2, RETRY_DELAY_MS_MAX)
         self._retries[(bookie_id, entry_id)] = _Retry(now_ms + delay_ms, delay_ms)
+
+    def _drop_retries(self, entry_id: int) -> None:
+        """A decided entry's other bookies need not be asked again."""
+        for key in [key for key in self._retries if key[1] == entry_id]:
+            del self._retries[key]
 
     def next_deadline_ms(self) -> float | None:
         # A retry whose question is out waits for the answer, not a time.

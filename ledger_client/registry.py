@@ -11,7 +11,7 @@ import trio
 
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, list_bookies
-from coordination.store import MetadataError
+from coordination.store import MetadataError, NoNodeError
 
 log = logging.getLogger(__name__)
 REFRESH_DELAY_S_MAX = 5.0  # back-off ceiling when ZooKeeper fails us
@@ -62,8 +62,8 @@ class BookieRegistry:
         started = False
         while True:
             try:
-                _, writable_event = await self.store.children_watch(self.layout.writable_bookies)
-                _, readonly_event = await self.store.children_watch(self.layout.readonly_bookies)
+                writable_event = await self._watch_list(self.layout.writable_bookies)
+                readonly_event = await self._watch_list(self.layout.readonly_bookies)
                 await self.refresh()
             except MetadataError as error:
                 log.warning("reading the bookie registry failed (%s); retrying in %.1fs", error, delay_s)
@@ -83,6 +83,21 @@ class BookieRegistry:
 
                 nursery.start_soon(wait_then_cancel, writable_event)
                 nursery.start_soon(wait_then_cancel, readonly_event)
+
+    async def _watch_list(self, path: str) -> trio.Event:
+        """An event set when the list at `path` next changes. Before any
+        bookie has started in this cluster the list's node does not exist:
+        the list is empty (a client, or a broker, may start before the
+        bookies), and the event is set when the node appears."""
+        while True:
+            try:
+                _, event = await self.store.children_watch(path)
+                return event
+            except NoNodeError:
+                stat, event = await self.store.exists_watch(path)
+                if stat is None:
+                    return event
+                # Made between the two calls: watch its children after all.
 
     # --- lookups ----------------------------------------------------------------------
 

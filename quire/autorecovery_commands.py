@@ -10,28 +10,29 @@ from typing import Any, Awaitable, Callable
 
 import trio
 
-from quire.cli import UsageError, configure_logging, duration_ms, positive_int
+from quire import cli_ranges as ranges
+from quire.cli import UsageError, configure_logging
 
 
 def add_daemon_options(parser: argparse.ArgumentParser) -> None:
     """Options shared by `autorecovery run` and `bookie run`."""
     parser.add_argument(
-        "--lost-bookie-delay", type=duration_ms, default=30_000, metavar="DURATION",
+        "--lost-bookie-delay", type=ranges.delay, default=30_000, metavar="DURATION",
         help="a bookie gone from the registry this long is lost: its ledgers are re-replicated (default 30s)",
     )
     parser.add_argument(
-        "--open-ledger-grace", type=duration_ms, default=30_000, metavar="DURATION",
+        "--open-ledger-grace", type=ranges.delay, default=30_000, metavar="DURATION",
         help="leave an open ledger's last fragment to its writer this long, then fence it (default 30s)",
     )
     parser.add_argument(
-        "--audit-interval", type=duration_ms, default=600_000, metavar="DURATION",
+        "--audit-interval", type=ranges.interval, default=600_000, metavar="DURATION",
         help="the auditor checks every ledger this often besides on bookie changes (default 10m)",
     )
     parser.add_argument(
         "--recovery-password", action="append", metavar="PASSWORD",
         help="a ledger password re-replication may use (repeatable; default: the empty password)",
     )
-    parser.add_argument("--replication-ledgers-max", type=positive_int, default=2, help="ledgers re-replicated at once")
+    parser.add_argument("--replication-ledgers-max", type=ranges.replication_ledgers, default=2, help="ledgers re-replicated at once")
 
 
 def config_from(arguments: argparse.Namespace, **overrides: Any):
@@ -42,7 +43,7 @@ def config_from(arguments: argparse.Namespace, **overrides: Any):
         return AutoRecoveryConfig(
             lost_bookie_delay_ms=arguments.lost_bookie_delay,
             open_ledger_grace_ms=arguments.open_ledger_grace,
-            audit_interval_ms=max(1, arguments.audit_interval),
+            audit_interval_ms=arguments.audit_interval,
             passwords=passwords,
             ledgers_in_flight_max=arguments.replication_ledgers_max,
             **overrides,

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import trio
 
-from quire.cli import UsageError, byte_size, configure_logging, fraction, metrics_port, port_number, positive_int
+from quire import cli_ranges as ranges
+from quire.cli import Bounded, HostPorts, UsageError, configure_logging, fraction, metrics_port, port_number
 from quire.metadata_access import open_metadata
 
 
@@ -24,66 +25,51 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default 0: no endpoint, nothing measured)",
     )
-    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000, help="ZooKeeper session timeout; the registration goes this long after the bookie does")
-    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2, help="largest frame a peer may send; a longer one closes its connection")
-    parser.add_argument("--journal-file-bytes-max", type=byte_size, default=256 * 1024**2, help="start a new journal file past this size")
-    parser.add_argument("--group-wait-ms", type=float, default=0.0, help="group commit wait (0: flush once the previous fsync ends)")
-    parser.add_argument("--group-bytes", type=byte_size, default=1024**2, help="with --group-wait-ms: flush once this many bytes wait")
+    parser.add_argument("--session-timeout-ms", type=ranges.session_timeout_ms, default=10_000, help="ZooKeeper session timeout; the registration goes this long after the bookie does")
+    parser.add_argument(
+        "--startup-timeout", type=ranges.interval, default=60_000, metavar="DURATION",
+        help="retry the ZooKeeper steps of start-up (connect, cookies, registration) this long, then exit 2 naming the step",
+    )
+    parser.add_argument("--frame-bytes-max", type=ranges.frame_bytes, default=16 * 1024**2, help="largest frame a peer may send; a longer one closes its connection")
+    parser.add_argument("--journal-file-bytes-max", type=ranges.journal_file_bytes, default=256 * 1024**2, help="start a new journal file past this size")
+    parser.add_argument("--group-wait-ms", type=ranges.group_wait_ms, default=0.0, help="group commit wait (0: flush once the previous fsync ends)")
+    parser.add_argument("--group-bytes", type=ranges.group_bytes, default=1024**2, help="with --group-wait-ms: flush once this many bytes wait")
     parser.add_argument(
         "--inline-fsync", choices=["on", "off"], default="on",
         help="fsync small journal batches on the idle event loop instead of the journal thread (lower latency at low load)",
     )
-    parser.add_argument("--write-cache-bytes", type=byte_size, default=64 * 1024**2, help="entries held in memory until a checkpoint writes them to the entry logs (both halves)")
-    parser.add_argument("--read-cache-bytes", type=byte_size, default=32 * 1024**2, help="entries read ahead from the entry logs")
-    parser.add_argument("--entry-log-bytes-max", type=byte_size, default=1024**3, help="start a new entry log past this size")
-    parser.add_argument("--checkpoint-interval-ms", type=positive_int, default=10_000, help="flush the write cache and move the journal mark at least this often")
+    parser.add_argument("--write-cache-bytes", type=ranges.write_cache_bytes, default=64 * 1024**2, help="entries held in memory until a checkpoint writes them to the entry logs (both halves)")
+    parser.add_argument("--read-cache-bytes", type=ranges.memory_bytes, default=32 * 1024**2, help="entries read ahead from the entry logs")
+    parser.add_argument("--entry-log-bytes-max", type=ranges.entry_log_bytes, default=1024**3, help="start a new entry log past this size")
+    parser.add_argument("--checkpoint-interval-ms", type=ranges.interval_ms, default=10_000, help="flush the write cache and move the journal mark at least this often")
     parser.add_argument(
-        "--gc-interval-s", type=_nonnegative_seconds, default=60.0,
+        "--gc-interval-s", type=ranges.interval_seconds, default=60.0,
         help="garbage collection runs this often: deleted ledgers dropped, entry logs deleted or compacted (0: off)",
     )
     parser.add_argument(
-        "--gc-compaction-threshold", type=_threshold, default=0.5,
+        "--gc-compaction-threshold", type=Bounded("number", 0, 1), default=0.5,
         help="compact an entry log whose live fraction is below this (0: never; default %(default)s)",
     )
     parser.add_argument("--disk-usage-threshold", type=fraction, default=0.95, help="turn read-only once a directory's disk is this full")
     parser.add_argument("--disk-usage-lwm", type=fraction, default=0.90, help="turn writable again once every disk is below this")
-    parser.add_argument("--disk-quota-bytes", type=byte_size, help="turn read-only once the bookie's own files reach this size")
-    parser.add_argument("--disk-check-interval-ms", type=positive_int, default=1_000, help="how often disk usage is checked")
-    parser.add_argument("--adds-in-flight-max", type=positive_int, default=20_000, help="adds taken and not yet answered; more are refused with TOO_MANY_REQUESTS")
-    parser.add_argument("--reads-in-flight-max", type=positive_int, default=10_000, help="reads taken and not yet answered; more are refused with TOO_MANY_REQUESTS")
+    parser.add_argument("--disk-quota-bytes", type=ranges.positive_storage_bytes, help="turn read-only once the bookie's own files reach this size")
+    parser.add_argument("--disk-check-interval-ms", type=ranges.interval_ms, default=1_000, help="how often disk usage is checked")
+    parser.add_argument("--adds-in-flight-max", type=ranges.in_flight, default=20_000, help="adds taken and not yet answered; more are refused with TOO_MANY_REQUESTS")
+    parser.add_argument("--reads-in-flight-max", type=ranges.in_flight, default=10_000, help="reads taken and not yet answered; more are refused with TOO_MANY_REQUESTS")
     from quire.autorecovery_commands import add_bookie_options
 
     add_bookie_options(parser)
+    from bookie.config import BookieConfig
+    from quire.peer_limit_options import add_peer_limits
 
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"not a finite number: {text!r}")
-    return value
-
-
-def _nonnegative_seconds(text: str) -> float:
-    value = _number(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _threshold(text: str) -> float:
-    value = _number(text)
-    if not 0 <= value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
-    return value
+    add_peer_limits(parser, keepalive=False, requests_per_connection=BookieConfig.requests_per_connection_max)
 
 
 def run(arguments: argparse.Namespace) -> int:
     from bookie.bookie_process import StartupError, run_bookie
     from bookie.config import BookieConfig
     from bookie.core_actions import CoreLimits
+    from quire.peer_limit_options import peer_limits_from
 
     try:
         config = BookieConfig(
@@ -97,6 +83,7 @@ def run(arguments: argparse.Namespace) -> int:
             bookie_id=arguments.bookie_id,
             rack=arguments.rack,
             session_timeout_ms=arguments.session_timeout_ms,
+            startup_timeout_ms=arguments.startup_timeout,
             metrics_port=arguments.metrics_port,
             frame_bytes_max=arguments.frame_bytes_max,
             journal_file_bytes_max=arguments.journal_file_bytes_max,
@@ -113,6 +100,7 @@ def run(arguments: argparse.Namespace) -> int:
             disk_usage_lwm=arguments.disk_usage_lwm,
             disk_quota_bytes=arguments.disk_quota_bytes,
             disk_check_interval_ms=arguments.disk_check_interval_ms,
+            **peer_limits_from(arguments),
             limits=CoreLimits(
                 adds_in_flight_max=arguments.adds_in_flight_max, reads_in_flight_max=arguments.reads_in_flight_max
             ),
@@ -178,7 +166,7 @@ def list_(arguments: argparse.Namespace) -> int:
 
 
 def add_info(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("address", help="HOST:PORT of the bookie")
+    parser.add_argument("address", type=HostPorts("bookie"), help="HOST:PORT of the bookie")
 
 
 def info(arguments: argparse.Namespace) -> int:
@@ -201,13 +189,17 @@ def info(arguments: argparse.Namespace) -> int:
 
 
 def add_simpletest(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--count", type=positive_int, default=1000, help="entries per bookie (default %(default)s)")
-    parser.add_argument("--entry-bytes", type=byte_size, default=1024, help="size of each entry written")
+    parser.add_argument("--count", type=ranges.simpletest_entries, default=1000, help="entries per bookie (default %(default)s)")
+    parser.add_argument("--entry-bytes", type=ranges.simpletest_entry_bytes, default=1024, help="size of each entry written")
 
 
 def simpletest(arguments: argparse.Namespace) -> int:
     from quire.simpletest import run_simpletest
 
+    total_bytes = arguments.count * arguments.entry_bytes
+    if total_bytes > ranges.SIMPLETEST_BYTES_MAX:
+        raise UsageError(f"--count {arguments.count} entries of --entry-bytes {arguments.entry_bytes} make {total_bytes} bytes, "
+                         f"more than the {ranges.SIMPLETEST_BYTES_MAX} simpletest holds in memory to compare what it reads back")
     configure_logging("warning", "simpletest")
     try:
         ok = trio.run(run_simpletest, arguments.zk, arguments.root, arguments.count, arguments.entry_bytes)

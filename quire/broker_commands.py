@@ -8,16 +8,15 @@ import socket
 import trio
 
 from broker.topic_store import TopicPolicies
+from quire import cli_ranges as ranges
 from quire.cli import (
+    HostPorts,
     UsageError,
-    byte_size,
     configure_logging,
-    duration_ms,
     human_duration,
     human_size,
     metrics_port,
     port_number,
-    positive_int,
 )
 
 
@@ -31,22 +30,22 @@ def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         # it; a topic's is the broker's.
         return f" ({text} unless set)" if defaults else f" (default: the broker's; {text} unless set there)"
 
-    parser.add_argument("--retention-time", type=duration_ms, metavar="DURATION",
+    parser.add_argument("--retention-time", type=ranges.age, metavar="DURATION",
                         help=f"{scope}delete closed ledgers older than this (e.g. 7d) once no important subscription needs them")
-    parser.add_argument("--retention-size", type=byte_size, metavar="BYTES",
+    parser.add_argument("--retention-size", type=ranges.storage_bytes, metavar="BYTES",
                         help=f"{scope}keep at most this much beyond what important subscriptions need")
-    parser.add_argument("--backlog-quota", type=byte_size, metavar="BYTES",
+    parser.add_argument("--backlog-quota", type=ranges.storage_bytes, metavar="BYTES",
                         help=f"{scope}refuse producers (partition overflow) while a partition holds this much")
-    parser.add_argument("--rollover-entries", type=positive_int, help=f"{scope}entries per ledger" + unless_set(str(built_in.rollover_entries)))
-    parser.add_argument("--rollover-size", type=byte_size, metavar="BYTES", help=f"{scope}bytes per ledger" + unless_set(human_size(built_in.rollover_bytes)))
-    parser.add_argument("--rollover-time", type=duration_ms, metavar="DURATION", help=f"{scope}age of a ledger" + unless_set(human_duration(built_in.rollover_time_ms)))
-    parser.add_argument("--rollover-idle", type=duration_ms, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long" + unless_set(human_duration(built_in.rollover_idle_ms)))
-    parser.add_argument("--rollover-min-time", type=duration_ms, metavar="DURATION",
+    parser.add_argument("--rollover-entries", type=ranges.entries_per_ledger, help=f"{scope}entries per ledger" + unless_set(str(built_in.rollover_entries)))
+    parser.add_argument("--rollover-size", type=ranges.positive_storage_bytes, metavar="BYTES", help=f"{scope}bytes per ledger" + unless_set(human_size(built_in.rollover_bytes)))
+    parser.add_argument("--rollover-time", type=ranges.positive_age, metavar="DURATION", help=f"{scope}age of a ledger" + unless_set(human_duration(built_in.rollover_time_ms)))
+    parser.add_argument("--rollover-idle", type=ranges.positive_age, metavar="DURATION", help=f"{scope}close a ledger nobody wrote to for this long" + unless_set(human_duration(built_in.rollover_idle_ms)))
+    parser.add_argument("--rollover-min-time", type=ranges.age, metavar="DURATION",
                         help=f"{scope}no rollover for entries or size before a ledger is this old" + unless_set(human_duration(built_in.rollover_min_time_ms)))
     parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication" + unless_set("on" if built_in.deduplication else "off"))
-    parser.add_argument("--ensemble-size", "-E", type=positive_int, help=f"{scope}bookies per ledger" + unless_set(str(built_in.ensemble_size)))
-    parser.add_argument("--write-quorum", "-W", type=positive_int, help=f"{scope}copies of each entry" + unless_set(str(built_in.write_quorum)))
-    parser.add_argument("--ack-quorum", "-A", type=positive_int, help=f"{scope}copies acknowledged before a message is persisted" + unless_set(str(built_in.ack_quorum)))
+    parser.add_argument("--ensemble-size", "-E", type=ranges.ensemble, help=f"{scope}bookies per ledger" + unless_set(str(built_in.ensemble_size)))
+    parser.add_argument("--write-quorum", "-W", type=ranges.ensemble, help=f"{scope}copies of each entry" + unless_set(str(built_in.write_quorum)))
+    parser.add_argument("--ack-quorum", "-A", type=ranges.ensemble, help=f"{scope}copies acknowledged before a message is persisted" + unless_set(str(built_in.ack_quorum)))
 
 
 def policies_from(arguments: argparse.Namespace) -> dict:
@@ -63,22 +62,40 @@ def policies_from(arguments: argparse.Namespace) -> dict:
     return policies
 
 
+def check_quorums(policies: dict) -> None:
+    """The ensemble, write quorum and ack quorum given must be in that order
+    (each one not given is the broker's, which it checks itself)."""
+    flags = (("ensemble_size", "--ensemble-size"), ("write_quorum", "--write-quorum"), ("ack_quorum", "--ack-quorum"))
+    given = [(flag, policies[name]) for name, flag in flags if name in policies]
+    for (larger_flag, larger), (smaller_flag, smaller) in zip(given, given[1:]):
+        if larger < smaller:
+            raise UsageError(f"{smaller_flag} {smaller} is more than {larger_flag} {larger}: "
+                             "need ensemble size >= write quorum >= ack quorum")
+
+
 def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=port_number, default=6650, help="port of the broker protocol")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    parser.add_argument("--advertised-address", help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
+    parser.add_argument("--advertised-address", type=HostPorts("advertised"), help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
     parser.add_argument(
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",
         help="serve Prometheus metrics on http://HOST:PORT/metrics (default 0: no endpoint, nothing measured)",
     )
     parser.add_argument("--ledger-password", default="", help="password of the topics' ledgers (Spark export needs the same)")
-    parser.add_argument("--session-timeout-ms", type=positive_int, default=10_000, help="ZooKeeper session timeout; its partitions move to other brokers this long after it is gone")
-    parser.add_argument("--entry-cache-bytes", type=byte_size, default=64 * 1024**2, help="entries kept in memory for tailing consumers, all partitions together")
-    parser.add_argument("--frame-bytes-max", type=byte_size, default=16 * 1024**2, help="largest frame a client may send; a longer one closes its connection")
+    parser.add_argument("--session-timeout-ms", type=ranges.session_timeout_ms, default=10_000, help="ZooKeeper session timeout; its partitions move to other brokers this long after it is gone")
+    parser.add_argument(
+        "--startup-timeout", type=ranges.interval, default=60_000, metavar="DURATION",
+        help="retry the ZooKeeper steps of start-up (connect, bookie registry, registration) this long, then exit 2 naming the step",
+    )
+    parser.add_argument("--entry-cache-bytes", type=ranges.memory_bytes, default=64 * 1024**2, help="entries kept in memory for tailing consumers, all partitions together")
+    parser.add_argument("--frame-bytes-max", type=ranges.frame_bytes, default=16 * 1024**2, help="largest frame a client may send; a longer one closes its connection")
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
-    parser.add_argument("--retention-check-interval", type=duration_ms, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
+    parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
     add_policies(parser, defaults=True)
+    from quire.peer_limit_options import add_peer_limits
+
+    add_peer_limits(parser, keepalive=True, requests_per_connection=None)
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -89,7 +106,11 @@ def run(arguments: argparse.Namespace) -> int:
     host = arguments.host
     if arguments.metrics_port == arguments.port:
         raise UsageError(f"--metrics-port must differ from --port ({arguments.port})")
+    if arguments.startup_timeout < 1:
+        raise UsageError(f"--startup-timeout must be positive, got {arguments.startup_timeout}ms")
     advertised = arguments.advertised_address or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}"
+    from quire.peer_limit_options import peer_limits_from
+
     try:
         config = BrokerConfig(
             broker_id=arguments.broker_id or advertised,
@@ -103,12 +124,14 @@ def run(arguments: argparse.Namespace) -> int:
             default_policies=TopicPolicies.from_dict(policies_from(arguments)),
             retention_check_interval_s=arguments.retention_check_interval / 1000,
             metrics_port=arguments.metrics_port,
+            **peer_limits_from(arguments),
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
     configure_logging(arguments.log_level, "broker", config.broker_id, arguments.log_format)
     try:
-        trio.run(lambda: run_broker(config, arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms))
+        trio.run(lambda: run_broker(config, arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms,
+                                    startup_timeout_ms=arguments.startup_timeout))
     except BrokerStartupError as error:
         raise UsageError(str(error)) from None
     return 0

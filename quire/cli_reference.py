@@ -22,10 +22,15 @@ Every `quire` command and its flags, generated from the command line's own
 parser by `scripts/cli-reference` (a test fails when this page is stale).
 [operations.md](operations.md) explains the same flags grouped by task.
 
+Every number has a range, checked before the command does anything: a
+value outside it is an error (exit 2). Sizes take units (4096, 64KiB,
+16MiB, 1GiB), durations too (500ms, 30s, 10m, 4h, 7d; a bare number is
+seconds).
+
 Every command also takes the common flags:
 
-| flag | default | what |
-|---|---|---|
+| flag | default | range | what |
+|---|---|---|---|
 """
 
 
@@ -69,6 +74,13 @@ def _default(action: argparse.Action) -> str:
     return "" if shown is None else f"`{shown}`"
 
 
+def _range(action: argparse.Action) -> str:
+    from quire.cli import range_text
+
+    shown = range_text(action)
+    return "" if shown is None else f"`{shown}`"
+
+
 def _help(action: argparse.Action) -> str:
     from quire.cli import default_text
 
@@ -89,7 +101,7 @@ def _option_rows(parser: argparse.ArgumentParser, skip: tuple[str, ...]) -> list
             continue
         if any(name in skip for name in action.option_strings):
             continue
-        rows.append(f"| {_flag_names(action)} | {_default(action)} | {_help(action)} |")
+        rows.append(f"| {_flag_names(action)} | {_default(action)} | {_range(action)} | {_help(action)} |")
     return rows
 
 
@@ -112,7 +124,7 @@ def render(parser: argparse.ArgumentParser) -> str:
         lines += ["```", usage, "```"]
         rows = _option_rows(sub, skip=COMMON_OPTIONS)
         if rows:
-            lines += ["", "| flag | default | what |", "|---|---|---|", *rows]
+            lines += ["", "| flag | default | range | what |", "|---|---|---|---|", *rows]
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quire.cli import UsageError, metrics_port, nonnegative_int, port_number, positive_int
+from quire import cli_ranges as ranges
+from quire.cli import UsageError, metrics_port, port_number
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
@@ -14,8 +15,8 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
 
 def add_up(parser: argparse.ArgumentParser) -> None:
     add_data_dir(parser)
-    parser.add_argument("--bookies", type=positive_int, default=3, help="bookies to start")
-    parser.add_argument("--brokers", type=nonnegative_int, default=1, help="brokers to start")
+    parser.add_argument("--bookies", type=ranges.processes, default=3, help="bookies to start")
+    parser.add_argument("--brokers", type=ranges.processes_or_none, default=1, help="brokers to start")
     parser.add_argument("--zk-port", type=port_number, default=2181, help="port of the cluster's ZooKeeper")
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
     parser.add_argument("--broker-base-port", type=port_number, default=6650, help="broker i listens on BASE+i")

@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from quire.cli import UsageError, byte_size, nonnegative_int
+from quire import cli_ranges as ranges
+from quire.cli import INT64_MAX, Bounded, UsageError
 
 MANIFEST = "_quire_manifest.json"
 RUN_PREFIX = "run="
@@ -42,11 +43,17 @@ class ExportFailed(Exception):
     """The Spark job failed; the message is the one line to print."""
 
 
-def positive_byte_size(text: str) -> int:
-    value = byte_size(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1 byte, got {text!r}")
-    return value
+def _time_ms(text: str) -> int:
+    from broker.export_plan import parse_time_ms
+
+    try:
+        return parse_time_ms(text, "a time")
+    except (ValueError, OverflowError) as error:  # OverflowError: an ISO time past what a timestamp holds
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+# A time, given as ms since the epoch or ISO 8601, from the epoch on.
+time_ms = Bounded("time", 0, INT64_MAX, why="a 64-bit count of milliseconds", parse=_time_ms)
 
 
 def spark_setting(text: str) -> tuple[str, str]:
@@ -67,12 +74,12 @@ def add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conf", action="append", type=spark_setting, default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeat the flag for more), e.g. spark.archives=quire-env.tar.gz#env")
     parser.add_argument("--password", default="", help="the brokers' --ledger-password")
-    parser.add_argument("--from-ledger", type=nonnegative_int, metavar="ID", help="only ledgers from this id on")
-    parser.add_argument("--start-time", metavar="TIME", help="only entries the brokers appended at or after TIME (ms or ISO 8601)")
-    parser.add_argument("--end-time", metavar="TIME", help="only entries appended before TIME")
-    parser.add_argument("--split-bytes", type=positive_byte_size, default=None, metavar="SIZE",
+    parser.add_argument("--from-ledger", type=ranges.ledger_id, metavar="ID", help="only ledgers from this id on")
+    parser.add_argument("--start-time", type=time_ms, metavar="TIME", help="only entries the brokers appended at or after TIME (ms or ISO 8601)")
+    parser.add_argument("--end-time", type=time_ms, metavar="TIME", help="only entries appended before TIME")
+    parser.add_argument("--split-bytes", type=ranges.positive_storage_bytes, default=None, metavar="SIZE",
                         help="cut ledgers larger than this into several input partitions (default 128MiB)")
-    parser.add_argument("--show", type=nonnegative_int, default=0, metavar="N",
+    parser.add_argument("--show", type=ranges.rows, default=0, metavar="N",
                         help="afterwards, read DIR back with Spark and print N rows")
 
 

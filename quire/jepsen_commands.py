@@ -10,15 +10,16 @@ import argparse
 import time
 from pathlib import Path
 
-from quire.cli import nonnegative_int, positive_int
+from quire import cli_ranges as ranges
 
 
 def add_jepsen(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--duration", type=positive_int, default=60, metavar="SECONDS", help="nemesis time (default %(default)s)")
-    parser.add_argument("--writers", type=positive_int, default=2, help="writer client processes")
-    parser.add_argument("--readers", type=nonnegative_int, default=1, help="reader client processes (they also recover open ledgers)")
-    parser.add_argument("--bookies", type=positive_int, default=5, help="bookie processes")
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seeds the nemesis and the workload")
+    parser.add_argument("--duration", type=ranges.seconds, default=60, metavar="SECONDS", help="nemesis time (default %(default)s)")
+    parser.add_argument("--writers", type=ranges.processes, default=2, help="writer client processes")
+    parser.add_argument("--readers", type=ranges.processes_or_none, default=1, help="reader client processes (they also recover open ledgers)")
+    parser.add_argument("--bookies", type=ranges.jepsen_bookies, default=5,
+                        help="bookie processes: at least 4, as ledgers use 3 and one may be down")
+    parser.add_argument("--seed", type=ranges.seed, default=0, help="seeds the nemesis and the workload")
     parser.add_argument(
         "--work-dir", type=Path, default=None, metavar="DIR",
         help="where processes keep data and logs, and the history, summary and plot go (default jepsen-runs/<time>)",
@@ -29,8 +30,6 @@ def jepsen(arguments: argparse.Namespace) -> int:
     from quire.cli import UsageError
     from sim.jepsen.runner import run_jepsen
 
-    if arguments.bookies < 4:
-        raise UsageError("--bookies must be at least 4 (ledgers use 3, and one may be down)")
     work_dir = arguments.work_dir or Path("jepsen-runs") / time.strftime("%Y%m%d-%H%M%S")
     if work_dir.exists() and any(work_dir.iterdir()):
         raise UsageError(f"{work_dir} is not empty: choose a new --work-dir")

@@ -149,13 +149,8 @@ def up(
     BASE+bookies+j (0: no metrics)."""
     from bookie.durable_files import directory_problem
 
-    data_dir = Path(data_dir).resolve()
-    problem = directory_problem(data_dir, "data directory")
-    if problem is not None:
-        raise ClusterError(problem)
-    previous = ClusterState.load(data_dir)
-    if previous is not None and any(process_alive(record) for record in previous.processes):
-        raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `quire cluster down --data-dir {data_dir}`")
+    # The ports first: they are arithmetic on the arguments, checked before
+    # anything (even the data directory) is made.
     metrics_ports = [metrics_base_port + index for index in range(bookies + brokers)] if metrics_base_port else []
     ports = [zk_port] + [bookie_base_port + index for index in range(bookies)] + [broker_base_port + index for index in range(brokers)]
     ports += metrics_ports
@@ -163,6 +158,13 @@ def up(
         raise ClusterError(f"the ports of ZooKeeper, bookies, brokers and metrics overlap: {sorted(ports)}")
     if max(ports) > 65535:
         raise ClusterError(f"ports run past 65535: {sorted(ports)}")
+    data_dir = Path(data_dir).resolve()
+    problem = directory_problem(data_dir, "data directory")
+    if problem is not None:
+        raise ClusterError(problem)
+    previous = ClusterState.load(data_dir)
+    if previous is not None and any(process_alive(record) for record in previous.processes):
+        raise ClusterError(f"a cluster is already running in {data_dir}; stop it with `quire cluster down --data-dir {data_dir}`")
     busy = [port for port in ports if port_in_use(port)]
     if busy:
         raise ClusterError(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")

@@ -16,15 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-from quire.cli import nonnegative_int, positive_int
+from quire import cli_ranges as ranges
 
 
 def add_sim(parser: argparse.ArgumentParser) -> None:
     which = parser.add_mutually_exclusive_group(required=True)
-    which.add_argument("--seed", type=nonnegative_int, metavar="N", help="run seed N (reproduces a run exactly)")
-    which.add_argument("--seeds", type=positive_int, metavar="COUNT", help="run COUNT seeds: --first-seed .. --first-seed + COUNT - 1")
-    parser.add_argument("--first-seed", type=nonnegative_int, default=0, metavar="S", help="first seed of --seeds (default 0)")
-    parser.add_argument("--jobs", type=positive_int, default=1, metavar="J", help="processes for --seeds (default 1)")
+    which.add_argument("--seed", type=ranges.seed, metavar="N", help="run seed N (reproduces a run exactly)")
+    which.add_argument("--seeds", type=ranges.seed_count, metavar="COUNT", help="run COUNT seeds: --first-seed .. --first-seed + COUNT - 1")
+    # No argparse defaults: given with --seed, these are a mistake to report.
+    parser.add_argument("--first-seed", type=ranges.seed, metavar="S", help="with --seeds: the first seed (default 0)")
+    parser.add_argument("--jobs", type=ranges.processes, metavar="J", help="with --seeds: processes running seeds (default 1)")
     parser.add_argument(
         "--broker", action="store_true",
         help="simulate the broker: the real dedup, cursor and dispatcher cores under faults (sim/broker_*.py)",
@@ -96,6 +97,13 @@ def sim(arguments: argparse.Namespace) -> int:
         raise UsageError(f"unknown --mistake {arguments.mistake!r}; known: {', '.join(sorted(MISTAKES))}")
     if arguments.seed is None and (arguments.trace or arguments.check_determinism):
         raise UsageError("--trace and --check-determinism go with --seed")
+    if arguments.seed is not None and (arguments.first_seed is not None or arguments.jobs is not None):
+        raise UsageError("--first-seed and --jobs go with --seeds (--seed runs one seed)")
+    if arguments.seeds is not None:
+        arguments.first_seed = arguments.first_seed or 0
+        arguments.jobs = arguments.jobs or 1
+        if arguments.first_seed + arguments.seeds - 1 > ranges.SEED_MAX:
+            raise UsageError(f"--first-seed {arguments.first_seed} + --seeds {arguments.seeds} run past the last seed, {ranges.SEED_MAX}")
     if arguments.trace is not None and not arguments.trace.parent.is_dir():
         raise UsageError(f"--trace {arguments.trace}: no directory {arguments.trace.parent}")
     if arguments.seed is not None:

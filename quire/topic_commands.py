@@ -14,18 +14,21 @@ from typing import AsyncIterator, Awaitable, Callable
 import trio
 
 from ledger_client.exception_groups import unwrap_single_exception
-from quire.broker_commands import add_policies, policies_from
-from quire.cli import UsageError, byte_size, configure_logging, duration_ms, nonnegative_int, positive_int
+from quire import cli_ranges as ranges
+from quire.broker_commands import add_policies, check_quorums, policies_from
+from quire.cli import HostPorts, UsageError, configure_logging
+
+GENERATED_MESSAGE_BYTES_DEFAULT = 1024
 
 
 def add_topic(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topic", metavar="TOPIC", help="the topic's name")
-    parser.add_argument("--service-url", help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+    parser.add_argument("--service-url", type=HostPorts("broker"), help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
 
 
 def add_create(parser: argparse.ArgumentParser) -> None:
     add_topic(parser)
-    parser.add_argument("--partitions", type=nonnegative_int, default=0, help="0: not partitioned (default)")
+    parser.add_argument("--partitions", type=ranges.partitions, default=0, help="0: not partitioned (default)")
     add_policies(parser, defaults=False)
 
 
@@ -40,30 +43,31 @@ def add_delete(parser: argparse.ArgumentParser) -> None:
 
 
 def add_ls(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--service-url", help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+    parser.add_argument("--service-url", type=HostPorts("broker"), help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
 
 
 def add_produce(parser: argparse.ArgumentParser) -> None:
     add_topic(parser)
-    parser.add_argument("--count", type=nonnegative_int, help="send this many generated messages instead of standard input's lines")
-    parser.add_argument("--size", type=byte_size, default=1024, help="bytes of each generated message (default 1024)")
+    parser.add_argument("--count", type=ranges.message_count, help="send this many generated messages instead of standard input's lines")
+    parser.add_argument("--size", type=ranges.message_bytes,
+                        help=f"with --count: bytes of each generated message (default {GENERATED_MESSAGE_BYTES_DEFAULT})")
     parser.add_argument("--producer-id", help="for exactly-once publishing across runs (default: a new id)")
     parser.add_argument("--key", help="message key (generated messages: KEY-<n %% --keys>)")
-    parser.add_argument("--keys", type=positive_int, default=1, help="with --key and --count: this many distinct keys")
+    parser.add_argument("--keys", type=ranges.key_count, help="with --key and --count: this many distinct keys (default 1)")
     parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE", help="a property of every message (repeat for more)")
     parser.add_argument("--codec", choices=["none", "zstd", "lz4", "gzip"], default="none", help="compression of each batch")
     parser.add_argument("--batching", action="store_true", help="batch messages into entries")
-    parser.add_argument("--window", type=positive_int, default=1000, help="messages in flight (default 1000)")
+    parser.add_argument("--window", type=ranges.window, default=1000, help="messages in flight (default 1000)")
 
 
 def add_consume(parser: argparse.ArgumentParser) -> None:
     add_topic(parser)
     parser.add_argument("--subscription", "-s", required=True, help="the durable subscription's name (created if new)")
     parser.add_argument("--type", choices=["exclusive", "failover", "shared", "key_shared"], default="exclusive", help="subscription type")
-    parser.add_argument("--count", type=nonnegative_int, help="stop after this many messages")
+    parser.add_argument("--count", type=ranges.message_count, help="stop after this many messages")
     parser.add_argument("--initial-position", choices=["earliest", "latest"], default="earliest",
                         help="where a new subscription starts (default: earliest)")
-    parser.add_argument("--idle-timeout", type=duration_ms, default=None, metavar="DURATION",
+    parser.add_argument("--idle-timeout", type=ranges.delay, default=None, metavar="DURATION",
                         help="stop once no message came for this long (default: wait for ever, or --count)")
     parser.add_argument("--format", choices=["text", "json"], default="text", help="text: message id, offset, key and payload per line; json: one object per message")
     parser.add_argument("--no-ack", action="store_true", help="do not acknowledge what is printed")
@@ -105,6 +109,8 @@ def _print(value) -> None:
 
 
 def create(arguments: argparse.Namespace) -> int:
+    check_quorums(policies_from(arguments))
+
     async def body(client) -> None:
         _print(await client.create_topic(arguments.topic, arguments.partitions, **policies_from(arguments)))
 
@@ -115,6 +121,7 @@ def set_policies(arguments: argparse.Namespace) -> int:
     changes = policies_from(arguments)
     if not changes:
         raise UsageError("name at least one policy to change (see --help)")
+    check_quorums(changes)
 
     async def body(client) -> None:
         _print(await client.set_policies(arguments.topic, **changes))
@@ -188,6 +195,16 @@ def _properties(items: list[str]) -> dict[str, str]:
 
 def produce(arguments: argparse.Namespace) -> int:
     properties = _properties(arguments.property)
+    # Flags for generated messages are refused without --count rather than
+    # ignored: standard input's lines are sent as they are.
+    if arguments.count is None:
+        for flag, value in (("--size", arguments.size), ("--keys", arguments.keys)):
+            if value is not None:
+                raise UsageError(f"{flag} is for generated messages: it goes with --count (standard input's lines are sent as they are)")
+    if arguments.keys is not None and arguments.key is None:
+        raise UsageError("--keys makes keys KEY-0 .. KEY-(N-1): it goes with --key")
+    size = GENERATED_MESSAGE_BYTES_DEFAULT if arguments.size is None else arguments.size
+    keys = 1 if arguments.keys is None else arguments.keys
 
     async def body(client) -> None:
         producer = await client.create_producer(arguments.topic, arguments.producer_id, batching=arguments.batching,
@@ -198,10 +215,9 @@ def produce(arguments: argparse.Namespace) -> int:
 
         def messages():
             if arguments.count is not None:
-                filler = b"x" * max(0, arguments.size - 16)
                 for number in range(arguments.count):
-                    key = None if arguments.key is None else f"{arguments.key}-{number % arguments.keys}"
-                    yield f"{number:015d} ".encode() + filler, key
+                    key = None if arguments.key is None else f"{arguments.key}-{number % keys}"
+                    yield _generated(number, size), key
             else:
                 for line in sys.stdin.buffer:
                     yield line.rstrip(b"\n"), arguments.key
@@ -226,6 +242,15 @@ def produce(arguments: argparse.Namespace) -> int:
                 "seconds": round(elapsed, 3), "messages_per_s": round(sent / elapsed, 1) if elapsed > 0 else None})
 
     return _run(arguments, body)
+
+
+def _generated(number: int, size: int) -> bytes:
+    """Generated message `number` of exactly `size` bytes: its number, then
+    filler (only the number's last digits when `size` is smaller)."""
+    digits = f"{number:015d}".encode()
+    if size <= len(digits):
+        return digits[len(digits) - size:]
+    return (digits + b" ").ljust(size, b"x")
 
 
 ACKS_IN_FLIGHT_MAX = 1_000  # acknowledgements waiting for their cursor write

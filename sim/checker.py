@@ -208,9 +208,10 @@ class SimChecker(ViolationLog):
     def recovery_cannot_decide(self, stored: dict[str, dict[tuple[int, int], bytes | None]], ledger_id: int,
                                entry_id: int) -> str | None:
         """Why recovery can never decide this entry, or None if it can:
-        present needs AQ intact copies on its write set, absent needs
+        present needs one intact copy on its write set, absent needs
         WQ - AQ + 1 bookies of it without the entry ("no entry"); a corrupt
-        copy gives neither (DESIGN.md section 6)."""
+        copy gives neither (DESIGN.md section 6). `stored` holds the bookies
+        that answer."""
         metadata = self.metadata.get(ledger_id)
         written = self.written.get((ledger_id, entry_id))
         if metadata is None:
@@ -218,13 +219,13 @@ class SimChecker(ViolationLog):
         key = (ledger_id, entry_id)
         write_set = metadata.write_set(entry_id)
         intact = sum(1 for bookie_id in write_set if written is not None and stored.get(bookie_id, {}).get(key) == written[0])
-        without = sum(1 for bookie_id in write_set if key not in stored.get(bookie_id, {}))
+        without = sum(1 for bookie_id in write_set if bookie_id in stored and key not in stored[bookie_id])
         negatives_needed = metadata.write_quorum - metadata.ack_quorum + 1
-        if intact >= metadata.ack_quorum or without >= negatives_needed:
+        if intact >= 1 or without >= negatives_needed:
             return None
         return (
-            f"{intact} intact copies on {list(write_set)} (present needs {metadata.ack_quorum}), "
-            f"{without} bookies without it (absent needs {negatives_needed}), the rest corrupt"
+            f"no intact copy on {list(write_set)}, {without} bookies without it (absent needs "
+            f"{negatives_needed}), the rest corrupt or down"
         )
 
     def fencing_cannot_cover(self, stored: dict[str, dict[tuple[int, int], bytes | None]], ledger_id: int,

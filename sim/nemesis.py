@@ -1,8 +1,9 @@
 """The simulator's nemesis: during the safety phase it injects one fault
 after another (partitions of three shapes with a minimum duration, bookie
-crashes that lose unsynced writes and restarts, pauses, corrupted entries
-on disk, ZooKeeper session expiries, client crashes), each undone after a
-while; `heal` undoes everything at once for the liveness phase."""
+crashes that lose unsynced writes and restarts, a bookie kept down for a
+long stretch, pauses, corrupted entries on disk, ZooKeeper session expiries,
+client crashes), each undone after a while; `heal` undoes everything at
+once for the liveness phase."""
 
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ from sim.world import World
 PARTITION_MS_MIN = 100.0
 PARTITION_MS_MAX = 4_000.0
 DOWN_MS_MAX = 3_000.0
+# A bookie down for a long stretch ("bookie_down"): past a recoverer's
+# retries and often to the end of the safety phase, so that recoveries
+# (of WQ = AQ ledgers too) have to decide without it. One at a time.
+LONG_DOWN_MS_MIN = 5_000.0
+LONG_DOWN_MS_MAX = 30_000.0
 CORRUPT_TAIL_ENTRIES = 8  # corruption aims at the last entries of open ledgers, where recovery decides
 CORRUPT_CANDIDATES_MAX = 20  # stored entries one corruption tries before it gives up
 # The first fault comes within this time, so that a short safety phase with
@@ -152,6 +158,7 @@ class SimNemesis(NemesisBase):
         self.bookies = list(bookies)
         self.clients = list(clients)
         self.corrupted: set[tuple[int, int]] = set()
+        self.long_down: SimBookie | None = None  # the bookie "bookie_down" keeps down
 
     def start(self) -> None:
         self.network.drop_probability = self.parameters.drop_probability
@@ -175,6 +182,19 @@ class SimNemesis(NemesisBase):
         self._record("crash", bookie.name)
         self.checker.check_durability(self.bookies, f"crash of {bookie.name}")
         self.world.after(self.world.uniform(1, DOWN_MS_MAX), self._restart, bookie)
+
+    def _bookie_down(self) -> None:
+        if self.long_down is not None and not self.long_down.up:
+            return self._skip("bookie_down", f"{self.long_down.name} is down for long already")
+        candidates = [bookie for bookie in self.bookies if bookie.up]
+        if not candidates:
+            return self._skip("bookie_down", "every bookie is down")
+        bookie = self.long_down = self.world.rng.choice(candidates)
+        bookie.crash()
+        duration_ms = self.world.uniform(LONG_DOWN_MS_MIN, LONG_DOWN_MS_MAX)
+        self._record("bookie_down", f"{bookie.name} for {duration_ms:.0f} ms")
+        self.checker.check_durability(self.bookies, f"crash of {bookie.name}")
+        self.world.after(duration_ms, self._restart, bookie)
 
     def _restart(self, node: SimNode) -> None:
         if not node.up:

@@ -69,6 +69,7 @@ class SimRecoverer(SimClient):
         self.stuck_when_given_up: dict[int, StuckRecovery] = {}
         self._fence_errors: dict[str, int] = {}  # bookie -> entry its fence read could not read (IO_ERROR)
         self.recovered = 0
+        self.recovered_with_a_bookie_down = 0  # closed while a bookie of the fenced ensemble was down
         self.failed = 0
         self.start()
 
@@ -181,6 +182,9 @@ class SimRecoverer(SimClient):
                 self.write_metadata(action, functools.partial(self._on_metadata, core))
             elif kind is RecoveryDone:
                 self.recovered += 1
+                fenced_ensemble = core.metadata.last_ensemble[1]  # as marked; the rewriter's changes are its own
+                if core.writer is not None and not all(self.network.nodes[bookie_id].up for bookie_id in fenced_ensemble):
+                    self.recovered_with_a_bookie_down += 1
                 self.world.log(f"{self.name} recovered ledger {ledger_id}: last entry {action.metadata.last_entry_id}")
             elif kind is RecoveryFailed:
                 self.failed += 1

@@ -178,7 +178,7 @@ class SimRun:
         if not checker.ok:
             return
         unclosed = sorted(ledger_id for ledger_id in checker.metadata if ledger_id not in checker.closed)
-        stored = {bookie.name: bookie.durable_entries() for bookie in self.bookies}
+        stored = {bookie.name: bookie.durable_entries() for bookie in self.bookies if bookie.up}
         for ledger_id in unclosed:
             self._excuse_or_report(ledger_id, closers.get(ledger_id), stored)
         # Read back every entry of every closed ledger, and every
@@ -212,9 +212,9 @@ class SimRun:
     def _excuse_or_report(self, ledger_id: int, closer: SimRecoverer | None, stored) -> None:
         """A ledger still open after the liveness bound is excused only when
         its recovery waits on corruption the nemesis made that the copies
-        left cannot get past: an entry they cannot decide either way, or
-        fence reads that fail on corrupt copies so that fencing never
-        reaches its coverage."""
+        left on live bookies cannot get past: an entry with no intact copy
+        and fewer than WQ - AQ + 1 bookies without it, or fence reads that
+        fail on corrupt copies so that fencing never reaches its coverage."""
         stuck = None if closer is None else closer.stuck_on(ledger_id)
         why = None
         corrupted = self.nemesis.corrupted
@@ -248,6 +248,9 @@ class SimRun:
             "faults_skipped": {} if nemesis is None else dict(sorted(nemesis.skipped.items())),
             "bookie_restarts": sum(bookie.restarts for bookie in self.bookies),
             "recoveries": sum(recoverer.recovered for recoverer in self.recoverers),
+            # Recoveries that closed a ledger while a bookie of the ensemble
+            # they fenced was down (with WQ = AQ: entries with one copy left).
+            "recoveries_with_a_bookie_down": sum(recoverer.recovered_with_a_bookie_down for recoverer in self.recoverers),
         }
 
 

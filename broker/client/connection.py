@@ -25,6 +25,8 @@ from broker.protocol import (
     Connected,
     FrameDecoder,
     MessageDelivery,
+    Ping,
+    Pong,
     ProtocolError,
     Response,
     SendReceipt,
@@ -37,6 +39,10 @@ log = logging.getLogger(__name__)
 RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 10.0
 OUTPUT_BYTES_MAX = 32 * 1024 * 1024  # queued requests not yet taken by the socket; past it senders wait
+# A broker silent this long is sent a PING; one silent for two intervals is
+# taken for gone and the connection closed (its producers and consumers
+# reconnect). The broker does the same the other way.
+KEEPALIVE_INTERVAL_S = 30.0
 
 
 class _Endpoint:
@@ -62,6 +68,8 @@ class BrokerConnection:
         self._consumers: dict[int, _Endpoint] = {}
         self.closed: str | None = None  # why, once closed
         self._closed_event = trio.Event()
+        self._last_received_s = trio.current_time()
+        self.keepalive_interval_s = KEEPALIVE_INTERVAL_S
 
     @classmethod
     async def connect(cls, address: str, client_name: str, *, frame_bytes_max: int) -> "BrokerConnection":
@@ -98,8 +106,11 @@ class BrokerConnection:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._write_loop, nursery.cancel_scope)
+                nursery.start_soon(self._keepalive_loop, nursery.cancel_scope)
                 reason = await self._read_loop()
                 nursery.cancel_scope.cancel()
+            if self._last_received_s + 2 * self.keepalive_interval_s <= trio.current_time():
+                reason = f"broker {self.address} silent for {2 * self.keepalive_interval_s:g}s"
         finally:
             self._close(reason)
             with trio.CancelScope(shield=True):
@@ -111,6 +122,7 @@ class BrokerConnection:
                 data = await self._stream.receive_some(RECEIVE_BYTES)
                 if not data:
                     return f"broker {self.address} closed the connection"
+                self._last_received_s = trio.current_time()
                 self._decoder.feed(data)
                 for fields in self._decoder.frames():
                     self._dispatch(decode(fields))
@@ -119,6 +131,18 @@ class BrokerConnection:
             return f"broker {self.address} broke the protocol: {error}"
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as error:
             return f"connection to broker {self.address} broke: {error}"
+
+    async def _keepalive_loop(self, cancel_scope: trio.CancelScope) -> None:
+        pinged_for = None
+        while True:
+            await trio.sleep(self.keepalive_interval_s / 4)
+            silent_s = trio.current_time() - self._last_received_s
+            if silent_s >= 2 * self.keepalive_interval_s:
+                cancel_scope.cancel()
+                return
+            if silent_s >= self.keepalive_interval_s and pinged_for != self._last_received_s:
+                pinged_for = self._last_received_s
+                self.send(Ping())
 
     async def _write_loop(self, cancel_scope: trio.CancelScope) -> None:
         try:
@@ -143,6 +167,11 @@ class BrokerConnection:
             endpoint = registry.pop(message.handle, None)
             if endpoint is not None:
                 endpoint.on_closed(message.message)
+            return
+        elif kind is Ping:
+            self.send(Pong())
+            return
+        elif kind is Pong:
             return
         else:
             raise ProtocolError(f"a broker does not send {kind.__name__}")

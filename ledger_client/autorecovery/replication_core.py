@@ -93,25 +93,24 @@ def recovery_blocked_by(metadata: LedgerMetadata, lost: Collection[str]) -> froz
 
     Recovery fences the last ensemble until E - AQ + 1 bookies answered,
     then decides every entry from the largest LAC the bookies know + 1 up to
-    the first absent one: present at AQ copies of its write set, absent at
-    WQ - AQ + 1 NO_ENTRY answers. Which entries those are is known only to
-    the bookies, and past the LAC they may reach any write set of the last
-    ensemble, so every write set must keep max(AQ, WQ - AQ + 1) live
-    members. With WQ = AQ (2/2/2, 3/2/2) that is every member: an entry the
-    writer wrote to the lost bookie can never be found again, the ledger
-    would stay IN_RECOVERY for ever and its writer be fenced for nothing."""
-    first_entry_id, ensemble = metadata.last_ensemble
+    the first absent one: present at one intact copy, absent at WQ - AQ + 1
+    NO_ENTRY answers. Which entries those are is known only to the bookies,
+    and past the LAC they may reach any write set of the last ensemble, so
+    each write set must keep WQ - AQ + 1 live members (the first entry
+    nobody holds needs that many negatives; with fewer, the lost bookies
+    of a write set number AQ or more and may hold every acknowledged copy
+    of an entry). Fencing needs E - AQ + 1 live bookies of the ensemble,
+    that is at most AQ - 1 lost; a write set, a part of the ensemble, then
+    loses at most AQ - 1 of its WQ members too, so the fencing bound is the
+    one that decides: recovery can close without the lost bookies exactly
+    when at most AQ - 1 of the last ensemble are lost, whatever WQ is.
+    Any loss there blocks an AQ = 1 ledger (its lost bookie may hold the
+    only copy of an acknowledged entry). A ledger fenced while blocked would
+    stay IN_RECOVERY, its writer shut out for nothing."""
+    _, ensemble = metadata.last_ensemble
     down = frozenset(ensemble) & frozenset(lost)
-    if not down:
-        return frozenset()
-    size, write_quorum, ack_quorum = metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum
-    if size - len(down) < size - ack_quorum + 1:
-        return down  # fencing never reaches its coverage
-    live_needed = max(ack_quorum, write_quorum - ack_quorum + 1)
-    for start in range(size):
-        write_set = [ensemble[(start + offset) % size] for offset in range(write_quorum)]
-        if sum(bookie_id not in down for bookie_id in write_set) < live_needed:
-            return down
+    if len(down) > metadata.ack_quorum - 1:
+        return down
     return frozenset()
 
 

@@ -255,8 +255,9 @@ class ReplicationWorker:
             f"bookie {bookies} back or the writer's next add to replace it"
         )
         log.warning(
-            "ledger %d (%s, E=%d WQ=%d AQ=%d): its last ensemble keeps too few live bookies for recovery to "
-            "decide its last entries without %s, so it is not fenced; it needs %s (looking again every %.0fs)",
+            "ledger %d (%s, E=%d WQ=%d AQ=%d): without %s its last ensemble keeps fewer than E - AQ + 1 live "
+            "bookies, too few for recovery to fence it and decide its last entries, so it is not fenced; it needs "
+            "%s (looking again every %.0fs)",
             metadata.ledger_id, metadata.state.value, metadata.ensemble_size, metadata.write_quorum,
             metadata.ack_quorum, bookies, resolved_by,
             max(self._config.open_ledger_grace_ms, BLOCKED_RECHECK_MS_MIN) / 1000,

@@ -94,6 +94,21 @@ class BookieProcess(QuireProcess):
             log_file.write(bytes([byte[0] ^ 0x10]))
 
 
+def bookie_takes_an_add(address: str, ledger_id: int) -> None:
+    """One add of a one-entry ledger straight to the bookie at `address`,
+    answered OK within 10 s (for tests that check a bookie still serves)."""
+    from bookie.protocol.entry_format import DigestManager, DigestType, master_key
+
+    async def add() -> None:
+        digest = DigestManager(ledger_id, DigestType.CRC32C, b"check")
+        with trio.fail_after(10):
+            async with BookieClient.connect(address) as client:
+                response = await client.add(digest.encode(0, -1, 5, b"check"), master_key(b"check"))
+                assert response.status == 0, response
+
+    trio.run(add)
+
+
 @dataclass
 class BookieFactory:
     zk_hosts: str

@@ -1,9 +1,9 @@
 """Auto-recovery against a real ZooKeeper and real bookie processes: with
 the daemon embedded in every bookie, a bookie killed -9 for good has every
-ledger it held re-replicated (closed ones, an open one fenced after its
-grace period, and an open 3/2/2 one that recovery could not close without
-the lost bookie once its writer replaced it) to full write quorum on the
-others, byte for byte; with
+ledger it held re-replicated (closed ones, open 3/3/2 and 3/2/2 ones fenced
+and closed after their grace period, and an open 3/2/1 one that recovery
+could not close without the lost bookie once its writer replaced it) to
+full write quorum on the others, byte for byte; with
 bookies run `--no-autorecovery` and a standalone `quire autorecovery run`,
 switched off, auto-recovery leaves the ledgers alone until switched on."""
 
@@ -20,6 +20,7 @@ import trio
 from bookie.protocol.wire import Status
 from ledger_client.bookie_client import BookieClient
 from ledger_client.bookkeeper import BookKeeper
+from ledger_client.errors import LedgerFencedError
 from ledger_client.metadata import LedgerState
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
 from tests.integration.processes import QuireProcess, print_logs
@@ -131,39 +132,46 @@ async def test_a_bookie_lost_for_good_has_every_ledger_re_replicated(bookies, zk
         for count, quorums in ((300, (3, 3, 2)), (200, (3, 2, 2)), (150, (3, 2, 1)), (0, (3, 3, 2)), (120, (2, 2, 2))):
             lh = await write_ledger(bk, count, quorums)
             written[lh.ledger_id] = count
-        # A writer that stops adding but never closes: its last fragment is
-        # left to it for the grace period, then fenced, closed and copied.
+        # Writers that stop adding but never close: their last fragment is
+        # left to them for the grace period, then fenced, closed and copied.
+        # With WQ = AQ too (3/2/2): an entry of a write set with the lost
+        # bookie keeps one copy, which is enough for recovery.
         open_handle = await write_ledger(bk, 100, (3, 3, 2), close=False)
         written[open_handle.ledger_id] = 100
-        # Another with WQ = AQ: without the lost bookie, recovery could never
-        # find its last entry at AQ copies, so fencing would leave it
-        # IN_RECOVERY for ever. It is left to its writer.
-        blocked_handle = await write_ledger(bk, 50, (3, 2, 2), close=False)
-        # The victim: in both open ledgers' ensembles (two of four bookies
-        # at least are), the one holding the most ledgers.
+        equal_quorums_handle = await write_ledger(bk, 50, (3, 2, 2), close=False)
+        written[equal_quorums_handle.ledger_id] = 50
+        # Another with AQ = 1: fencing needs all three bookies, and the lost
+        # one may hold the only copy of an acknowledged entry. It is left to
+        # its writer.
+        blocked_handle = await write_ledger(bk, 40, (3, 2, 1), close=False)
+        # The victim: in all three open ledgers' ensembles (one of four
+        # bookies at least is), the one holding the most ledgers.
         bookies_of = {
             ledger_id: (await bk.ledger_metadata(ledger_id)).all_bookies()
             for ledger_id in [*written, blocked_handle.ledger_id]
         }
-        shared = bookies_of[open_handle.ledger_id] & bookies_of[blocked_handle.ledger_id]
+        shared = bookies_of[open_handle.ledger_id] & bookies_of[equal_quorums_handle.ledger_id] & bookies_of[blocked_handle.ledger_id]
         victim_id = max(sorted(shared), key=lambda bookie_id: sum(bookie_id in bookies for bookies in bookies_of.values()))
         victim = next(process for process in processes if process.address == victim_id)
         held = [ledger_id for ledger_id in written if victim_id in bookies_of[ledger_id]]
-        assert open_handle.ledger_id in held and len(held) >= 3
+        assert {open_handle.ledger_id, equal_quorums_handle.ledger_id} <= set(held) and len(held) >= 3
 
         victim.kill()
         # Past its grace period the blocked ledger is reported, not fenced.
-        await wait_for_log(processes, f"ledger {blocked_handle.ledger_id} (OPEN, E=3 WQ=2 AQ=2)")
+        await wait_for_log(processes, f"ledger {blocked_handle.ledger_id} (OPEN, E=3 WQ=2 AQ=1)")
         blocked = await bk.ledger_metadata(blocked_handle.ledger_id)
         assert blocked.state is LedgerState.OPEN and victim_id in blocked.ensembles[-1][1]
         # Its writer was not fenced: its next adds replace the lost bookie
         # (two adds touch every position of a 3/2 ensemble), after which
         # its fragments are final and copied like the others'.
-        for index in range(50, 52):
+        for index in range(40, 42):
             await (await blocked_handle.submit_add(b"ledger-%d-entry-%d" % (blocked_handle.ledger_id, index) + bytes(index % 200))).wait()
         await blocked_handle.close()
-        written[blocked_handle.ledger_id] = 52
+        written[blocked_handle.ledger_id] = 42
         metadata = await wait_until_repaired(bk, list(written), victim_id, zk_hosts, zk_root)
+        # The 3/2/2 ledger's writer was fenced: it can add nothing more.
+        with pytest.raises(LedgerFencedError):
+            await equal_quorums_handle.add(b"after the fence")
 
         for ledger_id, count in written.items():
             assert metadata[ledger_id].state is LedgerState.CLOSED

@@ -209,19 +209,26 @@ def test_acknowledgements_from_a_replaced_bookie_do_not_count():
 
 
 def test_recovery_cannot_decide_an_entry_only_when_the_copies_left_say_neither():
-    # E/WQ/AQ 3/3/2: present needs 2 intact copies, absent needs 2 bookies
-    # without the entry; a corrupt copy (None, or other bytes) is neither.
+    # E/WQ/AQ 3/3/2: present needs one intact copy, absent needs 2 bookies
+    # without the entry; a corrupt copy (None, or other bytes) is neither,
+    # and so is a bookie that does not answer (left out of `stored`).
     checker = new_checker()
     checker.metadata_written(metadata())
     written(checker, 1, 1)
     intact, key = b"entry-0", (1, 0)
 
     def why(a, b, c):
-        stored = {name: ({} if copy == "none" else {key: copy}) for name, copy in zip(BOOKIES, (a, b, c))}
+        stored = {
+            name: ({} if copy == "none" else {key: copy})
+            for name, copy in zip(BOOKIES, (a, b, c)) if copy != "down"
+        }
         return checker.recovery_cannot_decide(stored, 1, 0)
 
     assert why(intact, intact, None) is None  # present
+    assert why(intact, "none", None) is None  # one intact copy is enough
+    assert why(intact, "down", "down") is None
     assert why("none", "none", None) is None  # absent
-    assert why(intact, "none", None) is not None  # one of each, one corrupt
-    assert why(intact, None, b"bad bytes") is not None
-    assert "1 intact copies" in why(intact, "none", b"bad bytes")
+    assert why(None, "none", b"bad bytes") is not None  # one "no entry", the rest corrupt
+    assert why("none", "down", None) is not None
+    assert "no intact copy" in why("none", None, b"bad bytes")
+    assert "1 bookies without it (absent needs 2)" in why("none", "down", None)

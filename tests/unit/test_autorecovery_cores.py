@@ -177,17 +177,22 @@ def test_each_lost_bookie_has_its_own_grace_period():
 @pytest.mark.parametrize(
     "quorums, lost, blocked",
     [
-        ((3, 3, 2), "a", False),  # every write set keeps AQ = 2 = WQ - AQ + 1 live bookies
-        ((3, 2, 2), "a", True),  # an entry on (a, b) or (c, a) can never be found at 2 copies
-        ((2, 2, 2), "a", True),
+        ((3, 3, 2), "a", False),  # fencing needs 2 of 3; every write set keeps WQ - AQ + 1 = 2 live
+        ((3, 2, 2), "a", False),  # WQ = AQ: an entry on (a, b) has b's copy, absent needs 1 "no entry"
+        ((2, 2, 2), "a", False),
+        ((3, 3, 3), "ab", False),  # fencing needs 1; one intact copy on c decides every entry
+        ((3, 2, 2), "ab", True),  # fencing needs 2 of 3, and (a, b) may hold an entry no one else has
         ((3, 2, 1), "a", True),  # fencing needs all E - AQ + 1 = 3 bookies
+        ((3, 1, 1), "a", True),  # a may hold the only acknowledged copy of an entry
         ((5, 3, 2), "a", False),
         ((5, 3, 2), "ad", True),  # 3 live bookies, fencing needs 4
         ((5, 4, 3), "c", False),
-        ((5, 4, 3), "ae", True),  # fencing is covered, but (e, a, b, c) keeps 2 < AQ
+        ((5, 4, 3), "ae", False),  # fencing needs 3 of 5; (e, a, b, c) keeps WQ - AQ + 1 = 2 live
+        ((5, 4, 3), "ace", True),
+        ((5, 2, 2), "ab", True),  # fencing needs 4 of 5
     ],
 )
-def test_recovery_is_blocked_when_a_write_set_of_the_last_ensemble_cannot_be_decided(quorums, lost, blocked):
+def test_recovery_is_blocked_when_the_last_ensemble_loses_an_ack_quorum(quorums, lost, blocked):
     size, write_quorum, ack_quorum = quorums
     bookies = "abcde"[:size]
     metadata = ledger([(0, "xyzvw"[:size]), (4, bookies)], state=LedgerState.OPEN, size=size,
@@ -195,25 +200,66 @@ def test_recovery_is_blocked_when_a_write_set_of_the_last_ensemble_cannot_be_dec
     assert recovery_blocked_by(metadata, set(lost) | {"x"}) == (frozenset(lost) if blocked else frozenset())
 
 
+def test_the_blocking_rule_is_fencing_coverage_and_a_decidable_entry_in_every_write_set():
+    # Recovery (one intact copy present, WQ - AQ + 1 "no entry" absent) can
+    # close without the lost bookies exactly when E - AQ + 1 of the last
+    # ensemble are live and every write set keeps WQ - AQ + 1 live members:
+    # the rule, stated in full, against every loss of every small ledger.
+    for size in range(1, 6):
+        ensemble = "abcde"[:size]
+        for write_quorum in range(1, size + 1):
+            for ack_quorum in range(1, write_quorum + 1):
+                metadata = ledger([(0, ensemble)], state=LedgerState.OPEN, size=size,
+                                  write_quorum=write_quorum, ack_quorum=ack_quorum)
+                for mask in range(1, 2**size):
+                    lost = {bookie for index, bookie in enumerate(ensemble) if mask >> index & 1}
+                    write_sets = [[ensemble[(start + offset) % size] for offset in range(write_quorum)] for start in range(size)]
+                    can_close = size - len(lost) >= size - ack_quorum + 1 and all(
+                        sum(bookie not in lost for bookie in write_set) >= write_quorum - ack_quorum + 1
+                        for write_set in write_sets
+                    )
+                    expected = frozenset() if can_close else frozenset(lost)
+                    assert recovery_blocked_by(metadata, lost) == expected, (size, write_quorum, ack_quorum, lost)
+
+
 def test_an_open_ledger_that_recovery_could_not_close_is_left_to_its_writer():
-    # E3/WQ2/AQ2, b lost: fencing would leave the ledger IN_RECOVERY for ever.
+    # E3/WQ2/AQ2, a and b lost: fencing needs two live bookies of three, so
+    # it would leave the ledger IN_RECOVERY for ever.
     metadata = ledger([(0, "abc")], state=LedgerState.OPEN, write_quorum=2, ack_quorum=2)
-    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=1_000, grace_ms=GRACE_MS)
+    lost = {"a", "b"}
+    since = {"a": 0, "b": 0}
+    plan = plan_replication(metadata, lost, lost_since_ms=since, now_ms=1_000, grace_ms=GRACE_MS)
     assert plan.step is Step.WAIT  # the grace period first, as for any open ledger
-    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
-    assert plan.step is Step.BLOCKED and plan.blocked_by == {"b"} and plan.wait_until_ms == 2 * GRACE_MS
-    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=0)
+    plan = plan_replication(metadata, lost, lost_since_ms=since, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.BLOCKED and plan.blocked_by == lost and plan.wait_until_ms == 2 * GRACE_MS
+    plan = plan_replication(metadata, lost, lost_since_ms=since, now_ms=GRACE_MS, grace_ms=0)
     assert plan.wait_until_ms == GRACE_MS + BLOCKED_RECHECK_MS_MIN  # never a busy loop
-    # The writer's next add replaced b: the first ensemble is final and copied.
-    moved_on = replace(metadata, ensembles=((0, ("a", "b", "c")), (3, ("a", "d", "c"))))
-    plan = plan_replication(moved_on, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
-    assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0]
-    # A ledger someone began to recover is blocked the same way (only b's
-    # return helps then); a lost bookie outside the last ensemble is not in the way.
+    # The writer's next adds replaced a and b: the first ensemble is final and copied.
+    moved_on = replace(metadata, ensembles=((0, ("a", "b", "c")), (3, ("d", "e", "c"))))
+    plan = plan_replication(moved_on, lost, lost_since_ms=since, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.REPLICATE and [f.first_entry_id for f in plan.fragments] == [0, 0]
+    # A ledger someone began to recover is blocked the same way (only the
+    # bookies' return helps then); lost bookies outside the last ensemble
+    # are not in the way.
     recovering = metadata.with_recovery_started()
-    plan = plan_replication(recovering, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    plan = plan_replication(recovering, lost, lost_since_ms=since, now_ms=GRACE_MS, grace_ms=GRACE_MS)
     assert plan.step is Step.BLOCKED
     recovering = moved_on.with_recovery_started()
+    plan = plan_replication(recovering, lost, lost_since_ms=since, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.RECOVER
+
+
+def test_an_open_write_quorum_equal_to_ack_quorum_ledger_with_a_bookie_lost_is_fenced_after_its_grace_period():
+    # E3/WQ2/AQ2, b lost: every entry b held has its other copy on a or c,
+    # and the first entry nobody holds needs one "no entry". Recovery can
+    # close it, so past the grace period it is fenced and closed like any
+    # other open ledger.
+    metadata = ledger([(0, "abc")], state=LedgerState.OPEN, write_quorum=2, ack_quorum=2)
+    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=1_000, grace_ms=GRACE_MS)
+    assert plan.step is Step.WAIT and plan.wait_until_ms == GRACE_MS
+    plan = plan_replication(metadata, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
+    assert plan.step is Step.RECOVER
+    recovering = metadata.with_recovery_started()
     plan = plan_replication(recovering, {"b"}, lost_since_ms={"b": 0}, now_ms=GRACE_MS, grace_ms=GRACE_MS)
     assert plan.step is Step.RECOVER
 
