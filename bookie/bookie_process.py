@@ -311,7 +311,7 @@ def _record_usage(server: BookieServer, usage, policy: ReadOnlyPolicy) -> None:
         checkpoints=server.stats.checkpoints,
         connections_accepted=server.stats.connections_accepted,
         protocol_errors=server.stats.protocol_errors,
-        connections_refused=server.stats.connections_refused,
+        connections_refused=server.connection_limits.refused,
         frame_buffer_bytes_reserved=server.frame_budget.reserved,
     )
 

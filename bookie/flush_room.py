@@ -1,17 +1,16 @@
-"""Whether a checkpoint's flush fits on the ledger disk, what a failed one
-means, and how long to wait before the next try. Pure: the trio driver
-(bookie.server) and start-up recovery measure the disk and carry the
-verdicts out.
-
-A flush writes entry log records and grows the RocksDB index. It may use the
-ledger disk's free space down to a reserve, never below: the reserve keeps
-room for the index (its memtables become SST files at RocksDB's next flush;
-RocksDB stops taking writes for good after a write that found the disk full)
-and, when the journal shares the file system, for the journal, which must
-always be able to record fences and the adds it already took. A flush that
-does not fit is held whole (the journal mark does not move) and tried again
-with backoff, for as long as it takes.
+"""Whether a checkpoint's flush fits on the ledger disk above the reserve it
+must leave, what a failed flush means, and how long to wait before the next
+try. Pure: the trio driver and start-up recovery measure and act.
 """
+
+# A flush writes entry log records and grows the RocksDB index. It may use the
+# ledger disk's free space down to a reserve, never below: the reserve keeps
+# room for the index (its memtables become SST files at RocksDB's next flush;
+# RocksDB refuses every write after one that found the disk full, until it is
+# reopened) and, when the journal shares the file system, for the journal,
+# which must always be able to record fences and the adds it already took. A
+# flush that does not fit is held whole (the journal mark does not move) and
+# tried again with backoff, for as long as it takes.
 
 from __future__ import annotations
 

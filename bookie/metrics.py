@@ -142,7 +142,7 @@ def server_families(server) -> list[Metric]:
         CounterMetricFamily("quire_bookie_connections", "Client connections accepted", value=stats.connections_accepted),
         CounterMetricFamily("quire_bookie_protocol_errors", "Connections closed for breaking the protocol", value=stats.protocol_errors),
         CounterMetricFamily("quire_bookie_connections_refused", "Connections closed at once: too many open in all or from one address",
-                            value=stats.connections_refused),
+                            value=server.connection_limits.refused),
         _gauge("quire_bookie_frame_buffer_bytes", "Bytes reserved by large frames being received", server.frame_budget.reserved),
         _gauge("quire_bookie_open_connections", "Client connections open now", len(server._connections)),
         _gauge("quire_bookie_write_cache_bytes", "Entries in the write cache, both buffers",

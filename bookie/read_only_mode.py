@@ -1,11 +1,12 @@
-"""Why a bookie takes no adds: each cause with its reason, and what changed.
-
-A bookie is read-only while any cause holds. Some clear by themselves (the
-disk is past its threshold, a checkpoint is held for room); others hold until
-the bookie is restarted (the journal, the index or the entry log files failed
-with a real I/O error). Pure: the trio driver feeds causes in and logs,
+"""Why a bookie takes no adds: each cause with its reason, and which changes
+are worth a log line. Pure: the trio driver feeds causes in, then logs,
 re-registers and publishes what comes out.
 """
+
+# A bookie is read-only while any cause holds. Some clear by themselves (the
+# disk is past its threshold, a checkpoint is held for room); others hold
+# until the bookie is restarted (the journal, the index or the entry log files
+# failed with a real I/O error).
 
 from __future__ import annotations
 

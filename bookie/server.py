@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import trio
@@ -38,28 +38,16 @@ from bookie.garbage_collector import GarbageCollector
 from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.metrics import BookieMetrics
+from bookie.client_connections import ClientConnections, _Connection, now_ms
 from bookie.protocol.frame_output import FrameOutput
-from bookie.protocol.peer_limits import ConnectionLimits, FrameBudget, FrameReader
+from bookie.protocol.peer_limits import ConnectionLimits, FrameBudget
 from bookie.protocol.wire import (
-    PROTOCOL_VERSION,
-    PROTOCOL_VERSION_MIN,
-    REQUEST_ITEMS_MAX,
-    AddBatchRequest,
     AddBatchResponse,
-    AddRequest,
     AddResponse,
-    BatchReadRequest,
     BatchReadResponse,
-    FrameDecoder,
-    HelloReply,
-    ProtocolError,
-    ReadRequest,
     ReadResponse,
     Status,
-    decode_hello,
-    decode_request,
     encode_add_ok,
-    encode_hello_reply,
     encode_response,
 )
 from bookie.core_actions import AppendJournal, DurableAdd, ListEntries, ReadEntries, Respond, StoreEntry
@@ -71,7 +59,6 @@ from coordination.store import MetadataStore
 
 log = logging.getLogger(__name__)
 
-HANDSHAKE_TIMEOUT_S = 10.0
 INLINE_FSYNC_BACKOFF_S_MIN = 1.0
 INLINE_FSYNC_BACKOFF_S_MAX = 60.0
 CHECKPOINT_STEP_ENTRIES = 1000  # entries framed per slice on the event loop (about 2 ms)
@@ -102,10 +89,6 @@ class InlineFsyncBackoff:
             self.backoff_s = self.backoff_s_min
         self.backoff_until = now + self.backoff_s
         return self.backoff_s
-
-
-def now_ms() -> float:
-    return trio.current_time() * 1000.0
 
 
 def measure_ledger_room(config: BookieConfig, storage: LedgerStorage) -> DiskRoom:
@@ -148,22 +131,9 @@ class Wakeup:
         await self._event.wait()
 
 
-@dataclass(eq=False)
-class _Connection:
-    id: int
-    stream: trio.SocketStream
-    peer: str
-    output: FrameOutput
-    # With metrics on: when each add and read in progress arrived (ms).
-    started_ms: dict[int, float] = field(default_factory=dict)
-    unanswered: int = 0  # requests read and not yet answered
-    answered: trio.Event | None = None  # set when `unanswered` drops, for a reader that waits on it
-
-
 @dataclass
 class ServerStats:
     connections_accepted: int = 0
-    connections_refused: int = 0
     protocol_errors: int = 0
     journal_batches: int = 0
     journal_batches_fsynced_inline: int = 0
@@ -172,7 +142,7 @@ class ServerStats:
     journal_files_deleted: int = 0
 
 
-class BookieServer:
+class BookieServer(ClientConnections):
     def __init__(
         self,
         config: BookieConfig,
@@ -205,9 +175,8 @@ class BookieServer:
         self.on_read_only_change = None  # callable(bool), set by the owner
         self.journal_failed: str | None = None
         self._connections: dict[int, _Connection] = {}
-        self._connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
+        self.connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
         self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
-        self._refusals_logged_s = float("-inf")
         # Connections with responses queued since the last flush.
         self._unflushed: list[FrameOutput] = []
         self._next_connection_id = 1
@@ -680,158 +649,3 @@ class BookieServer:
             with trio.move_on_at(deadline_ms / 1000.0):
                 await self._tick_wakeup.wait()
             self._execute(self.core.tick(now_ms()))
-
-    # --- connections --------------------------------------------------------------
-
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
-        connection_id = self._next_connection_id
-        self._next_connection_id += 1
-        try:
-            address, port = stream.socket.getpeername()[:2]
-        except OSError:
-            address, port = "?", 0
-        peer = f"{address}:{port}"
-        refusal = self._connection_limits.admit(address)
-        if refusal is not None:
-            self.stats.connections_refused += 1
-            self._log_refusal(peer, refusal)
-            await trio.aclose_forcefully(stream)
-            return
-        try:
-            await self._serve_connection(connection_id, stream, peer)
-        finally:
-            self._connection_limits.release(address)
-
-    def _log_refusal(self, peer: str, reason: str) -> None:
-        # At most one line a second: a flood of connections must not become a flood of logs.
-        now = trio.current_time()
-        if now - self._refusals_logged_s >= 1.0:
-            self._refusals_logged_s = now
-            log.warning("refusing connection from %s: %s (%d refused so far)", peer, reason, self.stats.connections_refused)
-
-    async def _serve_connection(self, connection_id: int, stream: trio.SocketStream, peer: str) -> None:
-        connection = _Connection(connection_id, stream, peer, FrameOutput(stream))
-        self.stats.connections_accepted += 1
-        decoder = FrameDecoder(self.config.frame_bytes_max, REQUEST_ITEMS_MAX)
-        reader = FrameReader(stream, decoder, self.frame_budget, self.config.frame_deadline_s)
-        try:
-            if not await self._handshake(connection, reader):
-                return
-            self._connections[connection_id] = connection
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
-                if await self._read_requests(connection, reader):
-                    # The client finished sending: give the writer a bounded
-                    # moment to send what is already answered.
-                    with trio.move_on_after(1):
-                        while connection.output:
-                            await connection.output.wait_drained()
-                nursery.cancel_scope.cancel()
-        except ProtocolError as error:
-            self._protocol_error(connection, error)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-            pass
-        except AssertionError:
-            raise  # our own invariant broke: a bug, crash
-        except Exception:
-            # Reading a client's handshake failed in a way we did not foresee:
-            # that client's connection closes, not the bookie.
-            self.stats.protocol_errors += 1
-            log.exception("closing connection %d from %s: unexpected error reading its handshake", connection_id, connection.peer)
-        finally:
-            reader.close()
-            self._connections.pop(connection_id, None)
-            self._execute(self.core.connection_closed(connection_id))
-            await trio.aclose_forcefully(stream)
-
-    def _protocol_error(self, connection: _Connection, error: ProtocolError) -> None:
-        self.stats.protocol_errors += 1
-        log.info("closing connection %d from %s: protocol error: %s", connection.id, connection.peer, error)
-
-    async def _handshake(self, connection: _Connection, reader: FrameReader) -> bool:
-        with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-            while True:
-                for fields in reader.decoder.frames():
-                    hello = decode_hello(fields)
-                    if not PROTOCOL_VERSION_MIN <= hello.protocol_version <= PROTOCOL_VERSION:
-                        reply = HelloReply(Status.BAD_VERSION, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
-                        await connection.stream.send_all(encode_hello_reply(reply))
-                        log.info("refusing %s: protocol version %d", connection.peer, hello.protocol_version)
-                        return False
-                    reply = HelloReply(Status.OK, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
-                    await connection.stream.send_all(encode_hello_reply(reply))
-                    return True
-                if not await reader.receive():
-                    return False
-
-    async def _read_requests(self, connection: _Connection, reader: FrameReader) -> bool:
-        """Read and handle requests until the client closes (True) or breaks
-        the protocol or the connection (False). Errors stay here, so that
-        the connection's nursery never has to carry them."""
-        try:
-            await self._read_loop(connection, reader)
-            return True
-        except ProtocolError as error:
-            self._protocol_error(connection, error)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except AssertionError:
-            raise  # our own invariant broke: a bug, crash
-        except Exception:
-            # Decoding or judging one client's request failed in a way we did
-            # not foresee: that client's connection closes, not the bookie.
-            self.stats.protocol_errors += 1
-            log.exception("closing connection %d from %s: unexpected error handling its requests", connection.id, connection.peer)
-        return False
-
-    async def _read_loop(self, connection: _Connection, reader: FrameReader) -> None:
-        core, execute, decoder = self.core, self._execute, reader.decoder
-        output_max = self.config.connection_output_bytes_max
-        journal_max = self.config.journal_queue_bytes_max
-        unanswered_max = self.config.requests_per_connection_max
-        # Frames that arrived with the handshake are handled first.
-        while True:
-            now = now_ms()
-            deadline_before = core.next_deadline_ms()
-            actions: list = []
-            try:
-                if self.metrics is None:
-                    for fields in decoder.frames():
-                        connection.unanswered += 1
-                        actions += core.receive(connection.id, decode_request(fields), now)
-                else:
-                    started_ms = connection.started_ms
-                    for fields in decoder.frames():
-                        connection.unanswered += 1
-                        request = decode_request(fields)
-                        kind = type(request)
-                        # A long poll waits on purpose: its time says nothing of the bookie.
-                        if (
-                            kind is AddRequest or kind is AddBatchRequest or kind is BatchReadRequest
-                            or kind is ReadRequest and request.previous_lac is None
-                        ):
-                            started_ms[request.request_id] = now
-                        actions += core.receive(connection.id, request, now)
-            finally:
-                # Requests before a malformed frame are the core's now: their
-                # actions must run even though the connection will close.
-                if actions:
-                    execute(actions)
-            if core.next_deadline_ms() != deadline_before:
-                self._tick_wakeup.set()
-            while connection.output.bytes > output_max:
-                await connection.output.wait_drained()
-            while self._journal_bytes > journal_max:
-                await self._journal_room.wait()
-            while connection.unanswered > unanswered_max:
-                connection.answered = trio.Event()
-                await connection.answered.wait()
-            connection.answered = None
-            if not await reader.receive():
-                return
-
-    async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
-        try:
-            await connection.output.run_writer()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            cancel_scope.cancel()

@@ -1,13 +1,13 @@
 """What a bookie does on start before it serves: rebuild ledger states from the
 index, replay the journal from the checkpoint mark, checkpoint the result and
 continue in a fresh journal file. Used by the trio server and the simulator.
-
-On a full ledger disk a checkpoint that does not fit is held, not written:
-replay goes on into the write cache, the mark stays behind every entry not
-yet flushed, and the server tries the held checkpoint again once it serves
-(read-only meanwhile). Nothing replayed is lost, nothing journalled is
-deleted before a checkpoint covers it.
 """
+
+# On a full ledger disk a checkpoint that does not fit is held, not written:
+# replay goes on into the write cache, the mark stays behind every entry not
+# yet flushed, and the server tries the held checkpoint again once it serves
+# (read-only meanwhile). Nothing replayed is lost, and no journal file is
+# deleted before a checkpoint covers it.
 
 from __future__ import annotations
 

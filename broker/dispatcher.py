@@ -9,7 +9,11 @@ consumer that went away, or held back), then newly read entries. A
 consumer's messages are delivered in offset order: once one of its messages
 is held back (no permits, or a key-shared consumer that joined recently), its
 later messages are held back too, in the replay set. The replay set is
-bounded (`replay_max`): no new entries are read while it is full.
+bounded (`replay_max`): no new entries are read while it is full. So are the
+messages out and not acknowledged, per consumer (`unacked_per_consumer_max`)
+and for the whole subscription (`unacked_per_subscription_max`, Pulsar's
+maxUnackedMessagesPerSubscription): past either, nothing more is delivered
+until acknowledgements (or redeliveries) come.
 
 Subscription types:
 - exclusive: one consumer; another is refused.
@@ -41,6 +45,7 @@ from broker.cursor import Cursor
 
 REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery
 UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past it a consumer gets nothing more
+UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT = 200_000  # ... by all of a subscription's consumers together
 PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
 
@@ -111,14 +116,16 @@ class Dispatcher:
         partition_index: int = -1,
         replay_max: int = REPLAY_MAX_DEFAULT,
         unacked_per_consumer_max: int = UNACKED_PER_CONSUMER_MAX_DEFAULT,
+        unacked_per_subscription_max: int = UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT,
     ) -> None:
-        if replay_max < 1 or unacked_per_consumer_max < 1:
-            raise ValueError("replay_max and unacked_per_consumer_max must be at least 1")
+        if replay_max < 1 or unacked_per_consumer_max < 1 or unacked_per_subscription_max < 1:
+            raise ValueError("replay_max, unacked_per_consumer_max and unacked_per_subscription_max must be at least 1")
         self.subscription_type = subscription_type
         self.cursor = cursor
         self.partition_index = partition_index
         self.replay_max = replay_max
         self.unacked_per_consumer_max = unacked_per_consumer_max
+        self.unacked_per_subscription_max = unacked_per_subscription_max
         self._consumers: dict[int, _Consumer] = {}  # in joining order
         self._owner: dict[int, int] = {}  # delivered offset -> consumer id
         self._replay: dict[int, EntryRef] = {}
@@ -202,6 +209,8 @@ class Dispatcher:
                     self._taken_back(delivery.consumer_id, offset, entry)
             if not self.cursor.is_acked(offset):
                 self._hold(offset, entry)
+            else:
+                self._redeliveries.pop(offset, None)
         if consumer is not None:
             consumer.permits += len(delivery.batch_indexes)
 
@@ -286,9 +295,14 @@ class Dispatcher:
     def replay_count(self) -> int:
         return len(self._replay_offsets)
 
+    @property
+    def unacked_total(self) -> int:
+        """Messages out at the consumers and not acknowledged."""
+        return len(self._owner)
+
     def wants_read(self) -> bool:
         """Whether a new entry could be delivered (so the driver should read one)."""
-        return len(self._replay_offsets) < self.replay_max and any(
+        return len(self._replay_offsets) < self.replay_max and len(self._owner) < self.unacked_per_subscription_max and any(
             consumer.permits > 0 and len(consumer.unacked) < self.unacked_per_consumer_max
             for consumer in self._consumers.values()
         )
@@ -438,7 +452,8 @@ class Dispatcher:
                 del self._out_by_key[key]
 
     def _can_take(self, consumer: _Consumer) -> bool:
-        return consumer.permits > 0 and len(consumer.unacked) < self.unacked_per_consumer_max
+        return (consumer.permits > 0 and len(consumer.unacked) < self.unacked_per_consumer_max
+                and len(self._owner) < self.unacked_per_subscription_max)
 
     def _key_consumer(self, key: str | None) -> int | None:
         if not self._ring:
@@ -461,5 +476,6 @@ __all__ = [
     "REPLAY_MAX_DEFAULT",
     "SubscriptionType",
     "UNACKED_PER_CONSUMER_MAX_DEFAULT",
+    "UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT",
     "VIRTUAL_NODES",
 ]

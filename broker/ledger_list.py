@@ -1,6 +1,6 @@
 """Decisions about a partition's chain of ledgers, as pure functions: where an
 offset lives, when the open ledger rolls over, and which old ledgers
-retention lets go."""
+retention lets go; and the open ledger's bounded index of offsets."""
 
 from __future__ import annotations
 
@@ -20,6 +20,49 @@ class OpenLedgerState:
     bytes: int
     created_ms: float
     last_add_ms: float | None  # None: nothing added yet
+
+
+OPEN_LEDGER_INDEX_POINTS_MAX = 4096  # first offsets the open ledger's index keeps
+
+
+class OpenLedgerIndex:
+    """Where the open ledger's messages are: the first offset of every
+    `stride`-th entry, at most `points_max` of them. When it is full, every
+    other point goes and the stride doubles, so that its memory stays
+    bounded however long a rollover is held back (`rollover_min_time_ms`);
+    finding an offset then takes a bisection of at most `stride` entries,
+    read back (`entry_range`)."""
+
+    __slots__ = ("points_max", "stride", "entries", "_firsts")
+
+    def __init__(self, points_max: int = OPEN_LEDGER_INDEX_POINTS_MAX) -> None:
+        if points_max < 2 or points_max % 2:
+            raise ValueError(f"points_max must be an even number of at least 2, got {points_max}")
+        self.points_max = points_max
+        self.stride = 1
+        self.entries = 0  # entries appended (their ids are 0 .. entries - 1)
+        self._firsts: list[int] = []  # first offset of entries 0, stride, 2 * stride, ...
+
+    def __len__(self) -> int:
+        return len(self._firsts)
+
+    def append(self, first_offset: int) -> None:
+        """The next entry of the ledger, whose first message is `first_offset`."""
+        if self.entries % self.stride == 0:
+            if len(self._firsts) == self.points_max:
+                # Full: entries == points_max * stride, a multiple of the new stride too.
+                del self._firsts[1::2]
+                self.stride *= 2
+            self._firsts.append(first_offset)
+        self.entries += 1
+
+    def entry_range(self, offset: int) -> tuple[int, int]:
+        """The entries (first and last id, inclusive) one of which holds
+        `offset`, an offset of this ledger's messages."""
+        assert self.entries and offset >= self._firsts[0], f"offset {offset} is not in this ledger"
+        index = bisect.bisect_right(self._firsts, offset) - 1
+        first = index * self.stride
+        return first, min(self.entries, first + self.stride) - 1
 
 
 def rollover_reason(state: OpenLedgerState, policies: TopicPolicies, now_ms: float) -> str | None:
@@ -95,4 +138,4 @@ def stored_bytes(ledgers: Sequence[LedgerInfo], open_ledger_bytes: int) -> int:
     return sum(info.bytes or 0 for info in ledgers if info.is_closed) + open_ledger_bytes
 
 
-__all__ = ["OpenLedgerState", "ledger_index_of", "rollover_reason", "stored_bytes", "trimmable_count"]
+__all__ = ["OPEN_LEDGER_INDEX_POINTS_MAX", "OpenLedgerIndex", "OpenLedgerState", "ledger_index_of", "rollover_reason", "stored_bytes", "trimmable_count"]

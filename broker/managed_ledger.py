@@ -13,19 +13,18 @@ appends and the broker unloads the partition, which is then opened afresh
 
 from __future__ import annotations
 
-import bisect
 import collections
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
 import trio
 
+from broker.entry_cache import ENTRY_CACHE_BYTES_DEFAULT, EntryCache, Position, StoredEntry
 from broker.errors import BadRequestError, BrokerError, TopicFencedError
-from broker.ledger_list import OpenLedgerState, ledger_index_of, rollover_reason, stored_bytes, trimmable_count
-from broker.message_format import BatchHeader, decode_entry
+from broker.ledger_list import OpenLedgerIndex, OpenLedgerState, ledger_index_of, rollover_reason, stored_bytes, trimmable_count
+from broker.message_format import decode_entry
 from broker.topic_store import LedgerInfo, ManagedLedgerRecord, TopicPolicies, TopicStore
 from coordination.store import BadVersionError, MetadataError
 from ledger_client import BKError, BookKeeper, LedgerHandle, NoSuchLedgerError, PendingAdd, ReadHandle
@@ -33,7 +32,6 @@ from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 
 log = logging.getLogger(__name__)
 
-ENTRY_CACHE_BYTES_DEFAULT = 64 * 1024 * 1024
 READ_HANDLES_MAX = 16  # closed ledgers kept open for reading
 READ_BYTES_MAX = 16 * 1024 * 1024  # one read of a backlog stops past this
 
@@ -44,46 +42,6 @@ class EntryGoneError(Exception):
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
-
-
-@dataclass(frozen=True, slots=True)
-class Position:
-    ledger_id: int
-    entry_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class StoredEntry:
-    position: Position
-    header: BatchHeader
-    data: bytes  # the entry as stored: header + body (msgpack)
-
-
-class EntryCache:
-    """Recently written or read entries, bounded by bytes (oldest out first)."""
-
-    def __init__(self, bytes_max: int) -> None:
-        self.bytes_max = bytes_max
-        self.bytes = 0
-        self._entries: collections.OrderedDict[tuple[int, int], StoredEntry] = collections.OrderedDict()
-
-    def get(self, ledger_id: int, entry_id: int) -> StoredEntry | None:
-        # Ledger ids are unique in the cluster, so one cache serves every partition.
-        return self._entries.get((ledger_id, entry_id))
-
-    def put(self, entry: StoredEntry) -> None:
-        key = (entry.position.ledger_id, entry.position.entry_id)
-        if key in self._entries or len(entry.data) > self.bytes_max:
-            return
-        self._entries[key] = entry
-        self.bytes += len(entry.data)
-        while self.bytes > self.bytes_max:
-            _, evicted = self._entries.popitem(last=False)
-            self.bytes -= len(evicted.data)
-
-    def drop_ledger(self, ledger_id: int) -> None:
-        for key in [key for key in self._entries if key[0] == ledger_id]:
-            self.bytes -= len(self._entries.pop(key).data)
 
 
 class ManagedLedger:
@@ -113,7 +71,7 @@ class ManagedLedger:
         self.fenced: BrokerError | None = None
         self.closed = False
         self._open = OpenLedgerState(0, 0, 0, 0.0, None)
-        self._entry_first_offsets: list[int] = []  # of the open ledger's persisted entries
+        self._open_index = OpenLedgerIndex()  # where the open ledger's persisted messages are
         self._append_lock = trio.StrictFIFOLock()
         self._appended = trio.Event()  # set (and renewed) whenever an entry is persisted
         self._read_handles: collections.OrderedDict[int, ReadHandle] = collections.OrderedDict()
@@ -177,7 +135,7 @@ class ManagedLedger:
         self.record = record
         self.handle = handle
         self._open = OpenLedgerState(0, 0, 0, time.monotonic() * 1000, None)
-        self._entry_first_offsets = []
+        self._open_index = OpenLedgerIndex()
         self.rollover_due = trio.Event()
 
     # --- appending -----------------------------------------------------------------------
@@ -239,7 +197,7 @@ class ManagedLedger:
         self._open = OpenLedgerState(
             state.entries + 1, state.messages + message_count, state.bytes + len(data), state.created_ms, time.monotonic() * 1000
         )
-        self._entry_first_offsets.append(first_offset)
+        self._open_index.append(first_offset)
         self.confirmed_offset = first_offset + message_count - 1
         header, _ = decode_entry(data)
         self.cache.put(StoredEntry(Position(handle.ledger_id, entry_id), header, data))
@@ -487,14 +445,18 @@ class ManagedLedger:
         if index is None:
             return self.first_position()
         info = ledgers[index]
+        first_entry_id, entry_count = 0, info.entries
         if not info.is_closed:
-            entry_id = bisect.bisect_right(self._entry_first_offsets, offset) - 1
-            return Position(info.ledger_id, entry_id)
+            # The index narrows it down to `stride` entries, bisected by reading them.
+            first_entry_id, last_entry_id = self._open_index.entry_range(offset)
+            entry_count = last_entry_id - first_entry_id + 1
 
-        async def first_offset_of(entry_id: int) -> int:
-            return (await self.read_entry(Position(info.ledger_id, entry_id))).header.first_offset
+        async def first_offset_of(index: int) -> int:
+            return (await self.read_entry(Position(info.ledger_id, first_entry_id + index))).header.first_offset
 
-        return Position(info.ledger_id, await _bisect_entries(first_offset_of, info.entries, offset))
+        if entry_count == 1:
+            return Position(info.ledger_id, first_entry_id)
+        return Position(info.ledger_id, first_entry_id + await _bisect_entries(first_offset_of, entry_count, offset))
 
     async def offset_at_time(self, publish_time_ms: int) -> int:
         """The first offset whose entry was appended at or after the time

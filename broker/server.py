@@ -29,6 +29,8 @@ from bookie.protocol.peer_limits import (
     ConnectionLimits,
     FrameBudget,
     FrameReader,
+    peer_faults,
+    serve_admitted,
 )
 from broker.admin import AdminHandler
 from broker.dispatcher import SubscriptionType
@@ -185,11 +187,9 @@ class BrokerServer:
         self._unloading: set[str] = set()
         self._connections: set[_Connection] = set()
         self.protocol_errors = 0  # connections closed for breaking the protocol
-        self.connections_refused = 0
         self.connections_timed_out = 0  # closed after two keep-alive intervals of silence
         self._connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
         self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
-        self._refusals_logged_s = float("-inf")
         self._consumer_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._listeners: list[trio.SocketListener] = []
@@ -510,24 +510,7 @@ class BrokerServer:
     # --- connections -------------------------------------------------------------------------
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
-        try:
-            address, port = stream.socket.getpeername()[:2]
-        except OSError:
-            address, port = "?", 0
-        peer = f"{address}:{port}"
-        refusal = self._connection_limits.admit(address)
-        if refusal is not None:
-            self.connections_refused += 1
-            now = trio.current_time()
-            if now - self._refusals_logged_s >= 1.0:  # at most a line a second, whatever the flood
-                self._refusals_logged_s = now
-                log.warning("refusing connection from %s: %s (%d refused so far)", peer, refusal, self.connections_refused)
-            await trio.aclose_forcefully(stream)
-            return
-        try:
-            await self._serve_connection(stream, peer)
-        finally:
-            self._connection_limits.release(address)
+        await serve_admitted(stream, self._connection_limits, log, lambda peer: self._serve_connection(stream, peer))
 
     async def _serve_connection(self, stream: trio.SocketStream, peer: str) -> None:
         connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max,
@@ -536,8 +519,10 @@ class BrokerServer:
         connection.reader = FrameReader(stream, decoder, self.frame_budget, self.config.frame_deadline_s)
         enable_keepalive(stream)
         try:
-            with trio.fail_after(HANDSHAKE_TIMEOUT_S):
-                hello, early = await self._first_frame(connection, decoder)
+            hello, early = None, []
+            with peer_faults(log, peer, self._count_protocol_error):
+                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                    hello, early = await self._first_frame(connection, decoder)
             if hello is None:
                 return
             self._connections.add(connection)
@@ -547,17 +532,6 @@ class BrokerServer:
                 nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
                 await self._read_requests(connection, decoder, nursery, slots, early)
                 nursery.cancel_scope.cancel()
-        except ProtocolError as error:
-            self._protocol_error(connection, error)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
-            pass
-        except AssertionError:
-            raise  # our own invariant broke: a bug, crash
-        except Exception:
-            # Decoding a client's handshake failed in a way we did not
-            # foresee: that client's connection closes, not the broker.
-            self.protocol_errors += 1
-            log.exception("closing connection from %s: unexpected error reading its handshake", peer)
         finally:
             connection.reader.close()
             connection.closed = True
@@ -592,25 +566,13 @@ class BrokerServer:
                              slots: trio.Semaphore, early: list) -> None:
         """Errors of the connection stay here, so that its nursery never
         carries them: a peer that breaks the protocol loses this connection only."""
-        try:
+        with peer_faults(log, connection.peer, self._count_protocol_error):
             for fields in early:
                 await self._handle(connection, decode(fields), nursery, slots)
             await self._read_loop(connection, decoder, nursery, slots)
-        except ProtocolError as error:
-            self._protocol_error(connection, error)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        except AssertionError:
-            raise  # our own invariant broke: a bug, crash
-        except Exception:
-            # A failure handling one client's frame (a bug, or input we did
-            # not foresee) closes that client's connection, not the broker.
-            self.protocol_errors += 1
-            log.exception("closing connection from %s: unexpected error handling its frames", connection.peer)
 
-    def _protocol_error(self, connection: _Connection, error: ProtocolError) -> None:
+    def _count_protocol_error(self) -> None:
         self.protocol_errors += 1
-        log.info("closing connection from %s: protocol error: %s", connection.peer, error)
 
     async def _read_loop(self, connection: _Connection, decoder: FrameDecoder, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
         while True:

@@ -401,6 +401,7 @@ class Subscription:
             "backlog_messages": self.backlog(),
             "messages_out": self.messages_out,
             "held_for_redelivery": self.dispatcher.replay_count,
+            "unacknowledged_messages": self.dispatcher.unacked_total,
             "consumers": [
                 {"name": link.name, "permits": self.dispatcher.permits(link.consumer_id),
                  "unacknowledged": self.dispatcher.unacked_count(link.consumer_id), "messages_out": link.messages_out,

@@ -56,6 +56,12 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     add_daemon_options(parser)
     parser.add_argument("--no-auditor", action="store_true", help="run only a replication worker")
     parser.add_argument("--name", help="how this daemon shows in `autorecovery status` (default HOST:PID)")
+    parser.add_argument(
+        "--startup-timeout", type=ranges.interval, default=60_000, metavar="DURATION",
+        help="reaching ZooKeeper is tried again (a fresh session each time) until this long has passed; then exit 2",
+    )
+    parser.add_argument("--session-timeout-ms", type=ranges.session_timeout_ms, default=10_000,
+                        help="the daemon's ZooKeeper session timeout")
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -67,16 +73,25 @@ def run(arguments: argparse.Namespace) -> int:
     configure_logging(arguments.log_level, "autorecovery", name, arguments.log_format)
 
     async def main() -> None:
-        from quire.metadata_access import open_metadata
+        from coordination.startup import Startup, StartupTimeoutError
 
-        # Unreachable or malformed --zk: one line and exit 2 now, rather
-        # than a daemon that retries for ever (it does, once it ran).
-        async with open_metadata(arguments.zk, arguments.root):
-            pass
+        # ZooKeeper away or slow at start: tried again until the deadline,
+        # then one line and exit 2 (once running, the daemon retries for ever).
+        startup = Startup("auto-recovery", arguments.startup_timeout)
+        try:
+            with startup.deadline():
+                store = await startup.connect(arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms)
+                store.close()
+                startup.finish()
+        except StartupTimeoutError as error:
+            raise UsageError(str(error)) from None
+        except ValueError as error:  # a malformed --zk
+            raise UsageError(str(error)) from None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(lambda task_status: run_autorecovery(
-                arguments.zk, arguments.root, config, name=name, task_status=task_status
+                arguments.zk, arguments.root, config, name=name, session_timeout_ms=arguments.session_timeout_ms,
+                task_status=task_status,
             ))
             print(f"auto-recovery {name} running", flush=True)
 

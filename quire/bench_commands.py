@@ -10,6 +10,7 @@ BENCHMARKS = {
     "ledger_write": "the ledger client on 3 bookies, and NATS JetStream as the reference",
     "ledger_read": "catch-up read of a closed 1M-entry ledger",
     "broker_pubsub": "broker publish, end to end and backlog, and NATS JetStream as the reference",
+    "broker_memory": "a broker's RSS while millions of small messages pass, against its entry cache",
     "autorecovery": "time to restore full replication after a bookie is lost",
     "bookie_gc": "disk space the bookies' garbage collection reclaims, and how fast",
     "spark_export": "Spark export of a 1 GiB topic to Parquet, and its two references",

@@ -88,7 +88,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         "--startup-timeout", type=ranges.interval, default=60_000, metavar="DURATION",
         help="retry the ZooKeeper steps of start-up (connect, bookie registry, registration) this long, then exit 2 naming the step",
     )
-    parser.add_argument("--entry-cache-bytes", type=ranges.memory_bytes, default=64 * 1024**2, help="entries kept in memory for tailing consumers, all partitions together")
+    parser.add_argument("--entry-cache-bytes", type=ranges.memory_bytes, default=64 * 1024**2, help="memory the entries kept for consumers may hold, their objects included, all partitions together")
     parser.add_argument("--frame-bytes-max", type=ranges.frame_bytes, default=16 * 1024**2, help="largest frame a client may send; a longer one closes its connection")
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
     parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from typing import AsyncIterator
 
-import trio
 
 from coordination.async_store import AsyncMetadataStore, connect_zookeeper
 from coordination.store import MetadataError

@@ -28,6 +28,7 @@ LONG_DOWN_MS_MIN = 5_000.0
 LONG_DOWN_MS_MAX = 30_000.0
 CORRUPT_TAIL_ENTRIES = 8  # corruption aims at the last entries of open ledgers, where recovery decides
 CORRUPT_CANDIDATES_MAX = 20  # stored entries one corruption tries before it gives up
+AIM_PAST_LIVE_COPIES_PROBABILITY = 0.5  # a corruption aims at copies no live bookie has another intact one of
 # The first fault comes within this time, so that a short safety phase with
 # a long mean interval between faults does not end before any fault.
 FIRST_FAULT_MS_MAX = 1_000.0
@@ -227,7 +228,8 @@ class SimNemesis(NemesisBase):
 
     def _corrupt(self) -> None:
         """Damage one stored entry on one bookie, never the last intact copy
-        of an entry: aimed at the tail of open ledgers. Half the time the
+        of an entry: aimed at the tail of open ledgers, and half the time at
+        copies no live bookie holds another intact one of. Half the time the
         entry log's own checksum catches it (the bookie answers IO_ERROR);
         else the damage is served as if intact (a checksum written over
         the bad bytes) and only the client's digest can tell."""
@@ -243,6 +245,14 @@ class SimNemesis(NemesisBase):
                 chosen = entry_ids[-CORRUPT_TAIL_ENTRIES:] if ledger_id in open_ledgers else entry_ids
                 candidates += [(bookie, ledger_id, entry_id) for entry_id in chosen]
         rng.shuffle(candidates)
+        if rng.random() < AIM_PAST_LIVE_COPIES_PROBABILITY:
+            # Copies of open ledgers' entries whose every other intact copy
+            # is on a bookie that is down come first: a recovery now meets
+            # the corrupt copy with no intact one to read, where an error
+            # taken for "no entry" would cut the ledger short.
+            live = {name: entries for name, entries in stored.items() if self._bookie_up(name)}
+            candidates.sort(key=lambda candidate: candidate[1] not in open_ledgers or self.checker.intact_copies(
+                live, candidate[1], candidate[2], excluding=candidate[0].name) > 0)
         for bookie, ledger_id, entry_id in candidates[:CORRUPT_CANDIDATES_MAX]:
             if self.checker.intact_copies(stored, ledger_id, entry_id, excluding=bookie.name) >= 1:
                 served = rng.random() < 0.5
@@ -253,6 +263,9 @@ class SimNemesis(NemesisBase):
                 self.checker.check_durability(self.bookies, f"corrupting entry {entry_id} of ledger {ledger_id} on {bookie.name}")
                 return
         self._skip("corrupt", f"none of {min(len(candidates), CORRUPT_CANDIDATES_MAX)} stored entries tried has another intact copy")
+
+    def _bookie_up(self, name: str) -> bool:
+        return any(bookie.up for bookie in self.bookies if bookie.name == name)
 
     # --- the end of the safety phase ------------------------------------------------------------
 

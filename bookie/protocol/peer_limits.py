@@ -9,7 +9,10 @@ driver code (they wait, with trio).
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+from typing import Awaitable, Callable, Iterator
 
 import trio
 
@@ -38,6 +41,7 @@ class ConnectionLimits:
         self.total = 0
         self.by_address: dict[str, int] = {}
         self.refused = 0
+        self._refusal_logged_s = -math.inf
 
     def admit(self, address: str) -> str | None:
         """Count a new connection from `address`, or return why it is refused."""
@@ -60,6 +64,57 @@ class ConnectionLimits:
             self.by_address[address] = held
         else:
             del self.by_address[address]
+
+    def should_log_refusal(self, now_s: float) -> bool:
+        """At most one log line a second: a flood of connections must not become a flood of logs."""
+        if now_s - self._refusal_logged_s < 1.0:
+            return False
+        self._refusal_logged_s = now_s
+        return True
+
+
+@contextlib.contextmanager
+def peer_faults(log: logging.Logger, peer: str, count: Callable[[], None]) -> Iterator[None]:
+    """Where a connection's work runs: what its peer did wrong ends that
+    connection only. Bytes that break the protocol are logged with the
+    reason (and counted); a broken connection is not news; anything else
+    raised by one peer's input that we did not foresee is logged with its
+    traceback (and counted) and ends that connection too. An assert that
+    fails is our own invariant breaking: it propagates, and the process
+    stops, as a bug should."""
+    try:
+        yield
+    except ProtocolError as error:
+        count()
+        log.info("closing connection from %s: protocol error: %s", peer, error)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
+        pass
+    except AssertionError:
+        raise
+    except Exception:
+        count()
+        log.exception("closing connection from %s: unexpected error handling what it sent", peer)
+
+
+async def serve_admitted(stream: trio.SocketStream, limits: ConnectionLimits, log: logging.Logger,
+                         serve: Callable[[str], Awaitable[None]]) -> None:
+    """Serve an accepted connection (`serve(peer)`) if `limits` admit its
+    address; otherwise close it at once, logging why."""
+    try:
+        address, port = stream.socket.getpeername()[:2]
+    except OSError:
+        address, port = "?", 0
+    peer = f"{address}:{port}"
+    refusal = limits.admit(address)
+    if refusal is not None:
+        if limits.should_log_refusal(trio.current_time()):
+            log.warning("refusing connection from %s: %s (%d refused so far)", peer, refusal, limits.refused)
+        await trio.aclose_forcefully(stream)
+        return
+    try:
+        await serve(peer)
+    finally:
+        limits.release(address)
 
 
 class FrameBudget:

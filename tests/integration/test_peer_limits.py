@@ -89,7 +89,7 @@ async def test_a_frame_trickled_byte_by_byte_is_cut_off_at_the_frame_deadline(bo
             return False
 
         assert await trio.to_thread.run_sync(trickle), "the trickled frame was never cut off"
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started < 15  # the frame deadline (2 s), with room for a loaded machine
     finally:
         sock.close()
     assert process.running
@@ -204,7 +204,7 @@ async def test_a_silent_broker_client_is_pinged_and_closed_after_two_intervals(b
                 result["silent closed"] = await trio.to_thread.run_sync(pinged_then_closed)
 
             nursery.start_soon(watch_silent)
-            result["pings answered"] = await trio.to_thread.run_sync(answer_pings_for, 5.0)
+            result["pings answered"] = await trio.to_thread.run_sync(answer_pings_for, 8.0)
         assert result["silent closed"]
         assert result["pings answered"] >= 2
         # The client that answered is still connected and served.

@@ -236,11 +236,38 @@ def test_a_consumer_with_too_many_unacknowledged_messages_gets_nothing_more():
     assert dispatcher.wants_read() and offsets_of(dispatcher.dispatch_replay()) == [(1, 2)]
 
 
+@pytest.mark.parametrize("kind", [SHARED, KEY_SHARED])
+def test_a_subscription_with_too_many_unacknowledged_messages_delivers_nothing_more(kind):
+    # Many consumers, each under its own bound: the subscription's bound
+    # holds what all of them have out together (and what the broker keeps
+    # in memory for them).
+    dispatcher = make_dispatcher(kind, {1: 100, 2: 100, 3: 100}, unacked_per_consumer_max=10, unacked_per_subscription_max=4)
+    assert len(read_all(dispatcher, make_entries(*[(f"k{n}",) for n in range(6)]))) == 4
+    assert dispatcher.unacked_total == 4 and not dispatcher.wants_read()
+    assert dispatcher.dispatch_replay() == []
+    acknowledge(dispatcher, [0, 1])
+    assert offsets_of(dispatcher.dispatch_replay())  # held messages go first
+    assert dispatcher.unacked_total <= 4
+
+
+def test_a_given_back_delivery_of_acknowledged_messages_keeps_no_redelivery_count():
+    dispatcher = make_dispatcher(SHARED, {1: 10})
+    read_all(dispatcher, make_entries(1))
+    dispatcher.redeliver(1)
+    [delivery] = dispatcher.dispatch_replay()
+    assert delivery.redelivery_count == 1
+    dispatcher.cursor.acknowledge([0])  # acknowledged while the delivery could not be sent
+    dispatcher.give_back(delivery)
+    assert dispatcher.replay_count == 0 and dispatcher._redeliveries == {}
+
+
 def test_bounds_must_be_positive():
     with pytest.raises(ValueError):
         Dispatcher(SHARED, Cursor.at(0), replay_max=0)
     with pytest.raises(ValueError):
         Dispatcher(SHARED, Cursor.at(0), unacked_per_consumer_max=0)
+    with pytest.raises(ValueError):
+        Dispatcher(SHARED, Cursor.at(0), unacked_per_subscription_max=0)
 
 
 def test_unknown_subscription_types_are_refused():
@@ -422,6 +449,7 @@ class Model:
     kind: SubscriptionType
     partition_index: int
     unacked_per_consumer_max: int
+    unacked_per_subscription_max: int
     entries: list[EntryRef]
     consumers: dict[int, tuple[str, int]] = field(default_factory=dict)  # id -> (name, priority), joining order
     permits: dict[int, int] = field(default_factory=dict)
@@ -482,12 +510,14 @@ class Model:
                 # Each message needs a permit and room of its own.
                 assert self.permits[consumer_id] >= len(offsets), "key-shared delivery past the permits"
                 assert held + len(offsets) <= self.unacked_per_consumer_max
+                assert len(self.out) + len(offsets) <= self.unacked_per_subscription_max
             else:
                 # A delivery starts only with a permit and room; the rest of
                 # its entry may follow past them; an entry's messages go out
                 # together.
                 assert self.permits[consumer_id] > 0, "delivery started without a permit"
                 assert held < self.unacked_per_consumer_max
+                assert len(self.out) < self.unacked_per_subscription_max
                 assert (entry.ledger_id, entry.entry_id) not in entries_in_call, "an entry split in one pass"
                 entries_in_call.add((entry.ledger_id, entry.entry_id))
             assert delivery.redelivery_count == max(self.returned.get(offset, 0) for offset in offsets)
@@ -516,12 +546,13 @@ class Model:
 class Harness:
     """Drives a dispatcher as the subscription does, checking it against the model."""
 
-    def __init__(self, kind: SubscriptionType, batches, partition_index: int, replay_max: int, unacked_max: int) -> None:
+    def __init__(self, kind: SubscriptionType, batches, partition_index: int, replay_max: int, unacked_max: int,
+                 unacked_subscription_max: int = 10**6) -> None:
         entries = make_entries(*batches)
         self.cursor = Cursor.at(0)
         self.dispatcher = Dispatcher(kind, self.cursor, partition_index=partition_index, replay_max=replay_max,
-                                     unacked_per_consumer_max=unacked_max)
-        self.model = Model(kind, partition_index, unacked_max, entries)
+                                     unacked_per_consumer_max=unacked_max, unacked_per_subscription_max=unacked_subscription_max)
+        self.model = Model(kind, partition_index, unacked_max, unacked_subscription_max, entries)
 
     def deliver(self, deliveries: list[Delivery]) -> None:
         self.model.check(deliveries)
@@ -693,9 +724,11 @@ class Harness:
     partition_index=st.sampled_from([-1, 0, 1, 2]),
     replay_max=st.integers(1, 8),
     unacked_max=st.integers(1, 6),
+    unacked_subscription_max=st.integers(1, 12),
 )
-def test_random_events_keep_every_dispatch_rule(kind, batches, start, script, partition_index, replay_max, unacked_max):
-    harness = Harness(kind, batches, partition_index, replay_max, unacked_max)
+def test_random_events_keep_every_dispatch_rule(kind, batches, start, script, partition_index, replay_max, unacked_max,
+                                                unacked_subscription_max):
+    harness = Harness(kind, batches, partition_index, replay_max, unacked_max, unacked_subscription_max)
     for event in start + script:
         harness.step(event)
     harness.drain()

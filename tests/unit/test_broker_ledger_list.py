@@ -1,6 +1,7 @@
 """Decisions about a partition's chain of ledgers: when the open ledger rolls
 over, which ledger holds an offset, and how many old ledgers retention lets
-go (an important subscription's unacknowledged messages hold theirs)."""
+go (an important subscription's unacknowledged messages hold theirs); and
+the open ledger's index of offsets, bounded however many entries it has."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.ledger_list import OpenLedgerState, ledger_index_of, rollover_reason, stored_bytes, trimmable_count
+from broker.ledger_list import OpenLedgerIndex, OpenLedgerState, ledger_index_of, rollover_reason, stored_bytes, trimmable_count
 from broker.topic_store import LedgerInfo, TopicPolicies
 
 # --- rollover -------------------------------------------------------------------------
@@ -182,3 +183,46 @@ def test_a_young_ledger_does_not_roll_over_for_its_size():
     full = OpenLedgerState(entries=500, messages=500, bytes=5000, created_ms=0, last_add_ms=10_000)
     assert rollover_reason(full, policies, 10_000) is None
     assert rollover_reason(full, policies, 30_000) == "500 entries"
+
+
+# --- the open ledger's index ----------------------------------------------------------------
+
+
+def test_the_open_ledger_index_stays_bounded_however_many_entries():
+    index = OpenLedgerIndex(points_max=8)
+    for entry_id in range(1_000):
+        index.append(3 * entry_id)  # three messages an entry
+    assert len(index) <= 8 and index.stride == 128 and index.entries == 1_000
+    # A range of at most `stride` entries, the one holding the offset among them.
+    assert index.entry_range(0) == (0, 127)
+    assert index.entry_range(3 * 500 + 2) == (384, 511)
+    assert index.entry_range(3 * 999 + 2) == (896, 999)  # the last range ends at the last entry
+
+
+def test_the_open_ledger_index_is_exact_until_it_fills():
+    index = OpenLedgerIndex(points_max=4)
+    for first_offset in (0, 5, 6, 20):
+        index.append(first_offset)
+    assert [index.entry_range(offset) for offset in (0, 4, 5, 6, 19, 20, 99)] == [
+        (0, 0), (0, 0), (1, 1), (2, 2), (2, 2), (3, 3), (3, 3)]
+
+
+def test_the_open_ledger_index_takes_an_even_number_of_points():
+    for points_max in (0, 1, 3):
+        with pytest.raises(ValueError):
+            OpenLedgerIndex(points_max=points_max)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=200), st.sampled_from([2, 4, 6, 16]), st.data())
+def test_the_open_ledger_index_range_holds_the_offset(message_counts, points_max, data):
+    index = OpenLedgerIndex(points_max=points_max)
+    firsts = []
+    for count in message_counts:
+        firsts.append(sum(message_counts[:len(firsts)]))
+        index.append(firsts[-1])
+    offset = data.draw(st.integers(0, sum(message_counts) - 1))
+    holder = max(entry_id for entry_id, first in enumerate(firsts) if first <= offset)
+    first, last = index.entry_range(offset)
+    assert len(index) <= points_max and last - first + 1 <= index.stride
+    assert first <= holder <= last

@@ -121,3 +121,23 @@ async def test_a_large_frame_that_finds_no_room_before_its_deadline_is_refused(a
     with pytest.raises(ProtocolError, match="waited 5s for room"):
         await reader.receive()
     assert budget.reserved == 2 * FRAME_BYTES_UNRESERVED
+
+
+def test_peer_faults_end_the_connection_but_our_own_asserts_stop_the_process(caplog):
+    import logging
+
+    from bookie.protocol.peer_limits import peer_faults
+
+    counted = []
+    log = logging.getLogger("test.peer_faults")
+    with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
+        raise ProtocolError("bad bytes")
+    with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
+        raise trio.BrokenResourceError
+    with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
+        raise KeyError("a case nobody foresaw")
+    assert len(counted) == 2
+    assert "protocol error: bad bytes" in caplog.text and "KeyError" in caplog.text
+    with pytest.raises(AssertionError):
+        with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
+            raise AssertionError("an invariant of ours")

@@ -1,0 +1,170 @@
+"""The part of the bookie's trio driver that serves client connections:
+admission under the connection bounds, the handshake, reading requests
+into the request core under the frame budget and deadline, and the writer
+task. `BookieServer` inherits it; its state (`core`, `config`, `stats`,
+`_connections`, ...) is the server's."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import trio
+
+from bookie.protocol.frame_output import FrameOutput
+from bookie.protocol.peer_limits import FrameReader, peer_faults, serve_admitted
+from bookie.protocol.wire import (
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_MIN,
+    REQUEST_ITEMS_MAX,
+    AddBatchRequest,
+    AddRequest,
+    BatchReadRequest,
+    FrameDecoder,
+    HelloReply,
+    ReadRequest,
+    Status,
+    decode_hello,
+    decode_request,
+    encode_hello_reply,
+)
+
+log = logging.getLogger("bookie.server")
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+def now_ms() -> float:
+    return trio.current_time() * 1000.0
+
+
+@dataclass(eq=False)
+class _Connection:
+    id: int
+    stream: trio.SocketStream
+    peer: str
+    output: FrameOutput
+    # With metrics on: when each add and read in progress arrived (ms).
+    started_ms: dict[int, float] = field(default_factory=dict)
+    unanswered: int = 0  # requests read and not yet answered
+    answered: trio.Event | None = None  # set when `unanswered` drops, for a reader that waits on it
+
+    @property
+    def name(self) -> str:
+        return f"{self.peer} (connection {self.id})"
+
+
+
+class ClientConnections:
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        connection_id = self._next_connection_id
+        self._next_connection_id += 1
+        await serve_admitted(stream, self.connection_limits, log,
+                             lambda peer: self._serve_connection(connection_id, stream, peer))
+
+    async def _serve_connection(self, connection_id: int, stream: trio.SocketStream, peer: str) -> None:
+        connection = _Connection(connection_id, stream, peer, FrameOutput(stream))
+        self.stats.connections_accepted += 1
+        decoder = FrameDecoder(self.config.frame_bytes_max, REQUEST_ITEMS_MAX)
+        reader = FrameReader(stream, decoder, self.frame_budget, self.config.frame_deadline_s)
+        try:
+            handshaken = False
+            with peer_faults(log, connection.name, self._count_protocol_error):
+                handshaken = await self._handshake(connection, reader)
+            if not handshaken:
+                return
+            self._connections[connection_id] = connection
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
+                if await self._read_requests(connection, reader):
+                    # The client finished sending: give the writer a bounded
+                    # moment to send what is already answered.
+                    with trio.move_on_after(1):
+                        while connection.output:
+                            await connection.output.wait_drained()
+                nursery.cancel_scope.cancel()
+        finally:
+            reader.close()
+            self._connections.pop(connection_id, None)
+            self._execute(self.core.connection_closed(connection_id))
+            await trio.aclose_forcefully(stream)
+
+    def _count_protocol_error(self) -> None:
+        self.stats.protocol_errors += 1
+
+    async def _handshake(self, connection: _Connection, reader: FrameReader) -> bool:
+        with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+            while True:
+                for fields in reader.decoder.frames():
+                    hello = decode_hello(fields)
+                    if not PROTOCOL_VERSION_MIN <= hello.protocol_version <= PROTOCOL_VERSION:
+                        reply = HelloReply(Status.BAD_VERSION, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
+                        await connection.stream.send_all(encode_hello_reply(reply))
+                        log.info("refusing %s: protocol version %d", connection.peer, hello.protocol_version)
+                        return False
+                    reply = HelloReply(Status.OK, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
+                    await connection.stream.send_all(encode_hello_reply(reply))
+                    return True
+                if not await reader.receive():
+                    return False
+
+    async def _read_requests(self, connection: _Connection, reader: FrameReader) -> bool:
+        """Read and handle requests until the client closes (True) or breaks
+        the protocol or the connection (False). Errors stay here, so that
+        the connection's nursery never has to carry them."""
+        with peer_faults(log, connection.name, self._count_protocol_error):
+            await self._read_loop(connection, reader)
+            return True
+        return False
+
+    async def _read_loop(self, connection: _Connection, reader: FrameReader) -> None:
+        core, execute, decoder = self.core, self._execute, reader.decoder
+        output_max = self.config.connection_output_bytes_max
+        journal_max = self.config.journal_queue_bytes_max
+        unanswered_max = self.config.requests_per_connection_max
+        # Frames that arrived with the handshake are handled first.
+        while True:
+            now = now_ms()
+            deadline_before = core.next_deadline_ms()
+            actions: list = []
+            try:
+                if self.metrics is None:
+                    for fields in decoder.frames():
+                        connection.unanswered += 1
+                        actions += core.receive(connection.id, decode_request(fields), now)
+                else:
+                    started_ms = connection.started_ms
+                    for fields in decoder.frames():
+                        connection.unanswered += 1
+                        request = decode_request(fields)
+                        kind = type(request)
+                        # A long poll waits on purpose: its time says nothing of the bookie.
+                        if (
+                            kind is AddRequest or kind is AddBatchRequest or kind is BatchReadRequest
+                            or kind is ReadRequest and request.previous_lac is None
+                        ):
+                            started_ms[request.request_id] = now
+                        actions += core.receive(connection.id, request, now)
+            finally:
+                # Requests before a malformed frame are the core's now: their
+                # actions must run even though the connection will close.
+                if actions:
+                    execute(actions)
+            if core.next_deadline_ms() != deadline_before:
+                self._tick_wakeup.set()
+            while connection.output.bytes > output_max:
+                await connection.output.wait_drained()
+            while self._journal_bytes > journal_max:
+                await self._journal_room.wait()
+            while connection.unanswered > unanswered_max:
+                connection.answered = trio.Event()
+                await connection.answered.wait()
+            connection.answered = None
+            if not await reader.receive():
+                return
+
+    async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
+        try:
+            await connection.output.run_writer()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            cancel_scope.cancel()
