@@ -128,6 +128,7 @@ def test_peer_faults_end_the_connection_but_our_own_asserts_stop_the_process(cap
 
     from bookie.protocol.peer_limits import peer_faults
 
+    caplog.set_level(logging.INFO)
     counted = []
     log = logging.getLogger("test.peer_faults")
     with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
