@@ -4,9 +4,9 @@ fenced, read forward from the largest LAC with the fence flag on every read,
 decide each entry (present as soon as one bookie of its write set returns it
 with a valid digest, absent at WQ - AQ + 1 NO_ENTRY/NO_LEDGER answers,
 otherwise ask again), rewrite the present ones with RECOVERY_ADD through a
-`WriteCore`, then close by compare-and-set. A
-concurrent recoverer's close is adopted. No I/O, no clock, no randomness of
-its own: the driver or the simulator carries out the actions.
+`WriteCore`, then close by compare-and-set. A concurrent recoverer's close
+is adopted. No I/O, no clock, no randomness of its own: the driver or the
+simulator carries out the actions.
 """
 
 from __future__ import annotations

@@ -250,7 +250,8 @@ class SimNemesis(NemesisBase):
             # is on a bookie that is down come first: a recovery now meets
             # the corrupt copy with no intact one to read, where an error
             # taken for "no entry" would cut the ledger short.
-            live = {name: entries for name, entries in stored.items() if self._bookie_up(name)}
+            up = {bookie.name for bookie in self.bookies if bookie.up}
+            live = {name: entries for name, entries in stored.items() if name in up}
             candidates.sort(key=lambda candidate: candidate[1] not in open_ledgers or self.checker.intact_copies(
                 live, candidate[1], candidate[2], excluding=candidate[0].name) > 0)
         for bookie, ledger_id, entry_id in candidates[:CORRUPT_CANDIDATES_MAX]:
@@ -263,9 +264,6 @@ class SimNemesis(NemesisBase):
                 self.checker.check_durability(self.bookies, f"corrupting entry {entry_id} of ledger {ledger_id} on {bookie.name}")
                 return
         self._skip("corrupt", f"none of {min(len(candidates), CORRUPT_CANDIDATES_MAX)} stored entries tried has another intact copy")
-
-    def _bookie_up(self, name: str) -> bool:
-        return any(bookie.up for bookie in self.bookies if bookie.name == name)
 
     # --- the end of the safety phase ------------------------------------------------------------
 

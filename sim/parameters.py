@@ -14,8 +14,8 @@ FAULT_KINDS = (
 )
 # Each kind is on with this probability. "bookie_down" (a bookie crashed and
 # kept down for a long stretch, so that recovery has to decide without it)
-# is drawn after every other parameter, so that adding it kept the other
-# draws of each seed as they were.
+# is drawn after every other parameter: whether it is on leaves the other
+# draws of a seed as they are without it.
 FAULT_PROBABILITY = 0.6
 
 

@@ -607,7 +607,7 @@ def test_one_intact_copy_with_the_other_bookies_down_makes_an_entry_present(quor
     # reaches its coverage (E - AQ + 1 bookies). That one intact copy makes
     # entry 10 present; entry 11 is absent at WQ - AQ + 1 "no entry"
     # answers from the bookies left. The rewrite replaces the bookies down.
-    ensemble_size, _, ack_quorum = quorums
+    ack_quorum = quorums[2]
     cluster = Cluster(*quorums, spares=len(down))
     for _ in range(10):
         cluster.write()
