@@ -28,7 +28,7 @@ from pathlib import Path
 
 import trio
 
-from bench.cluster import bench_cluster
+from bench.cluster import bench_cluster, rss_mb
 from broker.client import Client
 from quire.cli_ranges import memory_bytes
 from quire.progress import Progress
@@ -38,15 +38,6 @@ PLATEAU_CACHE_RATIO_MAX = 2.0  # the target: RSS levels off below this many time
 LEVELLED_GROWTH_FRACTION = 0.02  # the last quarter's peak may pass the third quarter's by this much of the plateau
 STATS_INTERVAL_S = 2.0
 MIB = 1024 * 1024
-
-
-def rss_mb(pid: int) -> float:
-    """The process's resident memory in MiB (as every "_mb" here)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for process {pid}")
 
 
 @dataclass

@@ -35,6 +35,15 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
+def rss_mb(pid: int) -> float:
+    """The process's resident memory in MiB (as every "_mb" here)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def latency_summary(latencies_ms: list[float]) -> dict:
     """p50, p99 and p99.9 in ms; null (JSON has no NaN) where nothing was timed."""
     latencies_ms = sorted(latencies_ms)

@@ -26,21 +26,13 @@ from pathlib import Path
 
 import trio
 
-from bench.cluster import bench_cluster
+from bench.cluster import bench_cluster, rss_mb
 from quire.progress import Progress
 from sim.frame_fuzz import BOOKIE, BROKER, fuzz_case, send_case
 
 WARMUP_FRAMES = 10_000
 SENDERS = 8  # connections sending at once
 RSS_GROWTH_MAX = 0.10
-
-
-def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for {pid}")
 
 
 def _send_many(address: str, protocol: str, count: int, seed: int, on_sent) -> dict[str, int]:

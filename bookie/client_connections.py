@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import trio
 
 from bookie.protocol.frame_output import FrameOutput
-from bookie.protocol.peer_limits import FrameReader, peer_faults, serve_admitted
+from bookie.protocol.peer_limits import FrameReader, decode_from_peer, peer_faults, serve_admitted, wait_for_output_room
 from bookie.protocol.wire import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
@@ -96,7 +96,7 @@ class ClientConnections:
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             while True:
                 for fields in reader.decoder.frames():
-                    hello = decode_hello(fields)
+                    hello = decode_from_peer(decode_hello, fields, "handshake")
                     if not PROTOCOL_VERSION_MIN <= hello.protocol_version <= PROTOCOL_VERSION:
                         reply = HelloReply(Status.BAD_VERSION, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
                         await connection.stream.send_all(encode_hello_reply(reply))
@@ -122,29 +122,36 @@ class ClientConnections:
         output_max = self.config.connection_output_bytes_max
         journal_max = self.config.journal_queue_bytes_max
         unanswered_max = self.config.requests_per_connection_max
+        measured = self.metrics is not None
+        started_ms = connection.started_ms
         # Frames that arrived with the handshake are handled first.
         while True:
             now = now_ms()
             deadline_before = core.next_deadline_ms()
             actions: list = []
             try:
-                if self.metrics is None:
-                    for fields in decoder.frames():
-                        connection.unanswered += 1
-                        actions += core.receive(connection.id, decode_request(fields), now)
-                else:
-                    started_ms = connection.started_ms
-                    for fields in decoder.frames():
-                        connection.unanswered += 1
-                        request = decode_request(fields)
-                        kind = type(request)
-                        # A long poll waits on purpose: its time says nothing of the bookie.
-                        if (
-                            kind is AddRequest or kind is AddBatchRequest or kind is BatchReadRequest
-                            or kind is ReadRequest and request.previous_lac is None
-                        ):
+                for fields in decoder.frames():
+                    request = decode_from_peer(decode_request, fields, "request")
+                    connection.unanswered += 1
+                    kind = type(request)
+                    if kind is AddRequest or kind is AddBatchRequest:
+                        if measured:
                             started_ms[request.request_id] = now
                         actions += core.receive(connection.id, request, now)
+                    else:
+                        # A long poll waits on purpose: its time says nothing of the bookie.
+                        if measured and (kind is BatchReadRequest or kind is ReadRequest and request.previous_lac is None):
+                            started_ms[request.request_id] = now
+                        actions += core.receive(connection.id, request, now)
+                        # A read may be answered at once, from memory: carry
+                        # it out now, so that a connection's unsent answers
+                        # are checked against their bound request by request.
+                        execute(actions)
+                        actions = []
+                        if connection.output.bytes > output_max:
+                            break
+                    if connection.unanswered > unanswered_max:
+                        break
             finally:
                 # Requests before a malformed frame are the core's now: their
                 # actions must run even though the connection will close.
@@ -152,14 +159,15 @@ class ClientConnections:
                     execute(actions)
             if core.next_deadline_ms() != deadline_before:
                 self._tick_wakeup.set()
-            while connection.output.bytes > output_max:
-                await connection.output.wait_drained()
+            await wait_for_output_room(connection.output, output_max, self.config.frame_deadline_s)
             while self._journal_bytes > journal_max:
                 await self._journal_room.wait()
             while connection.unanswered > unanswered_max:
                 connection.answered = trio.Event()
                 await connection.answered.wait()
             connection.answered = None
+            if decoder.has_whole_frame:
+                continue  # the loop above stopped early: take what is buffered before reading more
             if not await reader.receive():
                 return
 

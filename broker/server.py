@@ -29,8 +29,10 @@ from bookie.protocol.peer_limits import (
     ConnectionLimits,
     FrameBudget,
     FrameReader,
+    decode_from_peer,
     peer_faults,
     serve_admitted,
+    wait_for_output_room,
 )
 from broker.admin import AdminHandler
 from broker.dispatcher import SubscriptionType
@@ -547,7 +549,7 @@ class BrokerServer:
             if not await connection.reader.receive():
                 return None, []
             frames = list(decoder.frames())
-        hello = decode(frames[0])
+        hello = decode_from_peer(decode, frames[0], "handshake")
         if not isinstance(hello, Connect):
             raise ProtocolError("the first frame must be CONNECT")
         ok = hello.protocol_version == PROTOCOL_VERSION
@@ -568,7 +570,7 @@ class BrokerServer:
         carries them: a peer that breaks the protocol loses this connection only."""
         with peer_faults(log, connection.peer, self._count_protocol_error):
             for fields in early:
-                await self._handle(connection, decode(fields), nursery, slots)
+                await self._handle(connection, decode_from_peer(decode, fields, "frame"), nursery, slots)
             await self._read_loop(connection, decoder, nursery, slots)
 
     def _count_protocol_error(self) -> None:
@@ -577,9 +579,8 @@ class BrokerServer:
     async def _read_loop(self, connection: _Connection, decoder: FrameDecoder, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
         while True:
             for fields in decoder.frames():
-                await self._handle(connection, decode(fields), nursery, slots)
-            while connection.output.bytes > self.config.connection_output_bytes_max:
-                await connection.output.wait_drained()
+                await self._handle(connection, decode_from_peer(decode, fields, "frame"), nursery, slots)
+            await wait_for_output_room(connection.output, self.config.connection_output_bytes_max, self.config.frame_deadline_s)
             if not await connection.reader.receive():
                 return
             connection.pinged = False
@@ -588,7 +589,9 @@ class BrokerServer:
         """Pulsar's keep-alive: every client connection silent for an
         interval is sent a PING; one silent for two intervals (a client gone
         without a FIN, or stuck) is closed, and its producers and consumers
-        are let go."""
+        are let go. Silence counts only while the broker reads the
+        connection: while it holds a client back (a full publish queue, no
+        room for answers) the client's bytes wait unread and say nothing."""
         interval_s = self.config.keepalive_interval_s
         while True:
             await trio.sleep(interval_s / 4)
@@ -596,7 +599,7 @@ class BrokerServer:
             for connection in list(self._connections):
                 if connection.reader is None or connection.cancel_scope is None:
                     continue
-                silent_s = now - connection.reader.last_received_s
+                silent_s = connection.reader.silence_s(now)
                 if silent_s >= 2 * interval_s:
                     self.connections_timed_out += 1
                     log.info("closing connection from %s: silent for %.0fs (keep-alive interval %gs)",

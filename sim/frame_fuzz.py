@@ -153,12 +153,21 @@ def _hostile_header(rng: random.Random) -> bytes:
 
 
 def _many_items(rng: random.Random) -> bytes:
-    """A short frame that decodes to many Python objects."""
-    count = rng.choice((10_000, 65_535, 300_000))
+    """A frame that decodes to far more Python objects than it has bytes:
+    many small integers, many empty arrays or maps (one byte each on the
+    wire), or a count declared far past what follows."""
+    count = rng.choice((10_000, 65_535, 300_000, 4_000_000))
+    filler = rng.choice((b"\x90", b"\x80", b"\xcd\x01\x00"))  # empty array, empty map, a 16-bit integer
+    if rng.random() < 0.2:
+        filler = filler[:1] * rng.randrange(0, 3)  # fewer items than declared
+        count = rng.choice((2**20, 2**32 - 1))
+        return _frame_body(b"\xdd" + struct.pack(">I", count) + filler)
     if count <= 65_535:
-        body = b"\xdc" + struct.pack(">H", count) + b"\x90" * count
-    else:
-        body = b"\xdd" + struct.pack(">I", count) + b"\xcd\x01\x00" * count
+        return _frame_body(b"\xdc" + struct.pack(">H", count) + filler * count)
+    return _frame_body(b"\xdd" + struct.pack(">I", count) + filler * count)
+
+
+def _frame_body(body: bytes) -> bytes:
     return _LENGTH.pack(len(body)) + body
 
 

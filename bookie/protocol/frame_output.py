@@ -28,7 +28,7 @@ class FrameOutput:
         self._stream = stream
         self._gather = gather
         self._frames: list[bytes] = []
-        self.bytes = 0  # queued and not yet handed to the socket
+        self.bytes = 0  # queued, or being sent by the writer task, and not yet taken by the socket
         self._writer_sending = False
         self._socket_full = False  # a write did not go through: leave sending to the writer task
         self._writer_wakeup = trio.Event()
@@ -86,7 +86,7 @@ class FrameOutput:
             self._writer_wakeup.set()
 
     async def wait_drained(self) -> None:
-        """Return once the queue was emptied (check `bytes` again after)."""
+        """Return once the socket took more (check `bytes` again after)."""
         await self._drained.wait()
 
     def _set_drained(self) -> None:
@@ -106,12 +106,14 @@ class FrameOutput:
             frames = self._frames
             data = frames[0] if len(frames) == 1 else b"".join(frames)
             self._frames = []
-            self.bytes = 0
-            self._set_drained()
             self._writer_sending = True
             try:
                 await self._stream.send_all(data)
             finally:
                 self._writer_sending = False
+            # Counted until the socket took it: a peer that reads nothing
+            # must not have answers piling up unseen behind a send.
+            self.bytes -= len(data)
+            self._set_drained()
             if not self._frames:
                 self._socket_full = False  # all sent: the socket takes writes again

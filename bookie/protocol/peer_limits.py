@@ -9,23 +9,27 @@ driver code (they wait, with trio).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
-from typing import Awaitable, Callable, Iterator
+from typing import Awaitable, Callable, Iterator, TypeVar
 
 import trio
 
 from bookie.protocol.wire import FrameDecoder, ProtocolError
+
+T = TypeVar("T")
 
 RECEIVE_BYTES = 256 * 1024
 CONNECTIONS_MAX_DEFAULT = 10_000
 CONNECTIONS_PER_ADDRESS_MAX_DEFAULT = 1_000
 FRAME_BUFFER_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
 FRAME_DEADLINE_S_DEFAULT = 30.0
-# Frames up to this size are read without a reservation: every connection
-# may hold one (a read's worth) without asking the process-wide budget.
-FRAME_BYTES_UNRESERVED = 256 * 1024
+# What each connection may buffer without asking the process-wide budget:
+# small frames (a lone add) never wait for it, and 10,000 connections hold at
+# most 160 MiB beyond it.
+FRAME_BYTES_UNRESERVED = 16 * 1024
 
 
 class ConnectionLimits:
@@ -73,27 +77,64 @@ class ConnectionLimits:
         return True
 
 
+class _LogRate:
+    """Protocol errors are logged at most once a second per logger, with how
+    many were not: a flood of bad connections must not become a flood of
+    log lines."""
+
+    def __init__(self) -> None:
+        self.logged_s = -math.inf
+        self.held_back = 0
+
+
+_protocol_error_log_rates: dict[str, _LogRate] = {}
+
+
 @contextlib.contextmanager
 def peer_faults(log: logging.Logger, peer: str, count: Callable[[], None]) -> Iterator[None]:
     """Where a connection's work runs: what its peer did wrong ends that
-    connection only. Bytes that break the protocol are logged with the
-    reason (and counted); a broken connection is not news; anything else
-    raised by one peer's input that we did not foresee is logged with its
-    traceback (and counted) and ends that connection too. An assert that
-    fails is our own invariant breaking: it propagates, and the process
-    stops, as a bug should."""
+    connection only. Bytes that break the protocol (decoding raises
+    ProtocolError for anything a peer's bytes cause) are logged with the
+    reason and counted; a broken connection is not news. Anything else is
+    our own bug: it propagates and stops the process, as h11 keeps them
+    apart."""
     try:
         yield
     except ProtocolError as error:
         count()
-        log.info("closing connection from %s: protocol error: %s", peer, error)
+        rate = _protocol_error_log_rates.setdefault(log.name, _LogRate())
+        now_s = trio.current_time()
+        if now_s - rate.logged_s >= 1.0:
+            held_back, rate.held_back = rate.held_back, 0
+            rate.logged_s = now_s
+            log.info("closing connection from %s: protocol error: %s%s", peer, error,
+                     f" ({held_back} more since the last line)" if held_back else "")
+        else:
+            rate.held_back += 1
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError):
         pass
-    except AssertionError:
+
+
+def decode_from_peer(decode: Callable[[list], T], fields: list, what: str) -> T:
+    """`decode(fields)`, where whatever a peer's bytes make the decoder raise
+    is the peer's fault: ProtocolError, which ends that connection only."""
+    try:
+        return decode(fields)
+    except ProtocolError:
         raise
-    except Exception:
-        count()
-        log.exception("closing connection from %s: unexpected error handling what it sent", peer)
+    except Exception as error:
+        raise ProtocolError(f"undecodable {what} ({type(error).__name__})") from error
+
+
+async def wait_for_output_room(output, bytes_max: int, stall_s: float) -> None:
+    """Wait while a connection's unsent answers pass `bytes_max`; a peer that
+    takes none of them for `stall_s` is closed (ProtocolError): a client that
+    sends requests and never reads the answers holds nothing for long."""
+    while output.bytes > bytes_max:
+        with trio.move_on_after(stall_s) as scope:
+            await output.wait_drained()
+        if scope.cancelled_caught:
+            raise ProtocolError(f"took none of its answers for {stall_s:g}s ({output.bytes} bytes waiting)")
 
 
 async def serve_admitted(stream: trio.SocketStream, limits: ConnectionLimits, log: logging.Logger,
@@ -118,81 +159,134 @@ async def serve_admitted(stream: trio.SocketStream, limits: ConnectionLimits, lo
 
 
 class FrameBudget:
-    """The bytes that large frames being received may hold across all of a
-    process's connections. A connection reserves a frame's declared size
-    before reading its body; when the budget is spent it waits (within its
-    frame deadline) for others to finish, first come first served."""
+    """The bytes that frames being received may hold beyond each
+    connection's small allowance, across all of a process's connections. A
+    connection reserves a frame's size (less its allowance) before reading
+    its body; when the budget is spent it waits, first come first served,
+    within its frame deadline."""
 
     def __init__(self, bytes_max: int = FRAME_BUFFER_BYTES_MAX_DEFAULT) -> None:
         if bytes_max < 1:
             raise ValueError("the frame budget must be at least 1 byte")
         self.bytes_max = bytes_max
         self.reserved = 0
-        self._lot = trio.lowlevel.ParkingLot()
+        self._waiters: collections.deque[tuple[int, trio.Event]] = collections.deque()
 
     async def reserve(self, size: int) -> None:
         if size > self.bytes_max:
             raise ProtocolError(f"a frame of {size} bytes exceeds the process's frame budget of {self.bytes_max}")
-        while self.reserved + size > self.bytes_max:
-            await self._lot.park()
-        self.reserved += size
+        if not self._waiters and self.reserved + size <= self.bytes_max:
+            self.reserved += size
+            return
+        waiter = (size, trio.Event())
+        self._waiters.append(waiter)
+        try:
+            await waiter[1].wait()
+        except BaseException:
+            if waiter[1].is_set():
+                self.release(size)  # granted, then cancelled before it could use the room
+            else:
+                self._waiters.remove(waiter)
+                self._grant()  # those behind it may fit now
+            raise
 
     def release(self, size: int) -> None:
         assert 0 <= size <= self.reserved
         self.reserved -= size
-        self._lot.unpark_all()
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters and self.reserved + self._waiters[0][0] <= self.bytes_max:
+            size, granted = self._waiters.popleft()
+            self.reserved += size
+            granted.set()
 
 
 class FrameReader:
     """Reads one connection's bytes into its decoder under the process's
-    limits: a frame, once its first byte is in, must be whole within
-    `frame_deadline_s`; a frame larger than `FRAME_BYTES_UNRESERVED`
-    reserves its size from the `FrameBudget` before more of it is read; and,
-    where `idle_timeout_s` is given, a connection silent that long between
-    frames is closed (`IdleTimeout`). `last_received_s` is when bytes last came."""
+    limits. A connection buffers at most its allowance (`unreserved_bytes`)
+    plus what it reserved from the `FrameBudget` for the frame it is
+    receiving, so all connections together hold at most the budget plus one
+    allowance each. A frame, once its first byte is in, must be whole within
+    `frame_deadline_s` of time spent waiting for the peer (the server's own
+    pauses, while it does not read, do not count). `silence_s` is how long
+    the peer has been silent while the server was reading (for keep-alive)."""
 
     def __init__(self, stream: trio.SocketStream, decoder: FrameDecoder, budget: FrameBudget | None,
-                 frame_deadline_s: float = FRAME_DEADLINE_S_DEFAULT) -> None:
+                 frame_deadline_s: float = FRAME_DEADLINE_S_DEFAULT, *,
+                 unreserved_bytes: int = FRAME_BYTES_UNRESERVED) -> None:
         self.stream = stream
         self.decoder = decoder
         self.budget = budget
         self.frame_deadline_s = frame_deadline_s
+        self.unreserved_bytes = unreserved_bytes
+        self.receiving = False  # inside `receive`: the server waits for the peer
         self.last_received_s = trio.current_time()
-        self._frame_started_s: float | None = None
+        self._waiting_since_s = self.last_received_s
         self._frame_number = -1
+        self._frame_spent_s = 0.0  # of the frame under way, time spent waiting for its bytes
         self._reserved = 0
 
+    def silence_s(self, now_s: float) -> float:
+        """How long the peer has sent nothing while the server was ready to
+        read it (0 while the server is not reading: a pause of ours is not
+        the peer's silence)."""
+        if not self.receiving:
+            return 0.0
+        return now_s - max(self.last_received_s, self._waiting_since_s)
+
     async def receive(self) -> bool:
-        """Feed the next bytes to the decoder; False once the peer closed its end."""
+        """Feed the next bytes to the decoder; False once the peer closed its
+        end. Call only once every whole frame buffered was taken."""
         decoder = self.decoder
-        deadline = math.inf
-        if decoder.started_frame:
+        assert not decoder.has_whole_frame, "frames already whole must be taken before reading more"
+        started = decoder.started_frame
+        if started:
             if self._frame_number != decoder.frames_decoded:
-                # A new frame began since the last look (the previous one
-                # finished): its own clock and its own reservation.
-                self._release()
-                self._frame_number = decoder.frames_decoded
-                self._frame_started_s = trio.current_time()
-            deadline = self._frame_started_s + self.frame_deadline_s
-            size = decoder.pending_frame_bytes
-            if self.budget is not None and size > FRAME_BYTES_UNRESERVED and self._reserved < size:
-                with trio.move_on_at(deadline):
-                    await self.budget.reserve(size - self._reserved)
-                    self._reserved = size
-                if self._reserved < size:
-                    raise ProtocolError(
-                        f"frame of {size} bytes waited {self.frame_deadline_s:g}s for room in the process's frame budget"
-                    )
+                self._frame_number = decoder.frames_decoded  # a new frame: its own clock
+                self._frame_spent_s = 0.0
+            time_left_s = self.frame_deadline_s - self._frame_spent_s
         else:
-            self._release()
-            self._frame_started_s = None
-        with trio.move_on_at(deadline):
-            data = await self.stream.receive_some(RECEIVE_BYTES)
-            if data:
-                self.last_received_s = trio.current_time()
-                decoder.feed(data)
-            return bool(data)
-        raise ProtocolError(f"a frame did not arrive whole within {self.frame_deadline_s:g}s of its first byte")
+            self._frame_number = -1
+            time_left_s = math.inf
+        entered_s = trio.current_time()
+        self.receiving = True
+        self._waiting_since_s = entered_s
+        data = b""
+        reserving = False
+        try:
+            with trio.move_on_after(time_left_s) as scope:
+                if self.budget is not None:
+                    reserving = True
+                    await self._fit_reservation(decoder.pending_frame_bytes if started else 0)
+                    reserving = False
+                    room = self.unreserved_bytes + self._reserved - decoder.buffered_bytes
+                else:
+                    room = RECEIVE_BYTES
+                data = await self.stream.receive_some(max(1, min(room, RECEIVE_BYTES)))
+        finally:
+            self.receiving = False
+            if started:
+                self._frame_spent_s += trio.current_time() - entered_s
+        if scope.cancelled_caught:
+            if reserving:
+                raise ProtocolError(f"a frame of {decoder.pending_frame_bytes} bytes waited "
+                                    f"{self.frame_deadline_s:g}s for room in the process's frame budget")
+            raise ProtocolError(f"a frame did not arrive whole within {self.frame_deadline_s:g}s of its first byte")
+        if data:
+            self.last_received_s = trio.current_time()
+            decoder.feed(data)
+        return bool(data)
+
+    async def _fit_reservation(self, frame_bytes: int) -> None:
+        """Hold what the frame under way needs beyond the allowance, no more."""
+        wanted = max(0, frame_bytes - self.unreserved_bytes)
+        if self._reserved > wanted:
+            self.budget.release(self._reserved - wanted)
+            self._reserved = wanted
+        elif self._reserved < wanted:
+            await self.budget.reserve(wanted - self._reserved)
+            self._reserved = wanted
 
     def _release(self) -> None:
         if self._reserved:

@@ -12,6 +12,7 @@ import time
 import pytest
 import trio
 
+from bench.cluster import rss_mb
 from broker.protocol import Ping, Pong, encode
 from ledger_client.bookie_client import BookieConnectionError
 from sim.frame_fuzz import BOOKIE, BROKER, handshake
@@ -210,8 +211,57 @@ async def test_a_silent_broker_client_is_pinged_and_closed_after_two_intervals(b
         # The client that answered is still connected and served.
         answering.settimeout(5)
         answering.sendall(encode(Ping()))
-        assert _read_frame(answering) == encode(Pong())[4:]
+        while (frame := _read_frame(answering)) == encode(Ping())[4:]:
+            answering.sendall(encode(Pong()))  # the broker's own keep-alive, crossing ours
+        assert frame == encode(Pong())[4:]
     finally:
         silent.close()
         answering.close()
     assert broker.running
+
+
+async def test_a_client_that_never_reads_its_answers_is_closed_and_holds_little(bookies):
+    # A thousand reads of a 1 MiB entry, 40 bytes each on the wire, whose
+    # answers the client never reads: the bookie stops reading its requests
+    # once the answers waiting pass their bound, closes it when none is
+    # taken for the frame deadline, and its memory stays small.
+    import msgpack
+
+    from bookie.protocol.entry_format import DigestManager, DigestType, master_key
+    from bookie.protocol.wire import LENGTH_PREFIX
+    from ledger_client.bookie_client import BookieClient
+
+    bookie = await bookies.started("--frame-deadline", "2s")
+    ledger_id = 1 << 47
+    async with BookieClient.connect(bookie.address) as client:
+        entry = DigestManager(ledger_id, DigestType.CRC32C, b"pw").encode(0, -1, 1 << 20, b"x" * (1 << 20))
+        assert (await client.add(entry, master_key(b"pw"))).status == 0
+    rss_before = rss_mb(bookie.process.pid)
+
+    def flood() -> bool:
+        sock = _connect(bookie.address, BOOKIE)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            reads = b"".join(_frame([2, number, 0, ledger_id, 0, None, None, None]) for number in range(1_000))
+            sock.sendall(reads)
+            return _closed_without_reading(sock, within_s=30)
+        finally:
+            sock.close()
+
+    def _frame(fields) -> bytes:
+        body = msgpack.packb(fields, use_bin_type=True)
+        return LENGTH_PREFIX.pack(len(body)) + body
+
+    assert await trio.to_thread.run_sync(flood), "the bookie kept a client that reads nothing"
+    assert rss_mb(bookie.process.pid) < rss_before + 100
+    await trio.to_thread.run_sync(bookie_takes_an_add, bookie.address, ledger_id + 1)
+
+
+def _closed_without_reading(sock: socket.socket, within_s: float) -> bool:
+    """Whether the peer closes a connection whose data we leave unread
+    (its FIN or reset, seen with poll, not by reading)."""
+    import select
+
+    poller = select.poll()
+    poller.register(sock, select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    return bool(poller.poll(within_s * 1000))

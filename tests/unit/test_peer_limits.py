@@ -71,6 +71,30 @@ async def test_a_frame_must_arrive_whole_within_its_deadline(autojump_clock):
     assert trio.current_time() - started == pytest.approx(5.0)
 
 
+async def test_the_servers_own_pauses_do_not_count_against_a_frames_deadline(autojump_clock):
+    client, server = trio.testing.memory_stream_pair()
+    reader = FrameReader(server, FrameDecoder(), None, frame_deadline_s=5.0)
+    frame = encode_frame([1, 2, 3])
+    await client.send_all(frame[:3])
+    assert await reader.receive()
+    await trio.sleep(60)  # the server does not read (its own back-pressure)
+    await client.send_all(frame[3:])
+    assert await reader.receive()
+    assert list(reader.decoder.frames()) == [[1, 2, 3]]
+
+
+async def test_silence_counts_only_while_the_server_reads(autojump_clock):
+    client, server = trio.testing.memory_stream_pair()
+    reader = FrameReader(server, FrameDecoder(), None)
+    await trio.sleep(100)
+    assert reader.silence_s(trio.current_time()) == 0  # not reading: our pause, not the peer's silence
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader.receive)
+        await trio.sleep(7)
+        assert reader.silence_s(trio.current_time()) == pytest.approx(7)
+        await client.send_all(encode_frame([1]))
+
+
 async def test_a_connection_may_wait_between_frames_for_ever_and_each_frame_has_its_own_clock(autojump_clock):
     client, server = trio.testing.memory_stream_pair()
     reader = FrameReader(server, FrameDecoder(), None, frame_deadline_s=5.0)
@@ -101,8 +125,8 @@ async def test_a_large_frame_reserves_its_size_and_gives_it_back(autojump_clock)
     await client.send_all(frame[:1000])
     assert await reader.receive()
     await client.send_all(frame[1000:])
-    assert await reader.receive()  # reserves the declared size before reading on
-    assert budget.reserved == len(frame)
+    assert await reader.receive()  # reserves the frame's size beyond the allowance before reading on
+    assert budget.reserved == len(frame) - FRAME_BYTES_UNRESERVED
     while len(list(reader.decoder.frames())) == 0:
         assert await reader.receive()
     await client.send_all(encode_frame([1])[:2])
@@ -123,7 +147,7 @@ async def test_a_large_frame_that_finds_no_room_before_its_deadline_is_refused(a
     assert budget.reserved == 2 * FRAME_BYTES_UNRESERVED
 
 
-def test_peer_faults_end_the_connection_but_our_own_asserts_stop_the_process(caplog):
+async def test_peer_faults_end_the_connection_but_our_own_bugs_stop_the_process(caplog, autojump_clock):
     import logging
 
     from bookie.protocol.peer_limits import peer_faults
@@ -136,9 +160,15 @@ def test_peer_faults_end_the_connection_but_our_own_asserts_stop_the_process(cap
     with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
         raise trio.BrokenResourceError
     with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
-        raise KeyError("a case nobody foresaw")
-    assert len(counted) == 2
-    assert "protocol error: bad bytes" in caplog.text and "KeyError" in caplog.text
-    with pytest.raises(AssertionError):
-        with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
-            raise AssertionError("an invariant of ours")
+        raise ProtocolError("more bad bytes")  # within the second: counted, not logged
+    await trio.sleep(1)
+    with peer_faults(log, "10.0.0.1:6", lambda: counted.append(1)):
+        raise ProtocolError("later bad bytes")
+    assert len(counted) == 3
+    assert "protocol error: bad bytes" in caplog.text
+    assert "more bad bytes" not in caplog.text
+    assert "later bad bytes (1 more since the last line)" in caplog.text
+    for bug in (AssertionError("an invariant of ours"), KeyError("a bug of ours")):
+        with pytest.raises(type(bug)):
+            with peer_faults(log, "10.0.0.1:5", lambda: counted.append(1)):
+                raise bug
