@@ -32,11 +32,11 @@ def add_peer_limits(parser: argparse.ArgumentParser, *, keepalive: bool, request
     parser.add_argument("--connections-per-ip-max", type=connections, default=CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
                         metavar="N", help="client connections open at once from one address (Pulsar's maxConnectionsPerIp)")
     parser.add_argument("--frame-buffer-bytes", type=frame_buffer_bytes, default=FRAME_BUFFER_BYTES_MAX_DEFAULT,
-                        metavar="SIZE", help="memory for large frames being received, all connections together; "
-                        "a large frame waits for room (at least --frame-bytes-max)")
+                        metavar="SIZE", help="memory for frames being received beyond 16 KiB per connection, all "
+                        "connections together; a large frame waits for room (at least --frame-bytes-max)")
     parser.add_argument("--frame-deadline", type=frame_deadline, default=int(FRAME_DEADLINE_S_DEFAULT * 1000),
                         metavar="DURATION", help="a frame, once its first byte arrived, must arrive whole within this "
-                        "or its connection is closed")
+                        "much waiting, and a client must take some of its answers within it, or its connection is closed")
     if requests_per_connection is not None:
         parser.add_argument("--requests-per-connection-max", type=requests_per_connection_bound,
                             default=requests_per_connection, metavar="N",
