@@ -30,6 +30,8 @@ import trio
 from bench.cluster import bench_cluster
 from coordination.cluster_layout import ClusterLayout
 from ledger_client.bookkeeper import BookKeeper
+from quire import cli_ranges as ranges
+from quire.cli import Parser, human_duration
 from quire.progress import Progress
 
 PASSWORD = b""  # the embedded daemon's default recovery password
@@ -97,19 +99,25 @@ async def measure(bk: BookKeeper, ledger_ids: list[int], victim: str, kill, dead
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/autorecovery.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ledgers", type=int, default=100)
-    parser.add_argument("--entries", type=int, default=1000, help="entries per ledger")
-    parser.add_argument("--entry-bytes", type=int, default=1024)
-    parser.add_argument("--bookies", type=int, default=5)
-    parser.add_argument("--lost-bookie-delay", default="0s", help="the daemons' --lost-bookie-delay (default %(default)s)")
-    parser.add_argument("--session-timeout-ms", type=int, default=4000, help="the bookies' ZooKeeper session timeout")
-    parser.add_argument("--deadline-s", type=float, default=600.0)
-    arguments = parser.parse_args(argv)
-    if arguments.ledgers < 1 or arguments.entries < 0 or arguments.bookies < 4:
-        parser.error("need --ledgers >= 1, --entries >= 0 and --bookies >= 4")
-    options = ["--lost-bookie-delay", arguments.lost_bookie_delay, "--session-timeout-ms", str(arguments.session_timeout_ms)]
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/autorecovery.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ledgers", type=ranges.count, default=100, help="closed ledgers written before the loss")
+    parser.add_argument("--entries", type=ranges.entry_count, default=1000, help="entries per ledger")
+    parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
+    parser.add_argument("--bookies", type=ranges.bench_bookies, default=5,
+                        help="bookies started; one is lost, the ensembles of 3 need a fourth to move to")
+    parser.add_argument("--lost-bookie-delay", type=ranges.delay, default=0, metavar="DURATION",
+                        help="the daemons' --lost-bookie-delay")
+    parser.add_argument("--session-timeout-ms", type=ranges.session_timeout_ms, default=4000,
+                        help="the bookies' ZooKeeper session timeout")
+    parser.add_argument("--deadline-s", type=ranges.bench_seconds, default=600.0, help="give up waiting for the recovery after this long")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
+    lost_bookie_delay = human_duration(arguments.lost_bookie_delay)
+    options = ["--lost-bookie-delay", lost_bookie_delay, "--session-timeout-ms", str(arguments.session_timeout_ms)]
     with bench_cluster(arguments.bookies, bookie_options=options) as cluster:
         victim, process = cluster.bookies[0]
 
@@ -124,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         "parameters": {
             "ledgers": arguments.ledgers, "entries_per_ledger": arguments.entries, "entry_bytes": arguments.entry_bytes,
             "bookies": arguments.bookies, "ensemble": 3, "write_quorum": 3, "ack_quorum": 2,
-            "lost_bookie_delay": arguments.lost_bookie_delay, "session_timeout_ms": arguments.session_timeout_ms,
+            "lost_bookie_delay": lost_bookie_delay, "session_timeout_ms": arguments.session_timeout_ms,
         },
         **result,
     }), flush=True)

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import trio
 
+from quire import cli_ranges as ranges
+from quire.cli import Parser
 from quire.progress import Progress
 from bookie.protocol import AddFlag, DigestManager, DigestType, Status, master_key
 from bench.cluster import bench_cluster, latency_summary, percentile
@@ -167,25 +169,31 @@ def summary(window: int, runs: list[dict]) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/bookie_add.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--windows", default="1,1000", help="comma-separated pipeline windows (default %(default)s)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per window")
-    parser.add_argument("--warmup-seconds", type=float, default=2.0)
-    parser.add_argument("--entry-bytes", type=int, default=1024)
-    parser.add_argument("--fdatasync-count", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per window; a summary gives the medians (default %(default)s)")
+def pipeline_windows(text: str) -> list[int]:
+    """'1,1000': windows of adds in flight, each in the range a bookie takes."""
+    try:
+        return [ranges.in_flight(window) for window in text.split(",")]
+    except argparse.ArgumentTypeError as error:
+        raise argparse.ArgumentTypeError(f"each window {error}") from None
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/bookie_add.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--windows", type=pipeline_windows, default="1,1000", metavar="N,N...",
+                        help=f"comma-separated pipeline windows, each {ranges.in_flight.range_text()}")
+    parser.add_argument("--seconds", type=ranges.bench_seconds, default=10.0, help="measured seconds per window")
+    parser.add_argument("--warmup-seconds", type=ranges.warmup_seconds, default=2.0, help="seconds of adds before measuring")
+    parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
+    parser.add_argument("--fdatasync-count", type=ranges.count, default=2000, help="fdatasyncs of the physical reference")
+    parser.add_argument("--repeat", type=ranges.count, default=3, help="runs per window; a summary gives the medians")
     parser.add_argument("--data-dir", type=Path, help="scratch directory (default: a new one under ./.bench)")
     parser.add_argument("--bookie-option", action="append", default=[], help="extra `quire bookie run` option (repeatable)")
-    arguments = parser.parse_args(argv)
-    try:
-        windows = [int(window) for window in arguments.windows.split(",")]
-    except ValueError:
-        parser.error(f"--windows must be integers, got {arguments.windows!r}")
-    if any(window < 1 for window in windows):
-        parser.error("--windows must be positive")
-    if arguments.repeat < 1:
-        parser.error("--repeat must be at least 1")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
+    windows = arguments.windows
     bookie_options = [option for extra in arguments.bookie_option for option in extra.split()]
     with bench_cluster(1, base=arguments.data_dir, bookie_options=bookie_options) as cluster:
         address = cluster.bookie_addresses[0]

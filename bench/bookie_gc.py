@@ -25,6 +25,7 @@ Prints one JSON object per round and a summary.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import struct
@@ -38,6 +39,8 @@ from bench.cluster import bench_cluster
 from bookie.disk_usage import tree_bytes
 from ledger_client import BookKeeper
 from ledger_client.bookie_client import BookieClient
+from quire import cli_ranges as ranges
+from quire.cli import Bounded, Parser, nonnegative_int
 from quire.progress import Progress
 
 PASSWORD = b"bench-gc"
@@ -49,7 +52,13 @@ SETTLED_S = 3.0  # disk use unchanged this long: garbage collection is done
 
 def payload(ledger_id: int, entry_id: int, entry_bytes: int) -> bytes:
     head = struct.pack(">qq", ledger_id, entry_id)
-    return head + FILLER[: entry_bytes - len(head)]
+    return head + filler(entry_bytes - len(head))
+
+
+@functools.lru_cache(maxsize=4)
+def filler(size: int) -> bytes:
+    """`size` bytes of FILLER, repeated as often as it takes."""
+    return (FILLER * (size // len(FILLER) + 1))[:size]
 
 
 async def write_ledgers(bk: BookKeeper, count: int, entries: int, entry_bytes: int) -> list[int]:
@@ -180,20 +189,33 @@ async def run(cluster, arguments: argparse.Namespace) -> list[dict]:
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/bookie_gc.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ledgers", type=int, default=96)
-    parser.add_argument("--entries", type=int, default=2000)
-    parser.add_argument("--entry-bytes", type=int, default=1024)
-    parser.add_argument("--keep", type=int, default=4, help="ledgers left alive at the end")
-    parser.add_argument("--entry-log-bytes", type=int, default=64 * 1024 * 1024)
-    parser.add_argument("--gc-interval", type=float, default=1.0)
-    parser.add_argument("--threshold", type=float, default=0.6,
+# Each entry starts with the 16 bytes (ledger id, entry id) the check of live entries reads back.
+ENTRY_BYTES_MIN = 16
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/bookie_gc.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ledgers", type=ranges.count, default=96, help="ledgers written (more than 2 x --keep + 1)")
+    parser.add_argument("--entries", type=ranges.entries_per_ledger, default=2000, help="entries per ledger")
+    parser.add_argument("--entry-bytes", type=Bounded("size", ENTRY_BYTES_MIN, ranges.ENTRY_BYTES_MAX,
+                                                      why="the largest entry a ledger takes"),
+                        default=1024, help="size of each entry")
+    parser.add_argument("--keep", type=nonnegative_int, default=4, help="ledgers left alive at the end")
+    parser.add_argument("--entry-log-bytes", type=ranges.entry_log_bytes, default=64 * 1024 * 1024,
+                        help="the bookies' --entry-log-bytes-max")
+    parser.add_argument("--gc-interval", type=ranges.bench_seconds, default=1.0, help="the bookies' --gc-interval-s")
+    parser.add_argument("--threshold", type=ranges.compaction_threshold, default=0.6,
                         help="compaction threshold (a log whose live fraction is below it is compacted)")
-    parser.add_argument("--deadline", type=float, default=300.0, help="seconds to wait for each round to settle")
+    parser.add_argument("--deadline", type=ranges.bench_seconds, default=300.0, help="seconds to wait for each round to settle")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = build_parser(prog)
     arguments = parser.parse_args(argv)
-    if arguments.ledgers < 2 * arguments.keep + 2 or arguments.entries < 1 or arguments.entry_bytes < 16:
-        parser.error("--ledgers must leave something to delete beyond 2 x --keep; --entries >= 1; --entry-bytes >= 16")
+    if arguments.ledgers < 2 * arguments.keep + 2:
+        parser.error(f"--ledgers {arguments.ledgers} leaves nothing to delete beyond 2 x --keep {arguments.keep}: "
+                     f"need at least {2 * arguments.keep + 2}")
     options = ["--entry-log-bytes-max", str(arguments.entry_log_bytes), "--gc-interval-s", str(arguments.gc_interval),
                "--checkpoint-interval-ms", "1000",
                "--gc-compaction-threshold", str(arguments.threshold), "--no-autorecovery"]

@@ -30,7 +30,8 @@ import trio
 
 from bench.cluster import bench_cluster, rss_mb
 from broker.client import Client
-from quire.cli_ranges import memory_bytes
+from quire import cli_ranges as ranges
+from quire.cli import Bounded, Parser
 from quire.progress import Progress
 
 TOPIC = "memory"
@@ -145,16 +146,23 @@ def summarize(before: float, samples: list[Sample], arguments: argparse.Namespac
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/broker_memory.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=5_000_000)
-    parser.add_argument("--message-bytes", type=int, default=8)
-    parser.add_argument("--entry-cache-bytes", type=memory_bytes, nargs="+", default=[64 * MIB], metavar="BYTES",
+# Small messages are what this measures: what each costs besides its payload.
+MESSAGE_BYTES_MAX = MIB
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/broker_memory.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=ranges.bench_messages, default=5_000_000, help="messages sent through the broker")
+    parser.add_argument("--message-bytes", type=Bounded("size", 1, MESSAGE_BYTES_MAX, why="small messages are what this measures"),
+                        default=8, help="size of each message")
+    parser.add_argument("--entry-cache-bytes", type=ranges.memory_bytes, nargs="+", default=[64 * MIB], metavar="BYTES",
                         help="the broker's --entry-cache-bytes; one run each (default 64MiB)")
-    parser.add_argument("--sample-interval", type=float, default=1.0, help="seconds between two readings of the broker's RSS")
-    arguments = parser.parse_args(argv)
-    if arguments.messages < 100 or not 1 <= arguments.message_bytes <= 1024 * 1024 or arguments.sample_interval <= 0:
-        parser.error("--messages must be at least 100, --message-bytes in 1..1MiB, --sample-interval positive")
+    parser.add_argument("--sample-interval", type=ranges.bench_seconds, default=1.0, help="seconds between two readings of the broker's RSS")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
     results = []
     for entry_cache_bytes in arguments.entry_cache_bytes:
         with bench_cluster(3, broker_count=1, broker_options=["--entry-cache-bytes", str(entry_cache_bytes)],

@@ -33,6 +33,8 @@ import trio
 from bench.cluster import bench_cluster, latency_summary
 from bench.ledger_write import jetstream_cluster
 from broker.client import Client
+from quire import cli_ranges as ranges
+from quire.cli import Bounded, Parser
 from quire.progress import Progress
 
 TOPIC_POLICIES = {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2, "deduplication": True}
@@ -287,22 +289,30 @@ def run_jetstream(arguments: argparse.Namespace) -> dict[str, dict]:
 # --- main ----------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/broker_pubsub.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--warmup-seconds", type=float, default=2.0)
-    parser.add_argument("--window", type=int, default=1000, help="messages in flight when publishing without batching")
-    parser.add_argument("--batch-window", type=int, default=10_000,
+# Each message carries its send time (8 bytes) for the end-to-end latency.
+MESSAGE_BYTES_MIN = 8
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/broker_pubsub.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=ranges.bench_seconds, default=10.0, help="measured seconds of each publish run")
+    parser.add_argument("--warmup-seconds", type=ranges.warmup_seconds, default=2.0, help="seconds of publishing before measuring")
+    parser.add_argument("--window", type=ranges.in_flight, default=1000, help="messages in flight when publishing without batching")
+    parser.add_argument("--batch-window", type=ranges.in_flight, default=10_000,
                         help="messages in flight when publishing with batching (and JetStream's publish_async window)")
-    parser.add_argument("--message-bytes", type=int, default=1024)
-    parser.add_argument("--e2e-rate", type=int, default=1000, help="messages/s of the end-to-end latency run")
-    parser.add_argument("--backlog", type=int, default=1_000_000)
-    parser.add_argument("--receiver-queue", type=int, default=20_000,
+    parser.add_argument("--message-bytes", type=Bounded("size", MESSAGE_BYTES_MIN, ranges.MESSAGE_BYTES_MAX,
+                                                        why="the largest message a producer sends"),
+                        default=1024, help="size of each message")
+    parser.add_argument("--e2e-rate", type=ranges.count, default=1000, help="messages/s of the end-to-end latency run")
+    parser.add_argument("--backlog", type=ranges.count, default=1_000_000, help="messages of the backlog read")
+    parser.add_argument("--receiver-queue", type=ranges.window, default=20_000,
                         help="the backlog consumer's receiver queue (messages it may hold; batches hold ~1,000)")
     parser.add_argument("--skip-jetstream", action="store_true")
-    arguments = parser.parse_args(argv)
-    if min(arguments.window, arguments.batch_window, arguments.e2e_rate, arguments.backlog) < 1 or arguments.message_bytes < 8:
-        parser.error("--window, --batch-window, --e2e-rate and --backlog must be positive, --message-bytes at least 8")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
     with bench_cluster(3, broker_count=1) as cluster:
         quire = trio.run(run_quire, cluster.zk_hosts, cluster.root, arguments)
     summary: dict = {

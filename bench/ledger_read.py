@@ -21,6 +21,8 @@ import trio
 
 from bench.cluster import bench_cluster
 from ledger_client.bookkeeper import BookKeeper
+from quire import cli_ranges as ranges
+from quire.cli import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"
@@ -75,13 +77,15 @@ async def run(zk_hosts: str, root: str, entries: int, entry_bytes: int) -> dict:
         return await read_ledger(bk, ledger_id, entry_bytes)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/ledger_read.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--entries", type=int, default=1_000_000)
-    parser.add_argument("--entry-bytes", type=int, default=1024)
-    arguments = parser.parse_args(argv)
-    if arguments.entries < 1 or arguments.entry_bytes < 1:
-        parser.error("--entries and --entry-bytes must be positive")
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/ledger_read.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--entries", type=ranges.entries_per_ledger, default=1_000_000, help="entries of the ledger read")
+    parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
     with bench_cluster(3) as cluster:
         result = trio.run(run, cluster.zk_hosts, cluster.root, arguments.entries, arguments.entry_bytes)
     print(json.dumps(result), flush=True)

@@ -40,6 +40,8 @@ import trio
 
 from bench.cluster import bench_cluster, free_port, latency_summary
 from ledger_client.bookkeeper import BookKeeper
+from quire import cli_ranges as ranges
+from quire.cli import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"
@@ -272,21 +274,23 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/ledger_write.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--warmup-seconds", type=float, default=2.0)
-    parser.add_argument("--window", type=int, default=1000)
-    parser.add_argument("--ledgers", type=int, default=1000, help="ledgers open at once in the many-ledgers run")
-    parser.add_argument("--entry-bytes", type=int, default=1024)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/ledger_write.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=ranges.bench_seconds, default=10.0, help="measured seconds of each run")
+    parser.add_argument("--warmup-seconds", type=ranges.warmup_seconds, default=2.0, help="seconds of adds before measuring")
+    parser.add_argument("--window", type=ranges.in_flight, default=1000, help="adds in flight in the pipelined run")
+    parser.add_argument("--ledgers", type=ranges.count, default=1000, help="ledgers open at once in the many-ledgers run")
+    parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
     parser.add_argument("--skip-jetstream", action="store_true")
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--rounds", type=ranges.count, default=3,
                         help="each round runs every measurement once, JetStream's too; the summary gives medians")
     parser.add_argument("--bookie-metrics", choices=["on", "off"], default="off",
                         help="bookies serve Prometheus /metrics (and measure every request), as `--metrics-port` does")
-    arguments = parser.parse_args(argv)
-    if arguments.window < 1 or arguments.ledgers < 1 or arguments.seconds <= 0 or arguments.rounds < 1:
-        parser.error("--window, --ledgers, --seconds and --rounds must be positive")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
     rounds: list[dict[str, dict]] = []
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(bench_cluster(3, metrics=arguments.bookie_metrics == "on"))

@@ -25,6 +25,8 @@ import trio
 from bench.cluster import bench_cluster
 from bench.ledger_write import write_ledgers
 from ledger_client.bookkeeper import BookKeeper
+from quire import cli_ranges as ranges
+from quire.cli import Parser
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
@@ -59,14 +61,16 @@ async def measure(zk_hosts: str, root: str, pids: list[int], metrics: str, secon
     return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/metrics_overhead.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--ledgers", type=int, default=1, help="ledgers written in turn (ledger_write's many-ledgers run: 1000)")
-    arguments = parser.parse_args(argv)
-    if arguments.rounds < 1 or arguments.seconds <= 0 or arguments.ledgers < 1:
-        parser.error("--rounds, --seconds and --ledgers must be positive")
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/metrics_overhead.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=ranges.count, default=3, help="rounds of a run with metrics off and one with them on")
+    parser.add_argument("--seconds", type=ranges.bench_seconds, default=10.0, help="measured seconds of each run")
+    parser.add_argument("--ledgers", type=ranges.count, default=1, help="ledgers written in turn (ledger_write's many-ledgers run: 1000)")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
     results = []
     for round_index in range(arguments.rounds):
         # Off-on, then on-off: a machine that slows down (or speeds up) during

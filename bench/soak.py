@@ -27,6 +27,8 @@ from pathlib import Path
 import trio
 
 from bench.cluster import bench_cluster, rss_mb
+from quire import cli_ranges as ranges
+from quire.cli import Parser
 from quire.progress import Progress
 from sim.frame_fuzz import BOOKIE, BROKER, fuzz_case, send_case
 
@@ -128,14 +130,18 @@ def kill_cycles(cycles: int, seed: int) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/soak.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--parts", default="fuzz,kill,broker-memory", help="which parts, comma-separated")
-    parser.add_argument("--frames", type=int, default=1_000_000, help="hostile frames per process type")
-    parser.add_argument("--cycles", type=int, default=100, help="kill -9 cycles")
-    parser.add_argument("--messages", type=int, default=5_000_000, help="small messages through the broker")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--frames", type=ranges.count, default=1_000_000, help="hostile frames per process type")
+    parser.add_argument("--cycles", type=ranges.count, default=100, help="kill -9 cycles")
+    parser.add_argument("--messages", type=ranges.bench_messages, default=5_000_000, help="small messages through the broker")
+    parser.add_argument("--seed", type=ranges.seed, default=0, help="seed of the fuzzed frames and of the kills")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    parser = build_parser(prog)
     arguments = parser.parse_args(argv)
     parts = {part.strip() for part in arguments.parts.split(",") if part.strip()}
     unknown = parts - {"fuzz", "kill", "broker-memory"}

@@ -35,6 +35,8 @@ from bench.cluster import bench_cluster
 from broker.client import Client
 from broker.export_plan import plan_splits
 from broker.spark_source import ARROW_SCHEMA, BATCH_BYTES, SCHEMA, read_topic_ledgers, spark_session
+from quire import cli_ranges as ranges
+from quire.cli import Bounded, Parser
 from quire.progress import Progress
 
 TOPIC = "bench-export"
@@ -148,14 +150,21 @@ def result(name: str, parameters: dict, rows: int, payload_bytes: int, elapsed_s
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench/spark_export.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--gib", type=float, default=1.0, help="payload in the topic (default %(default)s GiB)")
-    parser.add_argument("--partitions", type=int, default=2)
-    parser.add_argument("--ledger-mib", type=int, default=128, help="rollover size of the topic's ledgers")
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/spark_export.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gib", type=Bounded("number", 0, ranges.STORAGE_BYTES_MAX / ranges.GIB, low_open=True,
+                                              why="more than a disk holds"),
+                        default=1.0, help="payload in the topic (default %(default)s GiB)")
+    parser.add_argument("--partitions", type=Bounded("integer", 1, ranges.PARTITIONS_MAX, why="the broker's limit"),
+                        default=2, help="partitions of the topic")
+    parser.add_argument("--ledger-mib", type=Bounded("integer", 1, ranges.STORAGE_BYTES_MAX // ranges.MIB, why="more than a disk holds"),
+                        default=128, help="rollover size of the topic's ledgers")
     parser.add_argument("--master", default="local[2]")
-    arguments = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
     messages = int(arguments.gib * (1 << 30)) // MESSAGE_BYTES
     payload_bytes = messages * MESSAGE_BYTES
     parameters = {"gib": arguments.gib, "message_bytes": MESSAGE_BYTES, "partitions": arguments.partitions,

@@ -31,7 +31,7 @@ from bookie.server import BookieServer, flush_reserve, measure_ledger_room, pend
 from bookie.startup_recovery import RecoveryReport, ReplayHeldError, recover
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout
-from coordination.startup import Startup, StartupTimeoutError
+from coordination.startup import Startup, StartupFailedError
 from coordination.store import MetadataError
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,13 @@ async def run_bookie(
     try:
         with startup.deadline():
             await _start(config, startup, listeners, registry, task_status, handle_signals)
-    except StartupTimeoutError as error:
+    except StartupFailedError as error:
         raise StartupError(str(error)) from None
+    except MetadataError as error:
+        if startup.finished:
+            raise
+        # A ZooKeeper call of start-up outside its steps: still one line.
+        raise StartupError(startup.refused_message(error)) from None
     finally:
         for listener in listeners:
             listener.socket.close()  # idempotent: the server may have closed them already
@@ -201,7 +206,7 @@ async def _serve(config, startup, metadata, layout, journal, storage, listeners,
     server = BookieServer(
         config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
         ledger_metadata=metadata.store, metrics=BookieMetrics() if config.metrics_port else None,
-        checkpoint_mark=report.mark_durable, held_checkpoint=report.held, journal_failed=report.journal_failed,
+        checkpoint_mark=report.mark_durable, held_checkpoint=report.held, journal_no_file=report.journal_no_file,
     )
     server.set_disk_read_only(starts_read_only, policy.reason)
     starts_read_only = server.core.read_only  # a held checkpoint or a failed journal count too
@@ -235,10 +240,14 @@ async def _run_server(config, startup, server, registration, report, starts_read
             # (journal drained), and the deadline then reports it.
             registered = await startup.wait_for(
                 f"register bookie {config.identity} under /bookies",
-                functools.partial(_first_set, registration.registered, stop),
+                functools.partial(_first_set, registration.registered, registration.refused, stop),
                 detail=registration.problem,
             )
-            if registered:
+            if registration.refusal is not None:
+                # ZooKeeper refused it (no permission, the store closed):
+                # waiting would not help. Stop the clean way, then say why.
+                startup.refuse(registration.refusal)
+            elif registered:
                 startup.finish()
                 if not stop.is_set():
                     _announce(config, report, starts_read_only)
@@ -277,6 +286,7 @@ async def _follow_disk_usage(server: BookieServer, policy: ReadOnlyPolicy, direc
     count_own_bytes = config.disk_quota_bytes is not None
     while True:
         await trio.sleep(config.disk_check_interval_ms / 1000)
+        await server.retry_journal_file()  # a bookie started on a full journal disk
         try:
             usage = await trio.to_thread.run_sync(lambda: measure(directories, count_own_bytes=count_own_bytes))
         except OSError as error:

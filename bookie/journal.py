@@ -132,7 +132,9 @@ class FileJournal:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             header = FILE_HEADER.pack(FILE_MAGIC, FILE_VERSION, file_id)
-            os.pwrite(fd, header + bytes(self.preallocate_bytes - len(header)), 0)
+            # A short write is finished or refused: a file the disk holds
+            # only in part must not pass for a preallocated one.
+            write_parts_at(fd, [header + bytes(self.preallocate_bytes - len(header))], 0)
             os.fdatasync(fd)
             fsync_directory(self.directory)
         except OSError:
@@ -217,7 +219,7 @@ class FileJournal:
         position = self._allocated
         while position < new_allocated:
             chunk = zeros[: new_allocated - position]
-            os.pwrite(self._fd, chunk, position)
+            write_parts_at(self._fd, [chunk], position)
             position += len(chunk)
         self._allocated = new_allocated
 

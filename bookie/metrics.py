@@ -4,7 +4,8 @@ Per-request numbers (results, latencies, journal batches) are plain counts
 kept by the event loop, with no lock and no prometheus_client object on the
 hot path; gauges (in-flight requests, ledgers, write cache, mode) are read
 from the server when Prometheus scrapes, on the event loop, so they are
-consistent. The request core knows nothing of this (DESIGN.md section 2).
+consistent. The request core knows nothing of this: it stays pure (no clock,
+no I/O), and metrics are the driver's business.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, ensure_cluster_layout
 from coordination.retry import RetryPolicy
 from coordination.startup import RETRYABLE
-from coordination.store import NoNodeError, NodeExistsError
+from coordination.store import MetadataError, NoNodeError, NodeExistsError
 
 log = logging.getLogger(__name__)
 # Delays between tries of a registration that ZooKeeper failed: growing over
@@ -125,14 +125,22 @@ def _empty_directory(directory: Path) -> None:
 
 
 class Registration:
-    """Keeps one ephemeral node for the bookie under writable/ or readonly/.
+    """Keeps one ephemeral node for the bookie under writable/ or readonly/
+    (making the lists' nodes too if they are gone, as BookKeeper does).
 
     ZooKeeper failing a registration (the connection or the session lost, no
     answer in time) is tried again with backoff and jitter, for as long as
     the bookie runs: unbounded in tries, like kazoo's own reconnecting, since
     a bookie that gave up would serve without ever being found again; the
     delay between tries is bounded, and the bookie's start-up deadline bounds
-    the wait for its first registration."""
+    the wait for its first registration.
+
+    Any other error (ZooKeeper refusing the bookie, the store closed) ends
+    the first registration at once: `refused` is set, with the error in
+    `refusal`, and the bookie stops with one line saying why. Once the
+    bookie has been registered and serves, such an error is logged and
+    tried again like the others: a serving bookie never stops over its
+    registration."""
 
     def __init__(
         self,
@@ -152,6 +160,8 @@ class Registration:
         self.rng = rng if rng is not None else random.Random()
         self.read_only = info.read_only
         self.registered = trio.Event()
+        self.refused = trio.Event()  # the first registration failed for good (see `refusal`)
+        self.refusal: MetadataError | None = None
         self.last_error: Exception | None = None  # why the last try failed, until one succeeds
         self.stale_owner: int | None = None  # the other session holding our node while we wait for it
         self._changed = trio.Event()
@@ -174,7 +184,8 @@ class Registration:
         return None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Register, then re-register on every mode change or new session."""
+        """Register, then re-register on every mode change or new session.
+        Returns only when the first registration is refused (`refused`)."""
         task_status.started()
         delays_ms: Iterator[float] | None = None
         while not self._stopped:
@@ -185,7 +196,11 @@ class Registration:
             registered_read_only = self.read_only
             try:
                 await self._register(registered_read_only)
-            except RETRYABLE as error:
+            except MetadataError as error:
+                if not isinstance(error, RETRYABLE) and not self.registered.is_set():
+                    self.refusal = error
+                    self.refused.set()
+                    return
                 self.last_error = error
                 if delays_ms is None:
                     delays_ms = self.retry.iter_delays_ms(self.rng)
@@ -221,7 +236,7 @@ class Registration:
         await self._delete_own(other, self.store.session_id)
         while True:
             try:
-                await self.store.create(path, info.to_bytes(), ephemeral=True)
+                await self.store.create(path, info.to_bytes(), ephemeral=True, make_parents=True)
                 break
             except NodeExistsError:
                 stat, gone = await self.store.exists_watch(path)

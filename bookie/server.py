@@ -155,7 +155,7 @@ class BookieServer(ClientConnections):
         metrics: BookieMetrics | None = None,
         checkpoint_mark: JournalPosition | None = None,
         held_checkpoint: HeldCheckpoint | None = None,
-        journal_failed: str | None = None,
+        journal_no_file: str | None = None,
         rng: random.Random | None = None,
     ) -> None:
         """`ledger_metadata`: where garbage collection looks for ledger
@@ -163,8 +163,9 @@ class BookieServer(ClientConnections):
         requests and journal batches (None: nothing is measured).
         From start-up recovery: `checkpoint_mark`, the durable mark (default
         `journal_position`); `held_checkpoint`, one it could not write,
-        tried again first; `journal_failed`, why the journal cannot take
-        records. `rng`: jitter of checkpoint retries."""
+        tried again first; `journal_no_file`, why the journal could not
+        start a new file (tried again by `retry_journal_file`). `rng`:
+        jitter of checkpoint retries."""
         self.config = config
         self.core = core
         self.storage = storage
@@ -173,7 +174,12 @@ class BookieServer(ClientConnections):
         self.metrics = metrics
         self.port: int | None = None
         self.on_read_only_change = None  # callable(bool), set by the owner
+        # Why the journal takes no records: it has no file (start-up could
+        # not make one; cleared once one is made), or a write or fsync
+        # failed (until restarted: the page cache no longer says what is on
+        # disk).
         self.journal_failed: str | None = None
+        self._journal_no_file = False
         self._connections: dict[int, _Connection] = {}
         self.connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
         self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
@@ -210,9 +216,10 @@ class BookieServer(ClientConnections):
         self._listeners: list[trio.SocketListener] = []
         self.garbage_collector = GarbageCollector(self, ledger_metadata) if config.gc_interval_s > 0 else None
         self.core.info.update(read_only_reason="", checkpoint_held_bytes=0)
-        if journal_failed is not None:
-            self.journal_failed = journal_failed
-            self._set_cause(Cause.JOURNAL_FAILED, journal_failed)
+        if journal_no_file is not None:
+            self.journal_failed = journal_no_file
+            self._journal_no_file = True
+            self._set_cause(Cause.JOURNAL_NO_FILE, journal_no_file)
         if held_checkpoint is not None:
             self._checkpoint_pending = held_checkpoint.checkpoint
             self._checkpoint_failure = held_checkpoint.kind
@@ -397,6 +404,29 @@ class BookieServer(ClientConnections):
     def set_disk_read_only(self, read_only: bool, reason: str = "") -> None:
         """The disk usage policy's verdict (bookie.disk_usage.ReadOnlyPolicy)."""
         self._set_cause(Cause.DISK_FULL, (reason or "disk full") if read_only else "")
+
+    async def retry_journal_file(self) -> None:
+        """If the journal has no file (start-up could not make one: its disk
+        was full), try to start one now; once made, the journal takes
+        records again and that cause clears. Called at every disk check.
+        A try that fails leaves no file behind (`Journal.start_new_file`)."""
+        if not self._journal_no_file:
+            return
+        # Under the storage lock: a checkpoint deletes journal files on a
+        # worker thread, and the new file's id is chosen from those there.
+        async with self._checkpoint_lock:
+            try:
+                position = await trio.to_thread.run_sync(self.journal.start_new_file, self._synced_position)
+            except OSError as error:
+                log.debug("still no room for a new journal file: %s", error)
+                return
+        self._journal_no_file = False
+        self.journal_failed = None
+        # Nothing was journalled since start-up (the bookie took no records):
+        # every record before the new file's start is durable.
+        self._synced_position = position
+        log.info("journal: started a new file at %s", tuple(position))
+        self._set_cause(Cause.JOURNAL_NO_FILE, "")
 
     @property
     def read_only_causes(self) -> frozenset[Cause]:

@@ -52,7 +52,7 @@ class RecoveryReport:
     journal_files_deleted: list[int]
     mark_durable: JournalPosition | None = None  # the index's mark; behind mark_after while a checkpoint is held
     held: HeldCheckpoint | None = None
-    journal_failed: str | None = None  # the journal could not start a new file (its disk is full)
+    journal_no_file: str | None = None  # why the journal could not start a new file (its disk is full)
 
 
 def recover(
@@ -92,14 +92,15 @@ def recover(
                 f"{held.reason}"
             )
     # Never append behind what was replayed: a torn tail may follow it.
-    journal_failed = None
+    journal_no_file = None
     try:
         start = journal.start_new_file(after=last)
     except OSError as error:
         # A journal disk too full for a new file: the bookie serves reads,
-        # takes no adds and no fences, and a restart with room tries again.
-        journal_failed = f"journal failed: cannot start a new journal file: {error.strerror or error}"
-        log.error("%s; the bookie turns read-only until restarted", journal_failed)
+        # takes no adds and no fences, and the server tries again (a failed
+        # try leaves no file behind) until one is made.
+        journal_no_file = f"journal has no file: cannot start a new journal file: {error.strerror or error}"
+        log.error("%s; the bookie is read-only until one can be made", journal_no_file)
         start = last
     if held is None:
         held = _checkpoint(core, storage, start, flush_room)
@@ -107,7 +108,7 @@ def recover(
     # Files before the durable mark hold nothing unflushed (before `start`
     # when nothing is held).
     deleted = journal.delete_before(durable)
-    report = RecoveryReport(mark, start, records, entries, len(core.ledgers), deleted, durable, held, journal_failed)
+    report = RecoveryReport(mark, start, records, entries, len(core.ledgers), deleted, durable, held, journal_no_file)
     log.info(
         "recovered storage: mark %s -> %s, replayed %d journal records (%d entries), %d ledgers",
         tuple(mark), tuple(durable), records, entries, len(core.ledgers),

@@ -13,7 +13,7 @@ import trio
 
 from broker.metrics import MetricsEndpoint, broker_registry, register_collector
 from broker.server import BrokerConfig, BrokerServer
-from coordination.startup import STARTUP_TIMEOUT_MS_DEFAULT, Startup, StartupTimeoutError
+from coordination.startup import STARTUP_TIMEOUT_MS_DEFAULT, Startup, StartupFailedError
 from coordination.store import MetadataError
 from ledger_client import BookKeeper
 from ledger_client.exception_groups import unwrap_single_exception
@@ -74,8 +74,13 @@ async def run_broker(
                 # A step's error would come out of _serve's nursery wrapped in a group.
                 with unwrap_single_exception():
                     await _serve(server, startup, handle_signals, task_status)
-    except StartupTimeoutError as error:
+    except StartupFailedError as error:  # a step refused, or the deadline passed
         raise BrokerStartupError(str(error)) from None
+    except MetadataError as error:
+        if startup.finished:
+            raise
+        # A ZooKeeper call of start-up outside its steps: still one line.
+        raise BrokerStartupError(startup.refused_message(error)) from None
     finally:
         with trio.CancelScope(shield=True):
             for listener in listeners:

@@ -6,7 +6,9 @@ Pure: offsets in, state out. Offsets are partition offsets (contiguous per
 partition), so a cursor is a set of integers kept as ranges. The persisted
 form is bounded (`ranges_persisted_max`): past it, the highest ranges are
 left out, and those messages are delivered again after a restart
-(at-least-once), never lost.
+(at-least-once), never lost. Its owner bounds the ranges held in memory
+with `acknowledge_within`, which says what it refused (`ranges_after` says
+what an acknowledgement would leave, changing nothing).
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ class RangeSet:
                 self.count -= value - self._firsts[0] + 1
                 self._firsts[0] = value + 1
 
+    def touching(self, first: int, last: int) -> int:
+        """How many ranges [first, last] overlaps or touches (those
+        `add_range(first, last)` would merge with it)."""
+        return max(0, bisect.bisect_right(self._firsts, last + 1) - bisect.bisect_left(self._lasts, first - 1))
+
     def count_between(self, first: int, last: int) -> int:
         """How many integers of the set lie in [first, last]."""
         if not self._firsts:
@@ -129,18 +136,67 @@ class Cursor:
         and taken run by run: a request of scattered offsets costs a range
         each, added in order, not a list insertion each."""
         added = 0
+        for first, last in self._runs(offsets):
+            added += self.acked.add_range(first, last)
+        self._advance()
+        return added
+
+    def _runs(self, offsets: Iterable[int]) -> list[tuple[int, int]]:
+        """The offsets beyond the mark-delete offset as runs of consecutive
+        integers, lowest first; two runs never touch."""
+        runs: list[tuple[int, int]] = []
         run_first = run_last = None
         for offset in sorted(offset for offset in offsets if offset > self.mark_delete):
             if run_last is not None and offset <= run_last + 1:
                 run_last = max(run_last, offset)
                 continue
             if run_first is not None:
-                added += self.acked.add_range(run_first, run_last)
+                runs.append((run_first, run_last))
             run_first = run_last = offset
         if run_first is not None:
-            added += self.acked.add_range(run_first, run_last)
-        self._advance()
-        return added
+            runs.append((run_first, run_last))
+        return runs
+
+    def _range_changes(self, runs: list[tuple[int, int]]) -> list[int]:
+        """For each run, how many ranges it adds to `acked` (1, or 0 and
+        less when it merges with ranges or folds into the mark-delete
+        offset), as if all were taken. Each is counted against the ranges
+        as they are: a range and a run that touch merge into one, and no
+        two runs touch, so neither does any chain of them run back on
+        itself; the changes of any subset of the runs therefore add up."""
+        changes = []
+        for first, last in runs:
+            change = 1 - self.acked.touching(first, last)
+            if first == self.mark_delete + 1:
+                change -= 1  # the range it makes folds into the mark-delete offset
+            changes.append(change)
+        return changes
+
+    def ranges_after(self, offsets: Iterable[int]) -> int:
+        """How many individually acknowledged ranges `acknowledge(offsets)`
+        would leave (the cursor is not changed)."""
+        return len(self.acked) + sum(self._range_changes(self._runs(offsets)))
+
+    def acknowledge_within(self, offsets: Iterable[int], ranges_max: int) -> list[int]:
+        """`acknowledge(offsets)`, except runs of offsets that would each
+        start a new range past `ranges_max` ranges; returns the offsets
+        refused (the others are taken). What merges with a range, extends
+        one or closes a gap is always taken, and so is the oldest
+        unacknowledged offset (it moves the mark-delete offset), so that a
+        subscription at its bound can always make progress. Those are
+        counted first; then new ranges, lowest first, while there is room."""
+        offsets = list(offsets)
+        runs = self._runs(offsets)
+        changes = self._range_changes(runs)
+        room = ranges_max - len(self.acked) - sum(change for change in changes if change <= 0)
+        new_runs = [run for run, change in zip(runs, changes) if change > 0]
+        if len(new_runs) <= room:
+            self.acknowledge(offsets)
+            return []
+        refused = RangeSet(new_runs[max(0, room):])
+        self.acknowledge(offset for offset in offsets if offset not in refused)
+        assert len(self.acked) == max(ranges_max, ranges_max - room), (len(self.acked), ranges_max, room)
+        return sorted({offset for offset in offsets if offset in refused})
 
     def acknowledge_cumulative(self, offset: int) -> int:
         """Everything up to `offset`; returns how many were new."""

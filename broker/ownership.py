@@ -22,8 +22,7 @@ import trio
 from broker.topic_store import BROKERS, broker_path, owner_path
 from coordination.async_store import AsyncMetadataStore
 from coordination.retry import RetryPolicy
-from coordination.startup import RETRYABLE
-from coordination.store import NodeExistsError, NoNodeError
+from coordination.store import MetadataError, NodeExistsError, NoNodeError
 
 log = logging.getLogger(__name__)
 # Delays between tries of a registration that ZooKeeper failed after a
@@ -136,15 +135,17 @@ class Ownership:
 
     async def register_with_retries(self) -> None:
         """`register`, tried again with backoff and jitter whenever
-        ZooKeeper loses the connection or the session, until it succeeds:
-        unbounded in tries (a broker that gave up would serve unregistered
-        for good), bounded in delay; cancel it to stop."""
+        ZooKeeper fails it (the connection or the session lost, and also a
+        refusal: the broker serves, and must not stop over its
+        registration), until it succeeds: unbounded in tries (a broker that
+        gave up would serve unregistered for good), bounded in delay;
+        cancel it to stop."""
         delays_ms = self.retry.iter_delays_ms(self.rng)
         while True:
             try:
                 await self.register()
                 return
-            except RETRYABLE as error:
+            except MetadataError as error:
                 delay_ms = next(delays_ms, self.retry.delay_max_ms)
                 log.warning("registering broker %s failed (%s); trying again in %.1fs", self.info.broker_id, error, delay_ms / 1000)
                 await trio.sleep(delay_ms / 1000)

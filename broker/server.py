@@ -3,10 +3,13 @@ loading and unloading partitions, and routing each command to the partition
 that serves it.
 
 A connection handles its commands in order; a send waits (and so stops
-reading the connection) while its partition's open ledger has too many adds
-pending, which is the producer's back-pressure. Commands that wait on
-ZooKeeper or on a cursor write (lookups, subscribes, acknowledgements, admin)
-run as tasks of the connection, at most `requests_in_flight_max` at once.
+reading the connection) while its partition's queue for the ledger is full,
+and a connection with producers is not read while the broker's publish
+buffer (the bytes of batches taken and not yet answered, all partitions
+together) is past its bound: that is the producers' back-pressure.
+Commands that wait on ZooKeeper or on a cursor write (lookups, subscribes,
+acknowledgements, admin) run as tasks of the connection, at most
+`requests_in_flight_max` at once.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ from broker.protocol import (
     decode,
     encode,
 )
+from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT, PublishBuffer
 from broker.subscription import ConsumerLink
 from broker.topic import BrokerContext, PartitionService, PartitionStats, ProducerLink
 from broker.topic_store import TopicPolicies, TopicRecord, TopicStore, check_name, split_partition
@@ -104,6 +108,10 @@ class BrokerConfig:
     frame_bytes_max: int = 16 * 1024 * 1024
     requests_in_flight_max: int = 1_000  # per connection
     connection_output_bytes_max: int = 64 * 1024 * 1024  # a connection's unsent answers; past it, reading stops
+    # Producers' batches taken and not yet answered, all partitions together
+    # (Pulsar's maxMessagePublishBufferSizeInMB); past it the broker stops
+    # reading from producers' connections until half of it is left.
+    publish_buffer_bytes: int = PUBLISH_BUFFER_BYTES_DEFAULT
     connections_max: int = CONNECTIONS_MAX_DEFAULT  # open client connections; past it new ones are closed at once
     connections_per_address_max: int = CONNECTIONS_PER_ADDRESS_MAX_DEFAULT  # ... from one client address (maxConnectionsPerIp)
     frame_buffer_bytes_max: int = FRAME_BUFFER_BYTES_MAX_DEFAULT  # large frames being received, all connections together
@@ -123,6 +131,8 @@ class BrokerConfig:
                              f"of the frame bound ({self.frame_bytes_max} bytes)")
         if self.connections_max < 1 or self.connections_per_address_max < 1 or self.requests_in_flight_max < 1:
             raise ValueError("connection and request bounds must be at least 1")
+        if self.publish_buffer_bytes < 1:
+            raise ValueError(f"the publish buffer must hold at least 1 byte, got {self.publish_buffer_bytes}")
         if not 0 < self.frame_deadline_s <= 3600 or not 0 < self.keepalive_interval_s <= 86_400:
             raise ValueError("the frame deadline and the keep-alive interval must be positive")
 
@@ -192,6 +202,8 @@ class BrokerServer:
         self.connections_timed_out = 0  # closed after two keep-alive intervals of silence
         self._connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
         self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
+        self._publish_resumed = trio.Event()
+        self.publish_buffer = PublishBuffer(config.publish_buffer_bytes, on_resume=self._publish_buffer_resumed)
         self._consumer_ids = itertools.count(1)
         self._nursery: trio.Nursery | None = None
         self._listeners: list[trio.SocketListener] = []
@@ -581,9 +593,27 @@ class BrokerServer:
             for fields in decoder.frames():
                 await self._handle(connection, decode_from_peer(decode, fields, "frame"), nursery, slots)
             await wait_for_output_room(connection.output, self.config.connection_output_bytes_max, self.config.frame_deadline_s)
+            await self._wait_for_publish_room(connection)
             if not await connection.reader.receive():
                 return
             connection.pinged = False
+
+    async def _wait_for_publish_room(self, connection: _Connection) -> None:
+        """While the publish buffer is paused, a connection with producers
+        is not read (the frames it sent already were taken): its producers
+        wait, and their batches wait unread in the sockets. Each keep-alive
+        interval it is sent a PING, so that the client knows the broker is
+        there (its PONG is read once reading resumes), as Pulsar's broker
+        does while auto-read is off."""
+        while self.publish_buffer.paused and connection.producers and not connection.closed:
+            with trio.move_on_after(self.config.keepalive_interval_s) as waited:
+                await self._publish_resumed.wait()
+            if waited.cancelled_caught:
+                connection.send(Ping())
+
+    def _publish_buffer_resumed(self) -> None:
+        resumed, self._publish_resumed = self._publish_resumed, trio.Event()
+        resumed.set()
 
     async def _keepalive_loop(self) -> None:
         """Pulsar's keep-alive: every client connection silent for an
@@ -630,7 +660,9 @@ class BrokerServer:
             service, link = found
             if connection.metrics is not None:
                 connection.publish_started_s[(message.producer_handle, message.last_sequence_id)] = time.perf_counter()
-            await service.publish(link, message)
+            # The batch's bytes count until it is answered, whatever answers
+            # it (the permit is released once, by whichever path ends it).
+            await service.publish(link, message, self.publish_buffer.take(len(message.body)))
         elif kind is Flow or kind is Redeliver:
             # For a consumer closed meanwhile: nothing to do.
             found = connection.consumers.get(message.consumer_handle)

@@ -8,8 +8,12 @@ answered only once a write that covers it is durable. So an acknowledged
 message never comes back after a crash or a takeover (unless the cursor
 holds more individually acknowledged ranges than a record keeps,
 RANGES_PERSISTED_MAX: those beyond come back); one acknowledged but not yet
-answered may (at-least-once). Delivery stops while the broker's ZooKeeper
-lease is not known valid (see BrokerServer._lease_loop).
+answered may (at-least-once). In memory a cursor holds at most
+ACKED_RANGES_MAX ranges: past it, an individual acknowledgement that would
+start a new range is refused, while one that closes a gap or extends a
+range is taken, and so always is the oldest unacknowledged message's.
+Delivery stops while the broker's ZooKeeper lease is not known valid (see
+BrokerServer._lease_loop).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ class Subscription:
         self.dispatcher = Dispatcher(subscription_type, cursor, partition_index=partition.partition_index)
         self.consumers: dict[int, ConsumerLink] = {}
         self.closed = False
+        self.acked_ranges_max = ACKED_RANGES_MAX
         self.messages_out = 0
         self.read_position: Position | None = None
         self.idle_since = time.monotonic()  # when its last consumer left
@@ -142,11 +147,7 @@ class Subscription:
         confirmed = self.managed_ledger.confirmed_offset
         if any(offset > confirmed for offset in offsets):
             raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed})")
-        if not cumulative and len(self.cursor.acked) >= ACKED_RANGES_MAX:
-            raise BadRequestError(
-                f"subscription {self.name} holds {len(self.cursor.acked)} ranges of individually acknowledged messages; "
-                "acknowledge the oldest ones (or cumulatively) first"
-            )
+        refused: list[int] = []
         if cumulative:
             if len(offsets) != 1:
                 raise BadRequestError("a cumulative acknowledgement names one offset")
@@ -156,13 +157,32 @@ class Subscription:
                 raise BadRequestError(f"cumulative acknowledgement is not allowed on a {self.subscription_type.value} subscription")
             self.cursor.acknowledge_cumulative(offsets[0])
             self.dispatcher.acknowledged_through(offsets[0])
-        else:
+        elif len(self.cursor.acked) + len(offsets) <= self.acked_ranges_max:
+            # (Each offset adds at most one range: no need to look closer.)
             self.cursor.acknowledge(offsets)
             self.dispatcher.acknowledged(offsets)
-        # The mark-delete position may have moved: a key-shared consumer
-        # held back may take messages now.
-        self.wake()
-        await self._changed_and_persisted()
+        else:
+            # Near the bound, only what would start a new range past it is
+            # refused: acknowledgements that close a gap or extend a range,
+            # and the oldest unacknowledged message's, are always taken.
+            refused = self.cursor.acknowledge_within(offsets, self.acked_ranges_max)
+            if refused:
+                refused_set = set(refused)
+                offsets = [offset for offset in offsets if offset not in refused_set]
+            self.dispatcher.acknowledged(offsets)
+        if offsets:
+            # The mark-delete position may have moved: a key-shared consumer
+            # held back may take messages now.
+            self.wake()
+            await self._changed_and_persisted()
+        if refused:
+            raise BadRequestError(
+                f"subscription {self.name} holds {len(self.cursor.acked)} ranges of individually acknowledged messages, "
+                f"its bound: {len(refused)} of {len(refused) + len(offsets)} acknowledgements refused, each would start a "
+                f"new range (offsets {refused[0]}..{refused[-1]}); the others are taken. Acknowledge the oldest "
+                f"unacknowledged message first (offset {self.cursor.mark_delete + 1}): it is always taken, and so is "
+                "one that closes a gap or extends a range"
+            )
 
     async def _changed_and_persisted(self) -> None:
         if not self.durable:

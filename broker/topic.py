@@ -36,6 +36,7 @@ from broker.errors import (
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
 from broker.message_format import BatchHeader, Codec, MalformedEntryError, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
+from broker.publish_buffer import PublishPermit
 from broker.subscription import ConsumerLink, Subscription
 from broker.topic_store import TopicPolicies, TopicStore, check_name
 from coordination.store import MetadataError, NodeExistsError
@@ -93,6 +94,29 @@ class ProducerLink:
     producer_id: str
     send_receipt: Callable[[SendReceipt], None]
     messages_in: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class PublishedBatch:
+    """A producer's batch from when it is taken from its connection until it
+    is answered. Every path that ends it goes through `answer`, which gives
+    its bytes back to the broker's publish buffer; the paths that end it
+    unanswered (cancelled, or its partition stopped) release its permit in
+    a `finally` (releasing twice does nothing)."""
+
+    link: ProducerLink
+    send: Send
+    permit: PublishPermit
+    codec: Codec = Codec.NONE
+    keys: tuple | None = None
+
+    def answer(self, status: BrokerStatus, message: str = "", position: Position | None = None, first_offset: int = -1) -> None:
+        self.permit.release()
+        self.link.send_receipt(SendReceipt(
+            self.link.handle, self.send.last_sequence_id, int(status),
+            -1 if position is None else position.ledger_id, -1 if position is None else position.entry_id,
+            first_offset, message,
+        ))
 
 
 @dataclass
@@ -222,15 +246,32 @@ class PartitionService:
         return None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            for subscription in self.subscriptions.values():
-                self._start_subscription(subscription)
-            nursery.start_soon(self._housekeeping_loop)
-            nursery.start_soon(self._rollover_loop)
-            nursery.start_soon(self._append_loop, self._publish_queue_receive)
-            nursery.start_soon(self._dedup_snapshot_loop)
-            task_status.started()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for subscription in self.subscriptions.values():
+                    self._start_subscription(subscription)
+                nursery.start_soon(self._housekeeping_loop)
+                nursery.start_soon(self._rollover_loop)
+                nursery.start_soon(self._append_loop, self._publish_queue_receive)
+                nursery.start_soon(self._dedup_snapshot_loop)
+                task_status.started()
+        finally:
+            self._stop_publishing()
+
+    def _stop_publishing(self) -> None:
+        """The appender is gone: answer the batches it left queued (their
+        producers look the partition up again and resend them), and close
+        the queue, so that a connection waiting for room in it is answered
+        too instead of waiting for ever."""
+        receive = self._publish_queue_receive
+        while True:
+            try:
+                batch = receive.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+            batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is no longer served here: look it up again")
+        receive.close()
 
     def spawn(self, async_fn, *args) -> None:
         """A task of the partition (cancelled when it unloads)."""
@@ -319,39 +360,43 @@ class PartitionService:
         if self.closing:
             raise TopicFencedError(f"partition {self.name} is being unloaded")
 
-    async def publish(self, link: ProducerLink, send: Send) -> None:
-        """A producer's batch from its connection: checked, then queued for
-        the partition's appender (waiting while the queue is full: that is
-        the connection's back-pressure). Answers go through
-        `link.send_receipt`. Cancelling the wait loses nothing: the batch was
-        not taken, and its producer resends it after reconnecting."""
+    async def publish(self, link: ProducerLink, send: Send, permit: PublishPermit | None = None) -> None:
+        """A producer's batch from its connection, holding `permit` (its
+        share of the broker's publish buffer, released once the batch is
+        answered or dropped): checked, then queued for the partition's
+        appender (waiting while the queue is full: that is the connection's
+        back-pressure). Answers go through `link.send_receipt`. Cancelling
+        the wait loses nothing: the batch was not taken, and its producer
+        resends it after reconnecting."""
+        batch = PublishedBatch(link, send, permit if permit is not None else PublishPermit.unbounded(len(send.body)))
+        queued = False
         try:
-            self._check_serving()
-            # Before anything is queued: a batch whose body does not hold
-            # what it declares would take offsets for messages no consumer
-            # can read (MalformedBatchError, answered to this producer only).
-            codec = check_batch(send)
-        except BrokerError as error:
-            self._answer(link, send, error.status, str(error))
-            return
-        keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
-        item = (link, send, codec, keys)
-        try:
-            # No scheduling point while the queue has room: one per batch
-            # would cost more than storing it.
-            self._publish_queue.send_nowait(item)
-        except trio.WouldBlock:
-            await self._publish_queue.send(item)
-        self._batches_taken[link.producer_id] = self._batches_taken.get(link.producer_id, 0) + 1
-
-    @staticmethod
-    def _answer(link: ProducerLink, send: Send, status: BrokerStatus, message: str = "",
-                position: Position | None = None, first_offset: int = -1) -> None:
-        link.send_receipt(SendReceipt(
-            link.handle, send.last_sequence_id, int(status),
-            -1 if position is None else position.ledger_id, -1 if position is None else position.entry_id,
-            first_offset, message,
-        ))
+            try:
+                self._check_serving()
+                # Before anything is queued: a batch whose body does not hold
+                # what it declares would take offsets for messages no consumer
+                # can read (MalformedBatchError, answered to this producer only).
+                batch.codec = check_batch(send)
+            except BrokerError as error:
+                batch.answer(error.status, str(error))
+                return
+            batch.keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
+            try:
+                try:
+                    # No scheduling point while the queue has room: one per batch
+                    # would cost more than storing it.
+                    self._publish_queue.send_nowait(batch)
+                except trio.WouldBlock:
+                    await self._publish_queue.send(batch)
+            except trio.BrokenResourceError:
+                # The partition stopped (its appender is gone) while the batch waited.
+                batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is no longer served here: look it up again")
+                return
+            queued = True
+            self._batches_taken[link.producer_id] = self._batches_taken.get(link.producer_id, 0) + 1
+        finally:
+            if not queued:
+                batch.permit.release()  # answered, or cancelled while waiting for room
 
     async def _append_loop(self, receive: trio.MemoryReceiveChannel) -> None:
         """The partition's appender: batches in the order they were taken,
@@ -360,23 +405,34 @@ class PartitionService:
         Only the partition's unloading stops it."""
         while True:
             try:
-                link, send, codec, keys = receive.receive_nowait()
+                batch = receive.receive_nowait()
             except trio.WouldBlock:
-                link, send, codec, keys = await receive.receive()
-            if not await self._append(link, send, codec, keys):
-                self._batch_finished_for(link.producer_id)
+                batch = await receive.receive()
+            if not await self._append(batch):
+                self._batch_finished_for(batch.link.producer_id)
 
-    async def _append(self, link: ProducerLink, send: Send, codec: Codec, keys: tuple | None) -> bool:
+    async def _append(self, batch: PublishedBatch) -> bool:
         """Append a batch taken from a producer; True if it went to the
         ledger (its answer comes when it is persisted or fails), False if it
-        was answered at once."""
+        was answered at once (or the partition stopped meanwhile: then it is
+        dropped, and its producer resends it to the next owner)."""
+        handed = False
+        try:
+            handed = await self._append_or_answer(batch)
+            return handed
+        finally:
+            if not handed:
+                batch.permit.release()
+
+    async def _append_or_answer(self, batch: PublishedBatch) -> bool:
+        link, send = batch.link, batch.send
         producer_id, last_sequence_id = link.producer_id, send.last_sequence_id
         if self.fenced is not None or self.closing:
-            self._answer(link, send, BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
+            batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
             return False
         quota = self.policies.backlog_quota_bytes
         if quota is not None and self.managed_ledger.stored_bytes >= quota:
-            self._answer(link, send, BrokerStatus.PARTITION_OVERFLOW,
+            batch.answer(BrokerStatus.PARTITION_OVERFLOW,
                          f"partition overflow: {self.name} holds {self.managed_ledger.stored_bytes} bytes, its backlog quota is {quota} "
                          f"(acknowledge messages of important subscriptions or raise the quota)")
             return False
@@ -384,15 +440,15 @@ class PartitionService:
         if deduplicating:
             verdict = self.dedup.check(producer_id, last_sequence_id)
             if verdict is Verdict.DUPLICATE:
-                self._answer(link, send, BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
+                batch.answer(BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
                 return False
             if verdict is Verdict.IN_FLIGHT:
-                self._answer(link, send, BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
+                batch.answer(BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
                 return False
 
         def make_entry(first_offset: int, publish_ms: int) -> bytes:
             header = BatchHeader(producer_id, send.first_sequence_id, last_sequence_id, first_offset, send.message_count,
-                                 publish_ms, codec, keys)
+                                 publish_ms, batch.codec, batch.keys)
             return encode_entry(header, send.body)
 
         def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
@@ -400,7 +456,7 @@ class PartitionService:
             if error is not None:
                 if deduplicating:
                     self.dedup.failed(producer_id)
-                self._answer(link, send, error.status, str(error))
+                batch.answer(error.status, str(error))
                 return
             assert position is not None
             self._last_position = position
@@ -414,7 +470,7 @@ class PartitionService:
             self.stats.messages_in += send.message_count
             self.stats.bytes_in += len(send.body)
             link.messages_in += send.message_count
-            self._answer(link, send, BrokerStatus.OK, "", position, first_offset)
+            batch.answer(BrokerStatus.OK, "", position, first_offset)
             for subscription in self.subscriptions.values():
                 subscription.wake()
 
@@ -427,7 +483,7 @@ class PartitionService:
         try:
             await self.managed_ledger.append(make_entry, send.message_count, done, pushed)
         except BrokerError as error:
-            self._answer(link, send, error.status, str(error))
+            batch.answer(error.status, str(error))
             return False
         return True
 

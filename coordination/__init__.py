@@ -36,13 +36,14 @@ from coordination.zk_launcher import ZooKeeperNotInstalledError, ZooKeeperServer
 
 if TYPE_CHECKING:
     from coordination.async_store import AsyncMetadataStore
-    from coordination.startup import Startup, StartupTimeoutError
+    from coordination.startup import Startup, StartupFailedError, StartupTimeoutError
     from coordination.zk_store import KazooMetadataStore
 
 _LAZY = {
     "KazooMetadataStore": "coordination.zk_store",
     "AsyncMetadataStore": "coordination.async_store",
     "Startup": "coordination.startup",
+    "StartupFailedError": "coordination.startup",
     "StartupTimeoutError": "coordination.startup",
 }
 
@@ -69,6 +70,7 @@ __all__ = [
     "SessionListener",
     "SessionState",
     "Startup",
+    "StartupFailedError",
     "StartupTimeoutError",
     "StoreClosedError",
     "WatchEvent",

@@ -4,7 +4,9 @@ Each step is tried again, with the backoff and jitter of a `RetryPolicy`, when
 ZooKeeper lost the connection, did not answer in time, or ended the session
 (kazoo starts a fresh session by itself after an expiry; a failed connect is
 tried again with a new client). Start-up as a whole has one deadline; past it
-the process gets one line naming the step that did not finish.
+the process gets one line naming the step that did not finish. Any other
+ZooKeeper error (no permission, a node that should be there missing, the
+store closed) ends start-up at once, also with one line naming the step.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Awaitable, Callable, Iterator, TypeVar
 import trio
 
 from coordination.retry import RetryPolicy
-from coordination.store import ConnectionLossError, MetadataStore, SessionExpiredError
+from coordination.store import ConnectionLossError, MetadataError, MetadataStore, SessionExpiredError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -36,9 +38,14 @@ RETRYABLE: tuple[type[Exception], ...] = (ConnectionLossError, SessionExpiredErr
 STARTUP_RETRY = RetryPolicy(tries_max=1_000, delay_initial_ms=100.0, delay_max_ms=2_000.0)
 
 
-class StartupTimeoutError(Exception):
-    """Start-up did not finish within its deadline; the message is one line
-    for the operator, naming the step that was still going."""
+class StartupFailedError(Exception):
+    """Start-up failed; the message is one line for the operator, naming
+    the step that failed and why."""
+
+
+class StartupTimeoutError(StartupFailedError):
+    """Start-up did not finish within its deadline; the message names the
+    step that was still going."""
 
 
 def human_ms(duration_ms: float) -> str:
@@ -76,15 +83,18 @@ class Startup:
         self._detail: Callable[[], str | None] | None = None
         self.finished = False
         self.failed = False  # a `wait_for` reached the deadline
+        self.refusal: str | None = None  # why a step failed for good (`refuse`)
 
     # --- the deadline -----------------------------------------------------------------------
 
     @contextlib.contextmanager
     def deadline(self) -> Iterator["Startup"]:
         """Run start-up; raise StartupTimeoutError if the deadline passes
-        before `finish()`."""
+        before `finish()`, StartupFailedError if a step was refused."""
         with self.scope:
             yield self
+        if self.refusal is not None:
+            raise StartupFailedError(self.refusal)
         if self.scope.cancelled_caught or self.failed:
             raise StartupTimeoutError(self.failure_message())
 
@@ -125,6 +135,19 @@ class Startup:
             f"could not {self.step_name}" + (f": {reason}" if reason else "")
         )
 
+    def refused_message(self, error: BaseException, step_name: str | None = None) -> str:
+        """One line: start-up failed at the step under way (or `step_name`) for `error`."""
+        reason = str(error) or type(error).__name__
+        return f"{self.what} did not start: could not {step_name or self.step_name}: {reason}"
+
+    def refuse(self, error: BaseException) -> None:
+        """The step under way failed for good, with an error that waiting
+        would not cure; for a caller that must first stop what already runs
+        (as after `wait_for`). `deadline()` raises StartupFailedError at its
+        end; the deadline no longer cuts the clean stop short."""
+        self.refusal = self.refused_message(error)
+        self.scope.deadline = math.inf
+
     # --- steps ------------------------------------------------------------------------------
 
     def begin(self, name: str, *, detail: Callable[[], str | None] | None = None) -> None:
@@ -144,8 +167,9 @@ class Startup:
         retry_on: tuple[type[Exception], ...] = RETRYABLE,
     ) -> T:
         """`await call()` until it returns, trying again after the errors of
-        `retry_on` with backoff and jitter, until the deadline; any other
-        error propagates at once."""
+        `retry_on` with backoff and jitter, until the deadline. Any other
+        ZooKeeper error ends start-up at once (StartupFailedError naming
+        the step); any other error propagates as it is."""
         self.begin(name, detail=detail)
         delays_ms = self.policy.iter_delays_ms(self.rng)
         while True:
@@ -160,6 +184,10 @@ class Startup:
                     ) from None
                 log.warning("start-up: could not %s (%s); trying again in %.1fs", name, error, delay_ms / 1000)
                 await trio.sleep(delay_ms / 1000)
+            except MetadataError as error:
+                # Not ZooKeeper slow or away: trying again would only wait
+                # out the deadline for the same answer.
+                raise StartupFailedError(self.refused_message(error, name)) from None
 
     async def wait_for(
         self, name: str, call: Callable[[], Awaitable[object]], *, detail: Callable[[], str | None] | None = None
@@ -240,5 +268,6 @@ __all__ = [
     "STARTUP_RETRY",
     "STARTUP_TIMEOUT_MS_DEFAULT",
     "Startup",
+    "StartupFailedError",
     "StartupTimeoutError",
 ]

@@ -64,6 +64,7 @@ _ERROR_MAP: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], t
     (kazoo_errors.NoChildrenForEphemeralsError, NoChildrenForEphemeralsError, "the parent is an ephemeral node"),
     (kazoo_errors.SessionExpiredError, SessionExpiredError, "the ZooKeeper session expired"),
     (_RETRYABLE, ConnectionLossError, "no answer from ZooKeeper after retries; the outcome is unknown"),
+    (kazoo_errors.NoAuthError, MetadataError, "not allowed: the node's ACL refuses this client"),
     (kazoo_errors.KazooException, MetadataError, "ZooKeeper refused the request"),
 )
 

@@ -1,5 +1,6 @@
 """The ledger client: ledger metadata in ZooKeeper, placement, quorum writes
-with ensemble changes, reads, and fencing recovery (DESIGN.md section 6).
+with ensemble changes, reads, and fencing recovery (the rules each keeps:
+docs/architecture.md, "Where each protocol rule lives").
 `BookKeeper` is the trio API; `ledger_client.sync.BookKeeper` the same for
 code that is not async."""
 

@@ -122,11 +122,43 @@ def answer_add(callback, bookie_id: str, result) -> None:
         _call_back(callback, result)
 
 
+def _described(pending) -> str:
+    """What a pending request is, for a protocol error's message."""
+    if type(pending) is _Call:
+        return f"which expects a {pending.answer_type.__name__}"
+    if type(pending) is _AddBatch:
+        return f"a batch of {len(pending.entry_ids)} adds"
+    return "a single add"
+
+
 def parse_address(address: str) -> tuple[str, int]:
     host, separator, port = address.rpartition(":")
     if not separator or not host or not port.isdigit():
         raise ValueError(f"bookie address must be HOST:PORT, got {address!r}")
     return host, int(port)
+
+
+# The answer each request other than an add expects, by the request's type.
+_ANSWER_TYPES: dict[type, type] = {
+    ReadRequest: ReadResponse,
+    ReadLacRequest: ReadLacResponse,
+    BatchReadRequest: BatchReadResponse,
+    GetInfoRequest: GetInfoResponse,
+    ListEntriesRequest: ListEntriesResponse,
+}
+
+
+class _Call:
+    """A request other than an add, in flight: its callback and the type of
+    answer it expects. What `_pending` holds tells the three kinds apart,
+    one type check per answer: a plain ADD's callback as it is, an
+    ADD_BATCH's `_AddBatch`, anything else a `_Call`."""
+
+    __slots__ = ("callback", "answer_type")
+
+    def __init__(self, callback: Callback, answer_type: type) -> None:
+        self.callback = callback
+        self.answer_type = answer_type
 
 
 class _AddBatch:
@@ -162,7 +194,7 @@ class BookieClient:
         # The in-flight bound counts adds, batched or not, and other requests.
         self._in_flight_max = requests_in_flight_max
         self._in_flight_slots = FifoSemaphore(requests_in_flight_max)
-        self._pending: dict[int, Callback | _AddBatch] = {}
+        self._pending: dict[int, Callback | _AddBatch | _Call] = {}
         self._next_request_id = 1
         self._batching = batching  # the bookie speaks protocol 2
         self._gathering: _AddBatch | None = None
@@ -279,7 +311,10 @@ class BookieClient:
             unanswered.append(self._gathering)  # never sent
             self._gathering = None
         for callback in unanswered:
-            if type(callback) is _AddBatch:
+            if type(callback) is _Call:
+                self._in_flight_slots.release(1)
+                _call_back(callback.callback, self._failure)
+            elif type(callback) is _AddBatch:
                 self._in_flight_slots.release(len(callback.entry_ids))
                 told = None
                 for add_callback in callback.callbacks:
@@ -300,7 +335,17 @@ class BookieClient:
         bound is reached (and is a scheduling point only then); returns the
         request id."""
         request_id = await self._take_slot()
-        return self._send(request_id, encode_request(request_factory(request_id)), callback)
+        request = request_factory(request_id)
+        request_type = type(request)
+        if request_type is AddRequest:
+            return self._send(request_id, encode_request(request), callback)
+        answer_type = _ANSWER_TYPES.get(request_type)
+        if answer_type is None:
+            # An ADD_BATCH is gathered by `submit_add_tail_nowait`, which
+            # keeps what its answer must be checked against.
+            self._in_flight_slots.release(1)
+            raise ValueError(f"submit sends one request with one answer; got a {request_type.__name__}")
+        return self._send(request_id, encode_request(request), _Call(callback, answer_type))
 
     async def _take_slot(self) -> int:
         """Wait for room in the in-flight bound; return a fresh request id."""
@@ -464,6 +509,11 @@ class BookieClient:
         answer goes to `answer_add` (an add of a batch as its own
         AddResponse).
 
+        An answer whose type is not its request's (a READ's answer to an
+        ADD, an add's to a READ, a plain add's to a batch) is the bookie
+        breaking the protocol: ProtocolError, and the connection fails as
+        when the bookie fails.
+
         (Plain locals, no closure: with many ledgers open each answer is a
         run of its own, and this loop is a writer's per-answer cost.)"""
         pending, release, bookie_id = self._pending, self._in_flight_slots.release, self.bookie_id
@@ -478,8 +528,9 @@ class BookieClient:
                     callback = pending.get(request_id)
                     if callback is None:
                         continue
-                    if type(callback) is _AddBatch:
-                        raise ProtocolError(f"an answer for one add to request {request_id}, a batch")
+                    kind = type(callback)
+                    if kind is _AddBatch or kind is _Call:
+                        raise ProtocolError(f"an answer for one add to request {request_id}, {_described(callback)}")
                     del pending[request_id]
                     release(1)
                     acknowledged = ((callback, ledger_id, entry_id),)
@@ -491,14 +542,21 @@ class BookieClient:
                         callback = pending.get(response.request_id)
                         if callback is None:
                             continue
-                        batched = type(callback) is _AddBatch
-                        if batched != (type(response) is AddBatchResponse) or batched and len(response.statuses) != len(callback.entry_ids):
-                            raise ProtocolError(f"an answer of the wrong kind to request {response.request_id}")
+                        kind = type(callback)
+                        batched = kind is _AddBatch
+                        expected = callback.answer_type if kind is _Call else AddBatchResponse if batched else AddResponse
+                        if type(response) is not expected or batched and len(response.statuses) != len(callback.entry_ids):
+                            raise ProtocolError(
+                                f"a {type(response).__name__} to request {response.request_id}, {_described(callback)}"
+                            )
                         del pending[response.request_id]
                         if run_owner is not None:
                             owner, run_owner = run_owner, None
                             _call_back(owner.adds_acknowledged, bookie_id, run_ledger_id, run_entry_ids)
-                        if batched:  # (rare: some adds of the batch were refused)
+                        if kind is _Call:
+                            release(1)
+                            _call_back(callback.callback, response)
+                        elif batched:  # (rare: some adds of the batch were refused)
                             release(len(callback.entry_ids))
                             for (add_callback, ledger_id, entry_id), status in zip(callback.adds(), response.statuses):
                                 answer_add(add_callback, bookie_id, AddResponse(response.request_id, status, ledger_id, entry_id))

@@ -1,4 +1,4 @@
-"""Ledger recovery as a pure state machine (DESIGN.md section 6): mark the
+"""Ledger recovery as a pure state machine: mark the
 ledger IN_RECOVERY, fence the last ensemble until E - AQ + 1 bookies are
 fenced, read forward from the largest LAC with the fence flag on every read,
 decide each entry (present as soon as one bookie of its write set returns it

@@ -5,7 +5,7 @@ feed it events and carry out the actions it returns; it does no I/O, reads
 no clock (time comes in as `now_ms`) and takes randomness from an injected
 `random.Random` (for picking replacement bookies).
 
-Safety rules it keeps (DESIGN.md section 6):
+Safety rules it keeps:
 - an add completes when AQ bookies of its write set, in the metadata as
   written, acknowledged it; completions go out in entry order;
 - a failed bookie is replaced in a new ensemble keyed at LAC + 1, and that

@@ -73,17 +73,19 @@ def run(arguments: argparse.Namespace) -> int:
     configure_logging(arguments.log_level, "autorecovery", name, arguments.log_format)
 
     async def main() -> None:
-        from coordination.startup import Startup, StartupTimeoutError
+        from coordination.startup import Startup, StartupFailedError
 
         # ZooKeeper away or slow at start: tried again until the deadline,
-        # then one line and exit 2 (once running, the daemon retries for ever).
+        # then one line and exit 2; ZooKeeper refusing us (no permission to
+        # make the chroot, say): one line and exit 2 at once. Once running,
+        # the daemon retries for ever.
         startup = Startup("auto-recovery", arguments.startup_timeout)
         try:
             with startup.deadline():
                 store = await startup.connect(arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms)
                 store.close()
                 startup.finish()
-        except StartupTimeoutError as error:
+        except StartupFailedError as error:
             raise UsageError(str(error)) from None
         except ValueError as error:  # a malformed --zk
             raise UsageError(str(error)) from None

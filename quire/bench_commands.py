@@ -28,4 +28,5 @@ def add_bench(parser: argparse.ArgumentParser) -> None:
 
 def bench(arguments: argparse.Namespace) -> int:
     module = importlib.import_module(f"bench.{arguments.benchmark}")
-    return module.main(arguments.arguments) or 0
+    # Its errors name the command typed: `quire bench NAME: error: ...`.
+    return module.main(arguments.arguments, prog=f"quire bench {arguments.benchmark}") or 0

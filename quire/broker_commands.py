@@ -7,6 +7,7 @@ import socket
 
 import trio
 
+from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_store import TopicPolicies
 from quire import cli_ranges as ranges
 from quire.cli import (
@@ -89,6 +90,10 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         help="retry the ZooKeeper steps of start-up (connect, bookie registry, registration) this long, then exit 2 naming the step",
     )
     parser.add_argument("--entry-cache-bytes", type=ranges.memory_bytes, default=64 * 1024**2, help="memory the entries kept for consumers may hold, their objects included, all partitions together")
+    parser.add_argument("--publish-buffer-bytes", type=ranges.positive_memory_bytes, default=PUBLISH_BUFFER_BYTES_DEFAULT,
+                        help="producers' batches taken and not yet persisted or answered, all partitions together "
+                             "(Pulsar's maxMessagePublishBufferSizeInMB); past it the broker stops reading from producers' "
+                             "connections until half of it is left")
     parser.add_argument("--frame-bytes-max", type=ranges.frame_bytes, default=16 * 1024**2, help="largest frame a client may send; a longer one closes its connection")
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
     parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
@@ -119,6 +124,7 @@ def run(arguments: argparse.Namespace) -> int:
             advertised_address=advertised,
             ledger_password=arguments.ledger_password.encode(),
             entry_cache_bytes=arguments.entry_cache_bytes,
+            publish_buffer_bytes=arguments.publish_buffer_bytes,
             frame_bytes_max=arguments.frame_bytes_max,
             auto_topic_creation=not arguments.no_auto_topic_creation,
             default_policies=TopicPolicies.from_dict(policies_from(arguments)),

@@ -251,8 +251,10 @@ class _HelpFormatter(argparse.HelpFormatter):
         return text
 
 
-class _Parser(argparse.ArgumentParser):
-    """Errors are one line (what is wrong, where to look), then exit 2."""
+class Parser(argparse.ArgumentParser):
+    """Errors are one line (what is wrong, where to look), then exit 2; help
+    shows each option's default and range. Every parser of ours is one,
+    the benchmarks' (bench/*.py) too."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", _HelpFormatter)
@@ -289,12 +291,12 @@ def build_parser() -> argparse.ArgumentParser:
         zk_commands,
     )
 
-    parser = _Parser(prog="quire", description="quire: a replicated ledger cluster")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    parser = Parser(prog="quire", description="quire: a replicated ledger cluster")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
 
     def group(name: str, help_text: str) -> argparse._SubParsersAction:
         sub = commands.add_parser(name, help=help_text)
-        return sub.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=_Parser)
+        return sub.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=Parser)
 
     def command(subparsers, name: str, help_text: str, handler: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
         sub = subparsers.add_parser(name, help=help_text, description=help_text)

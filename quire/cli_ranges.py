@@ -22,7 +22,7 @@ from coordination.zk_launcher import _SESSION_TIMEOUT_MAX_MS as ZOOKEEPER_SESSIO
 from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 from ledger_client.write_core import ADD_TIMEOUT_MS_DEFAULT
-from quire.cli import INT64_MAX, Bounded
+from quire.cli import INT64_MAX, Bounded, positive_int
 
 KIB, MIB, GIB, PIB = 1024, 1024**2, 1024**3, 1024**5
 SECOND_MS = 1000
@@ -73,6 +73,7 @@ session_timeout_ms = Bounded("integer", 1, ZOOKEEPER_SESSION_TIMEOUT_MS_MAX,
                              why="the longest session our ZooKeeper grants; it would cut a longer one down")
 frame_bytes = Bounded("size", FRAME_BYTES_MIN, FRAME_BYTES_MAX, why="a frame's length is a u32")
 memory_bytes = Bounded("size", 0, MEMORY_BYTES_MAX, why="more memory than a machine holds")
+positive_memory_bytes = Bounded("size", 1, MEMORY_BYTES_MAX, why="more memory than a machine holds")
 write_cache_bytes = Bounded("size", WRITE_CACHE_BYTES_MIN, MEMORY_BYTES_MAX, why="more memory than a machine holds")
 journal_file_bytes = Bounded("size", JOURNAL_FILE_BYTES_MIN, FILE_BYTES_MAX, why="larger than any one file should be")
 entry_log_bytes = Bounded("size", ENTRY_LOG_BYTES_MIN, FILE_BYTES_MAX, why="larger than any one file should be")
@@ -109,3 +110,16 @@ seconds = Bounded("integer", 1, PERIOD_MS_MAX // SECOND_MS, why="a week")
 seed = Bounded("integer", 0, SEED_MAX, why="seeds are 64-bit")
 seed_count = Bounded("integer", 1, SEEDS_MAX)
 rows = Bounded("integer", 0, JAVA_INT_MAX, why="Spark shows at most a Java int of rows")
+
+# --- the benchmarks' flags (`quire bench NAME ARGS`) -------------------------------------
+
+BENCH_SECONDS_MAX = PERIOD_MS_MAX / SECOND_MS  # a measured run, or a wait for one, of at most a week
+BENCH_BOOKIES_MIN = 4  # auto-recovery needs a bookie to re-replicate to once one of an ensemble of 3 is lost
+BENCH_MESSAGES_MIN = 100  # broker_memory samples the broker's RSS along the way: fewer messages say nothing
+
+count = positive_int  # ledgers, rounds, repeats, frames, cycles: how many times something is done
+bench_seconds = Bounded("number", 0, BENCH_SECONDS_MAX, low_open=True, why="a week")
+warmup_seconds = Bounded("number", 0, BENCH_SECONDS_MAX, why="a week")
+bench_bookies = Bounded("integer", BENCH_BOOKIES_MIN, LOCAL_PROCESSES_MAX, why="processes on one machine")
+bench_messages = Bounded("integer", BENCH_MESSAGES_MIN, I64_MAX, why="offsets and sequence ids are signed 64-bit")
+compaction_threshold = Bounded("number", 0, 1)

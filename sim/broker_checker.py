@@ -1,6 +1,6 @@
-"""The broker simulation's checkers, after DESIGN.md section 7. Fed as the
-run goes (by the log, the brokers and the clients), they report a violation
-the moment one shows:
+"""The broker simulation's checkers: the broker's guarantees below. Fed as
+the run goes (by the log, the brokers and the clients), they report a
+violation the moment one shows:
 - exactly-once publishing: the log never holds one producer's sequence id
   twice, and every sequence id a producer was told is persisted (OK or
   DUPLICATE) is in the log;
@@ -162,8 +162,8 @@ class BrokerChecker(ViolationLog):
     def _membership_changed(self, serving: _Serving) -> None:
         if serving.subscription_type not in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
             return
-        # The active consumer: lowest priority value, then name (DESIGN.md 7,
-        # Pulsar); the others give back what they hold.
+        # The active consumer: lowest priority value, then name (Pulsar's
+        # rule); the others give back what they hold.
         ranked = sorted((priority, name, consumer_id) for consumer_id, (priority, name) in serving.consumers.items())
         active = ranked[0][2] if ranked else None
         if active != serving.active:

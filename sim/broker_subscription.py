@@ -85,6 +85,10 @@ class SimSubscription:
 
     def acknowledge(self, offsets: tuple[int, ...], cumulative: bool, respond: Respond) -> None:
         """Take acknowledgements; `respond` once a cursor write covering them is durable."""
+        # (The trio driver also bounds the ranges a cursor holds in memory,
+        # ACKED_RANGES_MAX = 100,000, refusing past it only what would start
+        # a new range: `Cursor.acknowledge_within`, tested on its own. The
+        # simulated runs hold a few hundred messages, far from it.)
         if any(offset > self.partition.confirmed_offset for offset in offsets) or (cumulative and len(offsets) != 1):
             return respond(BrokerStatus.BAD_REQUEST)
         if cumulative and self.kind in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):

@@ -1,5 +1,5 @@
-"""The simulator's checkers, after the invariants of DESIGN.md section 6 (and
-BookKeeper's TLA+ specification). Fed as the run goes, they report a
+"""The simulator's checkers: the ledger invariants below, as BookKeeper's
+TLA+ specification states them. Fed as the run goes, they report a
 violation the moment one shows:
 - an entry is acknowledged only once AQ bookies of its write set have
   acknowledged the writer's add of it;
@@ -210,7 +210,7 @@ class SimChecker(ViolationLog):
         """Why recovery can never decide this entry, or None if it can:
         present needs one intact copy on its write set, absent needs
         WQ - AQ + 1 bookies of it without the entry ("no entry"); a corrupt
-        copy gives neither (DESIGN.md section 6). `stored` holds the bookies
+        copy gives neither (ledger_client.recovery_core's rule). `stored` holds the bookies
         that answer."""
         metadata = self.metadata.get(ledger_id)
         written = self.written.get((ledger_id, entry_id))

@@ -1,6 +1,6 @@
 """A replication worker's decisions, pure: which fragments of a marked ledger
-sit on lost bookies, which entries each lost bookie held there (the write-set
-rule of DESIGN.md section 6), which bookie replaces it, how the metadata
+sit on lost bookies, which entries each lost bookie held there (those whose
+write set includes it), which bookie replaces it, how the metadata
 changes once the copies are made, whether an open ledger must first wait
 out its grace period or be fenced (and whether fencing could close it at all
 without the lost bookies), and when to try a failed ledger again.
@@ -88,8 +88,8 @@ def fragments_on(metadata: LedgerMetadata, lost: Collection[str]) -> list[tuple[
 
 
 def recovery_blocked_by(metadata: LedgerMetadata, lost: Collection[str]) -> frozenset[str]:
-    """The lost bookies of the last ensemble without which recovery (DESIGN.md
-    section 6) cannot close the ledger; empty when it can without them.
+    """The lost bookies of the last ensemble without which fencing recovery
+    (ledger_client.recovery_core) cannot close the ledger; empty when it can without them.
 
     Recovery fences the last ensemble until E - AQ + 1 bookies answered,
     then decides every entry from the largest LAC the bookies know + 1 up to

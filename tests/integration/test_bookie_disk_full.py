@@ -98,6 +98,18 @@ async def write_until_refused(zk_hosts: str, zk_root: str, acknowledged: dict[tu
                     return ledger.ledger_id
 
 
+async def write_one_ledger(bookie, entries: int) -> dict[tuple[int, int], bytes]:
+    """A closed ledger of `entries` entries on the one bookie; what was acknowledged."""
+    acknowledged: dict[tuple[int, int], bytes] = {}
+    async with BookKeeper.connect(bookie.zk_hosts, bookie.root) as bk:
+        ledger = await bk.create_ledger(1, 1, 1, password=PASSWORD)
+        for index in range(entries):
+            data = payload(ledger.ledger_id, index)
+            acknowledged[(ledger.ledger_id, await ledger.add(data))] = data
+        await ledger.close()
+    return acknowledged
+
+
 async def read_everything(address: str, acknowledged: dict[tuple[int, int], bytes]) -> None:
     """Every acknowledged entry reads back from the bookie, byte for byte."""
     by_ledger: dict[int, list[int]] = {}
@@ -234,14 +246,7 @@ async def disk_full_scenario(bookies, small_disk: Path, *, shared_journal: bool,
     assert info["read_only_reason"] == "" and info["checkpoint_held_bytes"] == 0
     await wait_for_registration(bookie.zk_hosts, bookie.root, bookie.address, "writable")
     await read_everything(bookie.address, acknowledged)
-    more: dict[tuple[int, int], bytes] = {}
-    async with BookKeeper.connect(bookie.zk_hosts, bookie.root) as bk:
-        ledger = await bk.create_ledger(1, 1, 1, password=PASSWORD)
-        for index in range(20):
-            data = payload(ledger.ledger_id, index)
-            more[(ledger.ledger_id, await ledger.add(data))] = data
-        await ledger.close()
-    acknowledged.update(more)
+    acknowledged.update(await write_one_ledger(bookie, entries=20))
     # A clean restart finds nothing left to replay that it cannot flush.
     assert bookie.terminate() == 0
     await bookie.started()
@@ -268,3 +273,25 @@ async def test_a_journal_on_the_full_disk_keeps_its_reserve(small_disk, bookies)
 @pytest.mark.parametrize("shared_journal", [False, True])
 async def test_a_full_disk_for_minutes(small_disk, bookies, shared_journal):
     await disk_full_scenario(bookies, small_disk, shared_journal=shared_journal, read_s=180)
+
+
+async def test_a_bookie_started_on_a_full_journal_disk_turns_writable_once_there_is_room(small_disk, bookies):
+    # Its journal cannot start a new file (a file is preallocated 4 MiB at a
+    # time, and 1 MiB is free): it starts read-only, serving, and used to
+    # stay so until restarted. Each disk check now tries again.
+    fill(small_disk / "filler", leave_bytes=1 * MIB)
+    bookie = bookies.new("--journal-dir", str(small_disk / "journal"), "--disk-check-interval-ms", "100")
+    await bookie.started()
+    info = await get_info(bookie.address)
+    assert info["read_only"] and "journal has no file: cannot start a new journal file" in info["read_only_reason"], info
+    await wait_for_registration(bookie.zk_hosts, bookie.root, bookie.address, "read-only")
+
+    (small_disk / "filler").unlink()
+    info = await wait_for_info(bookie, lambda info: not info["read_only"], "the bookie to turn writable by itself")
+    assert info["read_only_reason"] == "" and not info["journal_failed"], info
+    await wait_for_registration(bookie.zk_hosts, bookie.root, bookie.address, "writable")
+    acknowledged = await write_one_ledger(bookie, entries=20)
+    await read_everything(bookie.address, acknowledged)
+    log = bookie.log_path.read_text(errors="replace")
+    assert "journal_no_file cleared" in log
+    assert "Traceback" not in log and "CRITICAL" not in log

@@ -4,6 +4,7 @@ never shows a traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -448,3 +449,81 @@ def test_refused_before_zookeeper_is_touched(zk_hosts, zk_root, arguments, key_w
 
     with KazooMetadataStore.connect(zk_hosts, "/", session_timeout_ms=4_000) as whole_tree:
         assert whole_tree.exists(zk_root) is None
+
+
+# --- ZooKeeper refusing a start-up step (no permission) -----------------------
+#
+# Not ZooKeeper slow or away, so not worth waiting out the start-up deadline
+# for: one line naming the step, exit 2, at once. Each test makes part of its
+# chroot read-only with a ZooKeeper ACL (anyone may read, delete and change
+# the ACL back, nobody may create).
+
+REFUSED_WITHIN_S = 30  # well inside the 60 s start-up deadline: refused at once, not timed out
+
+
+@contextlib.contextmanager
+def read_only_nodes(zk_hosts: str, *paths: str):
+    """Make each of `paths` (created if missing) read-only, and writable again after."""
+    from kazoo.client import KazooClient
+    from kazoo.security import OPEN_ACL_UNSAFE, make_acl
+
+    client = KazooClient(hosts=zk_hosts, timeout=10)
+    client.start(timeout=10)
+    try:
+        for path in paths:
+            client.ensure_path(path)
+            client.set_acls(path, [make_acl("world", "anyone", read=True, delete=True, admin=True)])
+        yield
+    finally:
+        for path in paths:
+            if client.exists(path):
+                client.set_acls(path, OPEN_ACL_UNSAFE)
+        client.stop()
+        client.close()
+
+
+def timed_quire(*arguments) -> tuple[subprocess.CompletedProcess, float]:
+    started = time.monotonic()
+    result = quire(*arguments, timeout_s=120)
+    return result, time.monotonic() - started
+
+
+def test_a_bookie_refused_its_cookie_says_so_in_one_line(tmp_path, zk_hosts, zk_root):
+    with read_only_nodes(zk_hosts, zk_root):
+        result, elapsed_s = timed_quire(*process_command("bookie run", tmp_path, "--zk", zk_hosts, "--root", zk_root,
+                                                         "--port", free_port(), "--no-autorecovery"))
+    error_line(result, "quire bookie run: error: ", "bookie did not start: could not check the bookie's cookies",
+               "NoAuth")
+    assert elapsed_s < REFUSED_WITHIN_S
+
+
+def test_a_bookie_refused_its_registration_stops_cleanly_with_one_line(tmp_path, zk_hosts, zk_root):
+    from coordination.cluster_layout import ClusterLayout, ensure_cluster_layout
+    from coordination.zk_store import KazooMetadataStore
+
+    layout = ClusterLayout()
+    with KazooMetadataStore.connect(zk_hosts, zk_root, session_timeout_ms=4_000) as store:
+        ensure_cluster_layout(store, layout)
+    port = free_port()
+    with read_only_nodes(zk_hosts, zk_root + layout.bookie_registration("x", read_only=False).rpartition("/")[0]):
+        result, elapsed_s = timed_quire(*process_command("bookie run", tmp_path, "--zk", zk_hosts, "--root", zk_root,
+                                                         "--port", port, "--no-autorecovery"))
+    error_line(result, "quire bookie run: error: ", f"could not register bookie 127.0.0.1:{port} under /bookies",
+               "NoAuth")
+    assert elapsed_s < REFUSED_WITHIN_S
+    assert "stopping bookie" in result.stderr  # the clean way: journal drained, then the line
+
+
+def test_a_broker_refused_its_nodes_says_so_in_one_line(tmp_path, zk_hosts, zk_root):
+    with read_only_nodes(zk_hosts, zk_root):
+        result, elapsed_s = timed_quire(*process_command("broker run", tmp_path, "--zk", zk_hosts, "--root", zk_root,
+                                                         "--port", free_port()))
+    error_line(result, "quire broker run: error: ", "broker did not start: could not create the broker's nodes", "NoAuth")
+    assert elapsed_s < REFUSED_WITHIN_S
+
+
+def test_auto_recovery_refused_its_chroot_says_so_in_one_line(zk_hosts, zk_root):
+    with read_only_nodes(zk_hosts, zk_root):
+        result, elapsed_s = timed_quire("autorecovery", "run", "--zk", zk_hosts, "--root", zk_root + "/cluster")
+    error_line(result, "quire autorecovery run: error: ", "auto-recovery did not start", "NoAuth")
+    assert elapsed_s < REFUSED_WITHIN_S

@@ -95,6 +95,7 @@ async def test_metrics_scraped_over_http_move_under_load(zk_hosts, zk_root, book
     assert value(broker_before, "quire_broker_topics") == 0
     assert value(broker_before, "quire_broker_publish_requests_total", result="duplicate") == 0
     assert value(broker_before, "quire_broker_publish_inflight") == 0
+    assert value(broker_before, "quire_broker_publish_buffer_bytes") == 0
 
     await put_ledger_load(zk_hosts, zk_root)
     async with Client.connect(zk_hosts, zk_root) as client:
@@ -143,6 +144,8 @@ async def test_metrics_scraped_over_http_move_under_load(zk_hosts, zk_root, book
         assert moved(broker_before, broker_after, "quire_broker_publish_requests_total", result="duplicate") == 1
         assert moved(broker_before, broker_after, "quire_broker_publish_requests_total", result="topic_fenced") == 1
         assert value(broker_after, "quire_broker_publish_inflight") == 0  # every batch answered
+        assert value(broker_after, "quire_broker_publish_buffer_bytes") == 0  # ... and its bytes given back
+        assert value(broker_after, "quire_broker_publish_buffer_pauses_total") == 0
         assert value(broker_after, "quire_broker_topic_ledgers", topic="metered") == 1
         assert moved(broker_before, broker_after, "quire_broker_publish_latency_seconds_count") == MESSAGES
         assert moved(broker_before, broker_after, "quire_broker_publish_bytes_total") > 0

@@ -15,8 +15,12 @@ from bookie.protocol.wire import (
     AddRequest,
     AddResponse,
     FrameDecoder,
+    GetInfoResponse,
     HelloReply,
     Op,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
     Status,
     decode_request,
     encode_add_ok,
@@ -53,7 +57,8 @@ class Writer(AddListener):
 
 
 def adds_of(request) -> int:
-    return 1 if type(request) is AddRequest else len(request.adds) // 3
+    """The adds a request holds; any request other than an ADD_BATCH counts one."""
+    return len(request.adds) // 3 if type(request) is AddBatchRequest else 1
 
 
 async def stand_in_bookie(listeners, answers_for, protocol_version, task_status=trio.TASK_STATUS_IGNORED):
@@ -265,3 +270,86 @@ async def test_a_bookie_of_protocol_1_is_spoken_to_in_protocol_1():
     assert hellos == [2, 1]
     assert [type(request) for request in requests] == [AddRequest] * 3
     assert sorted(entry for event in events for entry in event[3]) == [0, 1, 2]
+
+
+# --- answers of the wrong type -------------------------------------------------------------
+
+
+async def answers_to_a_read_and_an_add(answers_for) -> tuple[list, list, str]:
+    """A read of entry 0 of `LEDGER` and a writer's add of entry 1, in
+    flight together on a bookie of protocol 1, answered as
+    `answers_for(read_request, add_request)` says. Returns what the read
+    returned or raised, what the writer heard, and why the connection
+    closed ("" if it did not)."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    events: list = []
+    writer = Writer("writer", events)
+    read_outcome: list = []
+
+    def answers(requests):
+        read = next(request for request in requests if type(request) is ReadRequest)
+        add = next(request for request in requests if type(request) is AddRequest)
+        return answers_for(read, add)
+
+    answers.adds = 2
+    async with trio.open_nursery() as nursery:
+        await nursery.start(stand_in_bookie, listeners, answers, 1)
+        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
+
+            async def read() -> None:
+                try:
+                    read_outcome.append(await client.read(LEDGER, 0))
+                except BookieConnectionError as error:
+                    read_outcome.append(error)
+
+            nursery.start_soon(read)
+            await wait_until_async(lambda: client.requests_in_flight == 1, deadline_s=10, what="the read sent")
+            client.submit_add_tail_nowait(encode_add_tail(0, b"key", b"entry"), writer, LEDGER, 1)
+            await wait_until_async(lambda: read_outcome and events, deadline_s=10, what="both answered or lost")
+            reason = str(await client.wait_closed()) if client.closed else ""
+        nursery.cancel_scope.cancel()
+    return read_outcome, events, reason
+
+
+async def test_each_request_takes_the_answer_of_its_own_type_in_any_order():
+    def answers_for(read, add):
+        return [
+            encode_add_ok(add.request_id, LEDGER, 1),
+            encode_response(ReadResponse(read.request_id, Status.OK, LEDGER, 0, 0, b"entry 0")),
+        ]
+
+    read_outcome, events, reason = await answers_to_a_read_and_an_add(answers_for)
+    assert read_outcome == [ReadResponse(1, Status.OK, LEDGER, 0, 0, b"entry 0")]
+    assert events == [("writer", "ok", LEDGER, [1])]
+    assert reason == ""
+
+
+WRONG_TYPES = {
+    # A READ's answer to an ADD was handed to the writer as the add's status.
+    "a read's answer to an add": lambda read, add: [
+        encode_response(ReadResponse(add.request_id, Status.OK, LEDGER, 1, 0, b"entry 1")),
+    ],
+    # An add's OK to a READ reached the reader as an AddResponse.
+    "an add's OK to a read": lambda read, add: [encode_add_ok(read.request_id, LEDGER, 0)],
+    "an add's refusal to a read": lambda read, add: [
+        encode_response(AddResponse(read.request_id, Status.FENCED, LEDGER, 0)),
+    ],
+    "a batch's answer to an add": lambda read, add: [encode_frame([Op.ADD_BATCH, add.request_id, 1, 0])],
+    "another read's answer to a read": lambda read, add: [
+        encode_response(ReadLacResponse(read.request_id, Status.OK, LEDGER, 0)),
+    ],
+    "information to a read": lambda read, add: [
+        encode_response(GetInfoResponse(read.request_id, Status.OK, {"bookie_id": "stand-in"})),
+    ],
+}
+
+
+@pytest.mark.parametrize("answers_for", list(WRONG_TYPES.values()), ids=list(WRONG_TYPES))
+async def test_an_answer_of_the_wrong_type_closes_the_connection(answers_for):
+    # The bookie broke the protocol: nothing it said is believed, the
+    # connection closes, and both requests fail as when a bookie fails.
+    read_outcome, events, reason = await answers_to_a_read_and_an_add(answers_for)
+    assert "protocol error" in reason, reason
+    assert len(read_outcome) == 1 and isinstance(read_outcome[0], BookieConnectionError), read_outcome
+    assert events == [("writer", "lost")]

@@ -145,6 +145,81 @@ def test_from_record_folds_a_range_that_touches_the_mark_delete():
     assert cursor.mark_delete == 7 and cursor.acked.ranges() == [[9, 9]]
 
 
+def test_ranges_after_counts_new_merged_and_folded_ranges_without_changing_the_cursor():
+    # Acked beyond the mark-delete (-1): [2], [5, 6], [9].
+    cursor = Cursor.from_record({"mark_delete": -1, "acked": [[2, 2], [5, 6], [9, 9]]})
+    assert cursor.ranges_after([]) == 3
+    assert cursor.ranges_after([12]) == 4  # a new range
+    assert cursor.ranges_after([12, 14, 16]) == 6  # three
+    assert cursor.ranges_after([12, 13, 14]) == 4  # one run, one range
+    assert cursor.ranges_after([7]) == 3  # extends [5, 6]
+    assert cursor.ranges_after([3, 4]) == 2  # closes the gap between [2] and [5, 6]
+    assert cursor.ranges_after([3, 4, 7, 8]) == 1  # two runs close two gaps: [2..9]
+    assert cursor.ranges_after([0]) == 3  # folds into the mark-delete, a range of its own gone with it
+    assert cursor.ranges_after([0, 1]) == 2  # folds, taking [2] with it
+    assert cursor.ranges_after([0, 1, 3, 4, 7, 8]) == 0  # everything through 9
+    assert cursor.ranges_after([5, 6, -4]) == 3  # already acknowledged
+    assert cursor.acked.ranges() == [[2, 2], [5, 6], [9, 9]] and cursor.mark_delete == -1
+
+
+def cursor_at_bound(ranges: int) -> Cursor:
+    """A cursor whose mark-delete is -1 and which holds `ranges` ranges of
+    one offset each: 1, 3, 5, ... (0, 2, 4, ... are the gaps)."""
+    return Cursor.from_record({"mark_delete": -1, "acked": [[offset, offset] for offset in range(1, 2 * ranges, 2)]})
+
+
+def test_at_the_bound_only_acknowledgements_that_start_a_new_range_are_refused():
+    # The cursor holds 3 ranges, its bound: a new range past the end is
+    # refused; filling a gap between two ranges, extending one, and
+    # acknowledging the oldest unacknowledged offset (0) are all taken.
+    cursor = cursor_at_bound(3)  # [1], [3], [5]
+    assert cursor.acknowledge_within([9], ranges_max=3) == [9]
+    assert cursor.acked.ranges() == [[1, 1], [3, 3], [5, 5]]
+    assert cursor.acknowledge_within([4], ranges_max=3) == []  # closes the gap between [3] and [5]
+    assert cursor.acked.ranges() == [[1, 1], [3, 5]]
+    assert cursor.acknowledge_within([6], ranges_max=3) == []  # extends [3, 5]
+    assert cursor.acknowledge_within([9], ranges_max=3) == []  # room for one again
+    assert cursor.acknowledge_within([11], ranges_max=3) == [11]
+    # The oldest unacknowledged offset is always taken, and moves the mark-delete.
+    assert cursor.acknowledge_within([0], ranges_max=3) == []
+    assert cursor.mark_delete == 1 and cursor.acked.ranges() == [[3, 6], [9, 9]]
+
+
+def test_a_request_at_the_bound_is_taken_in_part_oldest_first():
+    # One request holds the oldest offset (0: folds with [1] into the
+    # mark-delete, a range fewer), a gap-filler (4: [3] and [5] become one)
+    # and three new ranges: those two, taken first, make room for two new
+    # ranges, the lowest (11, 13); the highest (15) is refused.
+    cursor = cursor_at_bound(3)  # [1], [3], [5]
+    refused = cursor.acknowledge_within([15, 13, 11, 4, 0], ranges_max=3)
+    assert refused == [15]
+    assert cursor.mark_delete == 1 and cursor.acked.ranges() == [[3, 5], [11, 11], [13, 13]]
+    assert not cursor.is_acked(15)
+
+
+def test_a_request_that_ends_within_the_bound_is_taken_whole_whatever_its_order():
+    # At the bound of 3 ([5], [7], [9]): 2 would start a range, but 8 in the
+    # same request joins [7] and [9]; together they leave 3 ranges, so both
+    # are taken, though the new range comes first.
+    cursor = Cursor.from_record({"mark_delete": -1, "acked": [[5, 5], [7, 7], [9, 9]]})
+    assert cursor.ranges_after([2, 8]) == 3
+    assert cursor.acknowledge_within([2, 8], ranges_max=3) == []
+    assert cursor.acked.ranges() == [[2, 2], [5, 5], [7, 9]]
+
+
+def test_a_subscription_at_its_bound_always_makes_progress():
+    # Whatever it holds, acknowledging the oldest unacknowledged offset
+    # never adds a range and always moves the mark-delete: a consumer that
+    # acknowledges in order drains a cursor held at its bound.
+    cursor = cursor_at_bound(50)
+    for _ in range(50):
+        oldest = cursor.mark_delete + 1
+        assert cursor.ranges_after([oldest]) <= len(cursor.acked)
+        assert cursor.acknowledge_within([oldest], ranges_max=50) == []
+        assert cursor.mark_delete > oldest  # past it and the range it joined
+    assert not cursor.acked and cursor.mark_delete == 99
+
+
 @pytest.mark.parametrize(
     "record",
     [
@@ -284,3 +359,35 @@ def test_a_restored_cursor_acknowledges_a_subset_never_more(operations, ranges_m
     assert restored <= acked
     assert bounded.mark_delete == cursor.mark_delete
     assert bounded.acked.ranges() == cursor.acked.ranges()[:ranges_max]
+
+
+@settings(max_examples=500, deadline=None)
+@given(cursor_operations, st.lists(st.integers(-2, OFFSETS_TOP + 2), max_size=12), st.integers(0, 8))
+def test_acknowledging_within_a_bound_takes_all_but_what_would_start_a_range_past_it(operations, offsets, ranges_max):
+    cursor, acked = Cursor.at(0), set()
+    for operation in operations:
+        acked = apply_to_cursor(cursor, acked, operation)
+    before = len(cursor.acked)
+    predicted = cursor.ranges_after(offsets)
+    plain = Cursor.from_record(cursor.to_record())
+    plain.acknowledge(offsets)
+    assert predicted == len(plain.acked), "ranges_after says what acknowledge leaves"
+
+    refused = cursor.acknowledge_within(offsets, ranges_max)
+    taken = set(offsets) - set(refused)
+    assert set(refused) <= set(offsets) and refused == sorted(set(refused))
+    assert_cursor_matches(cursor, acked | taken)
+    assert len(cursor.acked) <= max(ranges_max, before), "never more ranges than the bound (or than before)"
+    if predicted <= ranges_max:
+        assert not refused, "nothing is refused when everything fits"
+    if refused:
+        assert len(cursor.acked) >= ranges_max, "refused only when full"
+    else:
+        assert cursor == plain
+    for offset in refused:
+        # Refused only because it would have stood alone: nothing next to
+        # it is acknowledged (it would have merged), the mark-delete included.
+        assert not cursor.is_acked(offset - 1) and not cursor.is_acked(offset + 1), offset
+    oldest = model_mark_delete(acked) + 1
+    if oldest in offsets:
+        assert cursor.mark_delete >= oldest, "the oldest unacknowledged offset is always taken"

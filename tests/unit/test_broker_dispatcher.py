@@ -261,6 +261,57 @@ def test_a_given_back_delivery_of_acknowledged_messages_keeps_no_redelivery_coun
     assert dispatcher.replay_count == 0 and dispatcher._redeliveries == {}
 
 
+def acknowledge_within(dispatcher: Dispatcher, offsets: list[int], ranges_max: int) -> list[int]:
+    """What the subscription does with an individual acknowledgement once
+    its cursor is near its bound of ranges: returns the offsets refused."""
+    refused = dispatcher.cursor.acknowledge_within(offsets, ranges_max)
+    dispatcher.acknowledged([offset for offset in offsets if offset not in refused])
+    return refused
+
+
+@pytest.mark.parametrize("kind", [SHARED, KEY_SHARED])
+def test_a_cursor_at_its_bound_of_ranges_still_moves_and_delivery_goes_on(kind):
+    # A consumer acknowledges every other message: the cursor reaches its
+    # bound of 3 ranges ([1], [3], [5]) while 0, 2 and 4 are still out, and
+    # the subscription reaches its bound of 6 messages out. Cumulative
+    # acknowledgement is not allowed on these types, so only individual
+    # ones can move it: a new range (7) is refused, but acknowledging the
+    # oldest message (0) moves the mark-delete, frees a range and a place,
+    # and delivery goes on; then 7 is taken.
+    dispatcher = make_dispatcher(kind, {1: 100}, unacked_per_subscription_max=6)
+    assert len(read_all(dispatcher, make_entries(*[1] * 6))) == 6
+    assert acknowledge_within(dispatcher, [1, 3, 5], ranges_max=3) == []
+    assert len(read_all(dispatcher, make_entries(*[1] * 3, first_offset=6))) == 3
+    assert dispatcher.unacked_total == 6 and not dispatcher.wants_read()
+    assert acknowledge_within(dispatcher, [7], ranges_max=3) == [7]
+    assert dispatcher.unacked_total == 6 and not dispatcher.wants_read()
+    assert acknowledge_within(dispatcher, [0], ranges_max=3) == []
+    assert dispatcher.cursor.mark_delete == 1 and dispatcher.wants_read()
+    assert read_all(dispatcher, make_entries(1, first_offset=9)) == [(1, 9)]
+    assert acknowledge_within(dispatcher, [7, 2], ranges_max=3) == []  # 2 folds, 7 fits
+    assert dispatcher.cursor.mark_delete == 3 and dispatcher.cursor.acked.ranges() == [[5, 5], [7, 7]]
+
+
+def test_key_shared_a_joined_consumer_is_not_held_for_ever_by_a_cursor_at_its_bound():
+    # Consumer 2 joins after offsets 0..5 were read; its key waits until
+    # everything before is acknowledged. The cursor holds its bound of
+    # ranges ([1], [3]) with 0, 2 and 4 out: acknowledging them, oldest
+    # first, is always taken, so the mark-delete reaches the joining point.
+    moving = key_for(2, [1, 2])
+    dispatcher = make_dispatcher(KEY_SHARED, {1: 10})
+    assert len(read_all(dispatcher, make_entries(*[(moving,)] * 5))) == 5
+    dispatcher.add_consumer(2, "c2")
+    dispatcher.flow(2, 10)
+    assert read_all(dispatcher, make_entries((moving,), first_offset=5)) == []
+    assert acknowledge_within(dispatcher, [1, 3], ranges_max=2) == []
+    for oldest in (0, 2):
+        assert acknowledge_within(dispatcher, [oldest], ranges_max=2) == []
+        assert dispatcher.dispatch_replay() == []  # 4 is still out
+    assert acknowledge_within(dispatcher, [4], ranges_max=2) == []
+    assert dispatcher.cursor.mark_delete == 4
+    assert offsets_of(dispatcher.dispatch_replay()) == [(2, 5)]
+
+
 def test_bounds_must_be_positive():
     with pytest.raises(ValueError):
         Dispatcher(SHARED, Cursor.at(0), replay_max=0)

@@ -28,7 +28,7 @@ def test_help_exits_zero_with_usage(path):
 
 
 def test_the_tree_has_every_command_of_the_design():
-    # DESIGN.md section 9 names these; a command lost from the tree would
+    # The commands docs/cli.md documents; a command lost from the tree would
     # silently drop out of the parametrised test above.
     names = {" ".join(path) for path in COMMAND_PATHS}
     for expected in ("cluster up", "cluster down", "cluster status", "zk run", "bookie run", "bookie info",

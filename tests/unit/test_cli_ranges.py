@@ -333,3 +333,60 @@ def test_generated_messages_have_exactly_the_size_asked():
             assert len(_generated(number, size)) == size, (number, size)
     assert _generated(42, 8) == b"00000042"
     assert _generated(42, 20) == b"000000000000042 xxxx"
+
+
+# --- the benchmarks' own flags (`quire bench NAME ARGS`) ---------------------------------
+
+
+def benchmark_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
+    import importlib
+
+    from quire.bench_commands import BENCHMARKS
+
+    return [(name, importlib.import_module(f"bench.{name}").build_parser()) for name in sorted(BENCHMARKS)]
+
+
+def test_every_number_of_every_benchmark_has_a_range():
+    # They took raw `type=int`/`float`: `--seconds -5` ran a benchmark of minus five seconds.
+    unbounded = [f"quire bench {name} {_name(action)}" for name, parser in benchmark_parsers()
+                 for action in arguments_of(parser) if action.type in (int, float)]
+    assert not unbounded, "benchmark numbers without a range: " + ", ".join(unbounded)
+    bounded = [action for _, parser in benchmark_parsers() for action in arguments_of(parser) if isinstance(action.type, Bounded)]
+    assert len(bounded) > 30
+
+
+BENCHMARK_REFUSALS = [
+    (["ledger_write", "--seconds", "-5"], ["--seconds", "must be more than 0", "'-5'"]),
+    (["ledger_write", "--window", "0"], ["--window", "at least 1"]),
+    (["bookie_add", "--windows", "1,-3"], ["--windows", "at least 1"]),
+    (["autorecovery", "--bookies", "3"], ["--bookies", "at least 4"]),
+    (["broker_memory", "--messages", "99999999999999999999"], ["--messages", "at most"]),
+    (["bookie_gc", "--ledgers", "9", "--keep", "4"], ["--ledgers 9", "--keep 4"]),
+    (["soak", "--cycles", "0"], ["--cycles", "at least 1"]),
+]
+
+
+@pytest.fixture
+def no_benchmark_runs(monkeypatch, no_side_effects) -> None:
+    """A benchmark that got past its arguments would start a cluster first."""
+    import importlib
+
+    from quire.bench_commands import BENCHMARKS
+
+    def refused(*arguments, **options):
+        raise AssertionError("a benchmark started despite bad arguments")
+
+    for name in BENCHMARKS:
+        module = importlib.import_module(f"bench.{name}")
+        if hasattr(module, "bench_cluster"):
+            monkeypatch.setattr(module, "bench_cluster", refused)
+
+
+@pytest.mark.parametrize("argv, key_words", [pytest.param(argv, words, id=" ".join(argv)) for argv, words in BENCHMARK_REFUSALS])
+def test_a_benchmark_flag_out_of_range_is_one_line_before_anything_runs(argv, key_words, no_benchmark_runs):
+    status, lines = run_quire(["bench", *argv])
+    assert status == EXIT_USAGE, (status, lines)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"quire bench {argv[0]}: error: "), lines
+    for word in key_words:
+        assert word in lines[0], (word, lines[0])

@@ -3,6 +3,7 @@ deleting covered files, and refusing to go on after an I/O error."""
 
 from __future__ import annotations
 
+import errno
 import os
 
 import pytest
@@ -143,3 +144,38 @@ def test_a_corrupt_length_field_followed_by_intact_records_is_found_too(tmp_path
     path.write_bytes(bytes(data))
     with pytest.raises(JournalCorruptError):
         list(FileJournal(tmp_path).replay(JOURNAL_START))
+
+
+class SmallDisk:
+    """os.pwrite and os.pwritev on a disk with `room_bytes` left: a write
+    past the room is cut short (as Linux does), the next one refused with
+    ENOSPC."""
+
+    def __init__(self, monkeypatch, room_bytes: int) -> None:
+        self.room_bytes = room_bytes
+        self._pwrite = os.pwrite
+        monkeypatch.setattr(os, "pwrite", self.pwrite)
+        monkeypatch.setattr(os, "pwritev", self.pwritev)
+
+    def pwrite(self, fd: int, data, offset: int) -> int:
+        if self.room_bytes <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written = self._pwrite(fd, bytes(data)[: self.room_bytes], offset)
+        self.room_bytes -= written
+        return written
+
+    def pwritev(self, fd: int, parts, offset: int) -> int:
+        return self.pwrite(fd, b"".join(parts), offset)
+
+
+def test_a_new_file_the_disk_holds_only_in_part_is_refused_and_removed(tmp_path, monkeypatch):
+    # The preallocation's short write went unnoticed: the file passed for a
+    # preallocated one, and a bookie started on a full journal disk took it
+    # for room it did not have.
+    SmallDisk(monkeypatch, room_bytes=64 * 1024)
+    journal = FileJournal(tmp_path, preallocate_bytes=1024 * 1024)
+    with pytest.raises(OSError) as raised:
+        journal.start_new_file(JOURNAL_START)
+    assert raised.value.errno == errno.ENOSPC
+    assert journal.file_ids() == [] and list(tmp_path.iterdir()) == []
+

@@ -1,4 +1,4 @@
-"""Ledger recovery as a pure core (DESIGN.md section 6): fencing coverage, the
+"""Ledger recovery as a pure core: fencing coverage, the
 present / absent / ask-again rule for each entry (present at one intact copy,
 absent at WQ - AQ + 1 NO_ENTRY/NO_LEDGER answers), the rewrite with
 RECOVERY_ADD, and the close by compare-and-set. A small model of bookies and of

@@ -1,6 +1,8 @@
 """A bookie's registration over the in-memory metadata store: it follows the
 bookie's mode, comes back after its ZooKeeper session is lost, waits out a
-stale registration of an earlier session, and leaves on unregister."""
+stale registration of an earlier session, and leaves on unregister. A first
+registration ZooKeeper refuses ends at once with the reason; once the bookie
+serves, a refusal is logged and tried again."""
 
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ from bookie.registration import Registration
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, ensure_cluster_layout, list_bookies
 from coordination.memory_store import InMemoryMetadataServer
+from coordination.retry import RetryPolicy
+from coordination.store import MetadataError
 from tests.support import wait_until_async
 
 LAYOUT = ClusterLayout()
+FAST = RetryPolicy(tries_max=1_000, delay_initial_ms=10, delay_max_ms=50)
 INFO = BookieRegistrationInfo("b1:3181", "127.0.0.1:3181", "rack-a", False)
 
 
@@ -100,3 +105,72 @@ async def test_a_mode_change_during_registration_is_not_lost():
         await nursery.start(registration.run)
         await wait_for(lambda: registered(observer) == {"b1:3181": "read-only"}, "read-only after the race")
         nursery.cancel_scope.cancel()
+
+
+class RefusesCreates:
+    """A metadata store that refuses the next `refusals` creates under
+    /bookies as ZooKeeper refuses a client without permission."""
+
+    def __init__(self, store, refusals: int) -> None:
+        self._store = store
+        self.refusals = refusals
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def create(self, path: str, *args, **kwargs) -> str:
+        if path.startswith("/bookies/") and self.refusals:
+            self.refusals -= 1
+            raise MetadataError(f"{path}: not allowed: the node's ACL refuses this client (NoAuthError)")
+        return self._store.create(path, *args, **kwargs)
+
+
+async def test_a_first_registration_zookeeper_refuses_ends_at_once_with_the_reason():
+    # Waiting would not cure it: the bookie's start-up reports it in one line.
+    server = InMemoryMetadataServer()
+    ensure_cluster_layout(server.connect(session_timeout_ms=10_000), LAYOUT)
+    metadata = AsyncMetadataStore(RefusesCreates(server.connect(session_timeout_ms=10_000), refusals=1))
+    registration = Registration(metadata, LAYOUT, INFO, stale_wait_s=1, retry=FAST)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(registration.run)
+            await registration.refused.wait()
+    assert not registration.registered.is_set()
+    assert isinstance(registration.refusal, MetadataError) and "NoAuthError" in str(registration.refusal)
+
+
+async def test_a_serving_bookie_refused_its_registration_keeps_trying_and_serving(caplog):
+    # Registered, then its session expires and ZooKeeper refuses the new
+    # registration for a while: the bookie logs it and tries again (it used
+    # to end the bookie in a traceback), and is found again once allowed.
+    server = InMemoryMetadataServer()
+    observer = server.connect(session_timeout_ms=10_000)
+    ensure_cluster_layout(observer, LAYOUT)
+    refusing = RefusesCreates(server.connect(session_timeout_ms=10_000), refusals=0)
+    metadata = AsyncMetadataStore(refusing)
+    registration = Registration(metadata, LAYOUT, INFO, stale_wait_s=1, retry=FAST)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registration.run)
+        await wait_for(lambda: registered(observer) == {"b1:3181": "writable"}, "the first registration")
+        refusing.refusals = 3
+        server.expire_session(metadata.session_id)
+        await wait_for(lambda: refusing.refusals == 0, "three refused tries")
+        await wait_for(lambda: registered(observer) == {"b1:3181": "writable"}, "registered again")
+        assert registration.refusal is None and registration.last_error is None
+        nursery.cancel_scope.cancel()
+    assert sum("NoAuthError" in record.getMessage() for record in caplog.records) == 3
+
+
+async def test_a_bookie_registers_even_where_the_lists_are_gone():
+    # /bookies/writable deleted by hand: the registration makes it again,
+    # as BookKeeper's does, instead of failing.
+    server = InMemoryMetadataServer()
+    observer = server.connect(session_timeout_ms=10_000)
+    metadata = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
+    registration = Registration(metadata, LAYOUT, INFO, stale_wait_s=1, retry=FAST)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(registration.run)
+        await wait_for(registration.registered.is_set, "registered")
+        nursery.cancel_scope.cancel()
+    _, stat = observer.get(LAYOUT.bookie_registration("b1:3181", read_only=False))
+    assert stat.ephemeral_owner == metadata.session_id

@@ -263,3 +263,116 @@ async def test_deleting_a_ledger_lets_a_held_checkpoint_fit(running, disk, metad
         response = await client.read(other, 0)
         assert response.status is Status.OK and response.entry == kept
         assert server.storage.entry_index.get(other, 0) is not None
+
+
+# --- a journal disk with no room for a new file at start-up ------------------------------------
+
+
+class JournalDisk(SimJournal):
+    """The journal's disk: no room for a new journal file while `full`
+    (a failed try leaves nothing behind, as FileJournal's does); appends
+    fail with `append_error` when set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+        self.tries = 0
+        self.append_error: OSError | None = None
+
+    def start_new_file(self, after):
+        self.tries += 1
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().start_new_file(after)
+
+    def append(self, records):
+        if self.append_error is not None:
+            raise self.append_error
+        return super().append(records)
+
+
+@pytest.fixture
+async def started_on_a_full_journal_disk(tmp_path, disk, metadata, nursery):
+    """A bookie that wrote entries 0..9, was restarted while its journal
+    disk had no room for a new file, and serves (read-only)."""
+    (tmp_path / "journal").mkdir()
+    (tmp_path / "ledgers").mkdir()
+    config = BookieConfig(journal_dir=tmp_path / "journal", ledger_dir=tmp_path / "ledgers", gc_interval_s=3600,
+                          checkpoint_interval_ms=60_000, write_cache_bytes=4 * MIB)
+    journal = JournalDisk()
+    storage = LedgerStorage(FlakyEntryLog(), FlakyIndex(), write_cache_bytes=config.write_cache_bytes)
+    core, report = recover(bookie_id="b", limits=config.limits, journal=journal, storage=storage)
+    first = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
+                         ledger_metadata=metadata, rng=random.Random(5))
+    port = await first.listen(await trio.open_tcp_listeners(0, host="127.0.0.1"))
+    async with trio.open_nursery() as first_run:
+        await first_run.start(first.run)
+        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
+            for entry_id in range(10):
+                assert await add(client, entry_id) is Status.OK
+        first.stop()
+    journal.full = True
+    storage = LedgerStorage(storage.entry_log, storage.entry_index, write_cache_bytes=config.write_cache_bytes)
+    core, report = recover(bookie_id="b", limits=config.limits, journal=journal, storage=storage)
+    assert report.journal_no_file == "journal has no file: cannot start a new journal file: No space left on device"
+    server = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
+                          ledger_metadata=metadata, rng=random.Random(5), journal_no_file=report.journal_no_file)
+    modes: list[bool] = []
+    server.on_read_only_change = modes.append
+    port = await server.listen(await trio.open_tcp_listeners(0, host="127.0.0.1"))
+    await nursery.start(server.run)
+    yield Running(server, f"127.0.0.1:{port}", modes), journal
+    server.stop()
+
+
+async def test_a_bookie_started_on_a_full_journal_disk_turns_writable_once_a_journal_file_fits(
+    started_on_a_full_journal_disk, caplog
+):
+    # It stayed read-only until restarted; now each disk check tries again.
+    caplog.set_level(logging.INFO, logger="bookie.server")
+    running, journal = started_on_a_full_journal_disk
+    server = running.server
+    assert server.core.read_only and server.read_only_causes == {Cause.JOURNAL_NO_FILE}
+    async with BookieClient.connect(running.address) as client:
+        info = (await client.get_info()).info
+        assert info["read_only_reason"] == "journal has no file: cannot start a new journal file: No space left on device"
+        assert await add(client, 10) is Status.READ_ONLY
+        await assert_all_readable(client, 10)
+        # Still full: the next check tries, fails, and changes nothing.
+        tries = journal.tries
+        await server.retry_journal_file()
+        assert journal.tries == tries + 1 and server.read_only_causes == {Cause.JOURNAL_NO_FILE}
+        # Room again: the next check makes the file, and the bookie takes adds.
+        journal.full = False
+        await server.retry_journal_file()
+        assert not server.core.read_only and server.read_only_causes == frozenset()
+        assert (await client.get_info()).info["read_only_reason"] == ""
+        assert running.modes == [False]
+        for entry_id in range(10, 20):
+            assert await add(client, entry_id) is Status.OK
+        await assert_all_readable(client, 20)
+        # Written to the new file, and a checkpoint moves the mark past the old ones.
+        async with server.storage_lock:
+            mark = await server.checkpoint_locked()
+        assert mark.file_id == max(journal.file_ids())
+        tries = journal.tries
+        await server.retry_journal_file()
+        assert journal.tries == tries  # nothing more to try
+    assert any(record.getMessage() == "bookie turns writable (journal_no_file cleared)" for record in caplog.records)
+
+
+async def test_a_journal_whose_write_failed_stays_read_only_whatever_the_disk_checks_find(started_on_a_full_journal_disk):
+    running, journal = started_on_a_full_journal_disk
+    server = running.server
+    journal.full = False
+    await server.retry_journal_file()
+    assert not server.core.read_only
+    async with BookieClient.connect(running.address) as client:
+        journal.append_error = OSError(errno.EIO, "Input/output error")
+        assert await add(client, 10) is not Status.OK
+        assert server.read_only_causes == {Cause.JOURNAL_FAILED}
+        journal.append_error = None
+        await server.retry_journal_file()
+        assert server.core.read_only and server.read_only_causes == {Cause.JOURNAL_FAILED}
+        assert await add(client, 11) is Status.READ_ONLY
+        await assert_all_readable(client, 10)

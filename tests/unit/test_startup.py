@@ -1,6 +1,7 @@
 """Start-up under ZooKeeper trouble: `Startup` retries a step after a lost
 connection or session, within one deadline, and then names the step in one
-line; the start-up steps of bookies and brokers (cookies, registration) are
+line; any other ZooKeeper error (no permission) names the step in one line at
+once; the start-up steps of bookies and brokers (cookies, registration) are
 safe to run again after ZooKeeper failed them half-way."""
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, ensure_cluster_layout
 from coordination.memory_store import InMemoryMetadataServer
 from coordination.retry import RetryPolicy
-from coordination.startup import Startup, StartupTimeoutError, _connect_abandonably
-from coordination.store import ConnectionLossError, NoNodeError, SessionExpiredError
+from coordination.startup import Startup, StartupFailedError, StartupTimeoutError, _connect_abandonably
+from coordination.store import ConnectionLossError, MetadataError, NoNodeError, SessionExpiredError, StoreClosedError
 from ledger_client.registry import BookieRegistry
 from tests.support import wait_until_async
 
 FAST = RetryPolicy(tries_max=1_000, delay_initial_ms=10, delay_max_ms=50)
 LAYOUT = ClusterLayout()
+NOT_ALLOWED = "/bookies/writable/b1: not allowed: the node's ACL refuses this client (NoAuthError)"
 
 
 class Flaky:
@@ -63,13 +65,46 @@ async def test_the_delays_between_tries_grow_and_stay_bounded(autojump_clock):
     assert trio.current_time() - started == pytest.approx(1.5)
 
 
-async def test_other_errors_end_start_up_at_once(autojump_clock):
+@pytest.mark.parametrize("error", [
+    MetadataError("/cookies/b1: not allowed: the node's ACL refuses this client (NoAuthError)"),
+    NoNodeError("/cookies: no such node"),
+    StoreClosedError("the metadata store is closed"),
+], ids=["no permission", "no node", "store closed"])
+async def test_other_zookeeper_errors_end_start_up_at_once_with_one_line(error, autojump_clock):
+    # They used to escape as they were, and ended the process in a traceback.
     startup = Startup("bookie", 60_000, policy=FAST)
-    call = Flaky(NoNodeError("/cookies: no such node"))
-    with pytest.raises(NoNodeError):
+    call = Flaky(error)
+    started = trio.current_time()
+    with pytest.raises(StartupFailedError) as raised:
         with startup.deadline():
             await startup.step("check the cookies", call)
-    assert call.calls == 1
+    assert call.calls == 1 and trio.current_time() == started
+    assert not isinstance(raised.value, StartupTimeoutError)
+    assert str(raised.value) == f"bookie did not start: could not check the cookies: {error}"
+
+
+async def test_errors_that_are_not_zookeepers_propagate_as_they_are(autojump_clock):
+    # A refused cookie, a bad address: the caller words those itself.
+    startup = Startup("bookie", 60_000, policy=FAST)
+    with pytest.raises(ValueError, match="bad address"):
+        with startup.deadline():
+            await startup.step("reach ZooKeeper", Flaky(ValueError("bad address")))
+
+
+async def test_a_refusal_after_a_wait_lets_the_caller_clean_up_then_names_the_step(autojump_clock):
+    startup = Startup("bookie", 2_000, policy=FAST)
+    cleaned_up = False
+    with pytest.raises(StartupFailedError) as raised:
+        with startup.deadline():
+            # The wait ends early: the registration was refused.
+            refused = trio.Event()
+            refused.set()
+            assert await startup.wait_for("register bookie b1", refused.wait)
+            startup.refuse(MetadataError(NOT_ALLOWED))
+            await trio.sleep(10)  # a clean stop takes its time: no deadline cancels it
+            cleaned_up = True
+    assert cleaned_up
+    assert str(raised.value) == f"bookie did not start: could not register bookie b1: {NOT_ALLOWED}"
 
 
 async def test_past_the_deadline_one_line_names_the_step_and_the_last_error(autojump_clock):
@@ -135,6 +170,37 @@ async def wait_for(condition, what: str, deadline_s: float = 5) -> None:
     await wait_until_async(condition, deadline_s=deadline_s, what=what)
 
 
+class Counted:
+    """An async call, counted: `calls` says how often it was tried."""
+
+    def __init__(self, call) -> None:
+        self.call = call
+        self.calls = 0
+
+    async def __call__(self):
+        self.calls += 1
+        return await self.call()
+
+
+class RefusesCreates:
+    """A metadata store that refuses the next `refusals` creates under
+    `prefix` as ZooKeeper refuses a client without permission."""
+
+    def __init__(self, store, prefix: str, refusals: int) -> None:
+        self._store = store
+        self._prefix = prefix
+        self.refusals = refusals
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+    def create(self, path: str, *args, **kwargs) -> str:
+        if path.startswith(self._prefix) and self.refusals:
+            self.refusals -= 1
+            raise MetadataError(f"{path}: not allowed: the node's ACL refuses this client (NoAuthError)")
+        return self._store.create(path, *args, **kwargs)
+
+
 async def test_a_restarted_broker_waits_for_its_previous_session_then_registers():
     server = InMemoryMetadataServer()
     info = BrokerInfo("b1", "127.0.0.1:6650")
@@ -165,10 +231,11 @@ async def test_a_broker_registers_once_zookeeper_answers_again_with_a_new_sessio
     old_session = store.session_id
     store.store.suspend()
     server.expire_session(old_session)
+    register = Counted(ownership.register)
     with startup.deadline():
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(startup.step, "register broker b1", ownership.register)
-            await trio.sleep(0.2)
+            nursery.start_soon(startup.step, "register broker b1", register)
+            await wait_for(lambda: register.calls >= 3, "several tries")
             assert isinstance(startup.last_error, ConnectionLossError)
             store.store.resume(now_ms=1)
     assert store.session_id not in (0, old_session)
@@ -181,12 +248,28 @@ async def test_after_a_session_loss_the_broker_keeps_trying_to_register_again():
     observer = server.connect(session_timeout_ms=10_000)
     store = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
     ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6650"), retry=FAST)
+    ownership.register = Counted(ownership.register)
     store.store.suspend()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(ownership.register_with_retries)
-        await trio.sleep(0.2)  # several tries fail with ConnectionLossError
+        await wait_for(lambda: ownership.register.calls >= 3, "several tries failing with ConnectionLossError")
         assert observer.exists(broker_path("b1")) is None
         store.store.resume(now_ms=1)
+    _, stat = store.store.get(broker_path("b1"))
+    assert stat.ephemeral_owner == store.session_id
+
+
+async def test_a_serving_broker_refused_its_registration_keeps_trying():
+    # No permission for a while (an ACL changed, then put right): the broker
+    # serves on, and registers once ZooKeeper lets it; it used to end the
+    # broker in a traceback.
+    server = InMemoryMetadataServer()
+    refusing = RefusesCreates(server.connect(session_timeout_ms=10_000), broker_path("b1"), refusals=3)
+    store = AsyncMetadataStore(refusing)
+    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6650"), retry=FAST)
+    with trio.fail_after(10):
+        await ownership.register_with_retries()
+    assert refusing.refusals == 0
     _, stat = store.store.get(broker_path("b1"))
     assert stat.ephemeral_owner == store.session_id
 

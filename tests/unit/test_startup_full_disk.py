@@ -140,7 +140,7 @@ def test_a_journal_disk_too_full_for_a_new_file_starts_without_a_journal():
     journal = FullJournal()
     storage = LedgerStorage(SimEntryLog(), SimEntryIndex(), write_cache_bytes=4000)
     core, report = recover(bookie_id="b", limits=CoreLimits(), journal=journal, storage=storage)
-    assert report.journal_failed == "journal failed: cannot start a new journal file: No space left on device"
+    assert report.journal_no_file == "journal has no file: cannot start a new journal file: No space left on device"
     assert report.mark_after == JOURNAL_START and report.held is None
 
 
