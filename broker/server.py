@@ -101,7 +101,7 @@ LEASE_RENEWALS = 5  # renewals per session timeout
 class BrokerConfig:
     broker_id: str
     host: str = "127.0.0.1"
-    port: int = 6650
+    port: int = 6700
     advertised_address: str | None = None  # host:port clients dial; default host:port
     ledger_password: bytes = b""
     entry_cache_bytes: int = 64 * 1024 * 1024

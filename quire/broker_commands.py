@@ -75,7 +75,7 @@ def check_quorums(policies: dict) -> None:
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=port_number, default=6650, help="port of the broker protocol")
+    parser.add_argument("--port", type=port_number, default=6700, help="port of the broker protocol")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--advertised-address", type=HostPorts("advertised"), help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")

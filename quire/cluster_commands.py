@@ -19,7 +19,7 @@ def add_up(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brokers", type=ranges.processes_or_none, default=1, help="brokers to start")
     parser.add_argument("--zk-port", type=port_number, default=2181, help="port of the cluster's ZooKeeper")
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
-    parser.add_argument("--broker-base-port", type=port_number, default=6650, help="broker i listens on BASE+i")
+    parser.add_argument("--broker-base-port", type=port_number, default=6700, help="broker i listens on BASE+i")
     parser.add_argument(
         "--metrics-base-port", type=metrics_port, default=8000,
         help="Prometheus /metrics: bookie i on BASE+i, broker j on BASE+BOOKIES+j (0: no metrics; default %(default)s)",

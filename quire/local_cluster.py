@@ -140,7 +140,7 @@ def up(
     root: str = "/quire",
     bookie_options: list[str] | None = None,
     brokers: int = 1,
-    broker_base_port: int = 6650,
+    broker_base_port: int = 6700,
     broker_options: list[str] | None = None,
     metrics_base_port: int = METRICS_BASE_PORT,
     progress=print,

@@ -135,7 +135,7 @@ def test_docker_compose_describes_the_topology_of_cluster_up(tmp_path):
         else:
             assert options(command)["--port"] == "2181"
     assert sorted(bookie_ports) == [3181, 3182, 3183]  # cluster up's defaults: base 3181, one port each
-    assert sorted(broker_ports) == [6650, 6651]  # `cluster up --brokers 2`: base 6650
+    assert sorted(broker_ports) == [6700, 6701]  # `cluster up --brokers 2`: base 6700
     # Every bookie keeps its data in a volume of its own (brokers keep none).
     volumes = [service["volumes"][0].split(":")[0] for service in services.values() if "volumes" in service]
     assert len(set(volumes)) == len(volumes)

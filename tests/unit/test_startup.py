@@ -203,7 +203,7 @@ class RefusesCreates:
 
 async def test_a_restarted_broker_waits_for_its_previous_session_then_registers():
     server = InMemoryMetadataServer()
-    info = BrokerInfo("b1", "127.0.0.1:6650")
+    info = BrokerInfo("b1", "127.0.0.1:6700")
     # The previous process of broker b1 was killed; its session still holds the node.
     previous = server.connect(session_timeout_ms=10_000)
     previous.create(broker_path("b1"), info.to_bytes(), ephemeral=True, make_parents=True)
@@ -224,7 +224,7 @@ async def test_a_restarted_broker_waits_for_its_previous_session_then_registers(
 async def test_a_broker_registers_once_zookeeper_answers_again_with_a_new_session():
     server = InMemoryMetadataServer()
     store = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
-    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6650"))
+    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6700"))
     startup = Startup("broker", 30_000, policy=FAST)
     # ZooKeeper stops answering before the broker registers, and the session
     # expires meanwhile (a SIGSTOPped ZooKeeper that comes back).
@@ -247,7 +247,7 @@ async def test_after_a_session_loss_the_broker_keeps_trying_to_register_again():
     server = InMemoryMetadataServer()
     observer = server.connect(session_timeout_ms=10_000)
     store = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
-    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6650"), retry=FAST)
+    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6700"), retry=FAST)
     ownership.register = Counted(ownership.register)
     store.store.suspend()
     async with trio.open_nursery() as nursery:
@@ -266,7 +266,7 @@ async def test_a_serving_broker_refused_its_registration_keeps_trying():
     server = InMemoryMetadataServer()
     refusing = RefusesCreates(server.connect(session_timeout_ms=10_000), broker_path("b1"), refusals=3)
     store = AsyncMetadataStore(refusing)
-    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6650"), retry=FAST)
+    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:6700"), retry=FAST)
     with trio.fail_after(10):
         await ownership.register_with_retries()
     assert refusing.refusals == 0
