@@ -91,7 +91,8 @@ class BrokerConnection:
                 except BaseException:
                     await trio.aclose_forcefully(stream)
                     raise
-        except (OSError, trio.TooSlowError, ProtocolError, ValueError) as error:
+        except (OSError, trio.BrokenResourceError, trio.TooSlowError, ProtocolError, ValueError) as error:
+            # Refused, reset (a broker killed during the handshake), too slow or not a broker.
             raise ConnectionClosedError(f"cannot connect to broker {address}: {error}") from None
         connection = cls(address, stream, reply.broker_id, frame_bytes_max)
         # Frames that came with the handshake reply.
