@@ -26,7 +26,15 @@ def add_bench(parser: argparse.ArgumentParser) -> None:
                         help="the benchmark's own flags (quire bench NAME --help lists them)")
 
 
+# Benchmarks that need one of quire's extras (quire/extras.py).
+NEEDS_EXTRA = {"spark_export": "spark"}
+
+
 def bench(arguments: argparse.Namespace) -> int:
+    from quire.extras import require
+
+    if arguments.benchmark in NEEDS_EXTRA:
+        require(NEEDS_EXTRA[arguments.benchmark], f"quire bench {arguments.benchmark}")
     module = importlib.import_module(f"bench.{arguments.benchmark}")
     # Its errors name the command typed: `quire bench NAME: error: ...`.
     return module.main(arguments.arguments, prog=f"quire bench {arguments.benchmark}") or 0

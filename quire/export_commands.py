@@ -350,6 +350,9 @@ class LazySession:
 
 
 def export(arguments: argparse.Namespace) -> int:
+    from quire.extras import require
+
+    require("spark", "quire export")
     check_arguments(arguments)
     spark = LazySession(arguments)
     try:

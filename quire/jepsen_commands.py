@@ -28,7 +28,10 @@ def add_jepsen(parser: argparse.ArgumentParser) -> None:
 
 def jepsen(arguments: argparse.Namespace) -> int:
     from quire.cli import UsageError
+    from quire.extras import require
     from sim.jepsen.runner import run_jepsen
+
+    require("jepsen", "quire jepsen (its plots)")
 
     work_dir = arguments.work_dir or Path("jepsen-runs") / time.strftime("%Y%m%d-%H%M%S")
     if work_dir.exists() and any(work_dir.iterdir()):
