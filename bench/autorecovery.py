@@ -101,7 +101,7 @@ async def measure(bk: BookKeeper, ledger_ids: list[int], victim: str, kill, dead
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(prog=prog or "bench/autorecovery.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ledgers", type=ranges.count, default=100, help="closed ledgers written before the loss")
+    parser.add_argument("--ledgers", type=ranges.bench_ledgers, default=100, help="closed ledgers written before the loss")
     parser.add_argument("--entries", type=ranges.entry_count, default=1000, help="entries per ledger")
     parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
     parser.add_argument("--bookies", type=ranges.bench_bookies, default=5,

@@ -195,7 +195,7 @@ ENTRY_BYTES_MIN = 16
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(prog=prog or "bench/bookie_gc.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ledgers", type=ranges.count, default=96, help="ledgers written (more than 2 x --keep + 1)")
+    parser.add_argument("--ledgers", type=ranges.bench_ledgers, default=96, help="ledgers written (more than 2 x --keep + 1)")
     parser.add_argument("--entries", type=ranges.entries_per_ledger, default=2000, help="entries per ledger")
     parser.add_argument("--entry-bytes", type=Bounded("size", ENTRY_BYTES_MIN, ranges.ENTRY_BYTES_MAX,
                                                       why="the largest entry a ledger takes"),

@@ -304,7 +304,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                                                         why="the largest message a producer sends"),
                         default=1024, help="size of each message")
     parser.add_argument("--e2e-rate", type=ranges.count, default=1000, help="messages/s of the end-to-end latency run")
-    parser.add_argument("--backlog", type=ranges.count, default=1_000_000, help="messages of the backlog read")
+    parser.add_argument("--backlog", type=ranges.bench_backlog, default=1_000_000, help="messages of the backlog read")
     parser.add_argument("--receiver-queue", type=ranges.window, default=20_000,
                         help="the backlog consumer's receiver queue (messages it may hold; batches hold ~1,000)")
     parser.add_argument("--skip-jetstream", action="store_true")

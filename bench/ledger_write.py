@@ -279,7 +279,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--seconds", type=ranges.bench_seconds, default=10.0, help="measured seconds of each run")
     parser.add_argument("--warmup-seconds", type=ranges.warmup_seconds, default=2.0, help="seconds of adds before measuring")
     parser.add_argument("--window", type=ranges.in_flight, default=1000, help="adds in flight in the pipelined run")
-    parser.add_argument("--ledgers", type=ranges.count, default=1000, help="ledgers open at once in the many-ledgers run")
+    parser.add_argument("--ledgers", type=ranges.bench_ledgers, default=1000, help="ledgers open at once in the many-ledgers run")
     parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
     parser.add_argument("--skip-jetstream", action="store_true")
     parser.add_argument("--rounds", type=ranges.count, default=3,

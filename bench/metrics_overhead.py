@@ -65,7 +65,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = Parser(prog=prog or "bench/metrics_overhead.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=ranges.count, default=3, help="rounds of a run with metrics off and one with them on")
     parser.add_argument("--seconds", type=ranges.bench_seconds, default=10.0, help="measured seconds of each run")
-    parser.add_argument("--ledgers", type=ranges.count, default=1, help="ledgers written in turn (ledger_write's many-ledgers run: 1000)")
+    parser.add_argument("--ledgers", type=ranges.bench_ledgers, default=1, help="ledgers written in turn (ledger_write's many-ledgers run: 1000)")
     return parser
 
 

@@ -286,7 +286,7 @@ async def _follow_disk_usage(server: BookieServer, policy: ReadOnlyPolicy, direc
     count_own_bytes = config.disk_quota_bytes is not None
     while True:
         await trio.sleep(config.disk_check_interval_ms / 1000)
-        await server.retry_journal_file()  # a bookie started on a full journal disk
+        await server.retry_journal_file()  # a journal whose disk had no room for a file
         try:
             usage = await trio.to_thread.run_sync(lambda: measure(directories, count_own_bytes=count_own_bytes))
         except OSError as error:

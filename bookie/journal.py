@@ -4,7 +4,8 @@ Files are preallocated with zeros (measured here: fdatasync of an overwrite is
 about half the latency of an append that grows the file), records carry a
 length and a CRC32C so that a torn tail ends replay of its file, and after any
 I/O error the journal refuses further appends: the bookie must not write past
-a hole whose contents it does not know.
+a hole whose contents it does not know. A disk with no room for more zeros or
+a new file refuses appends only until a new file is started.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ import logging
 import os
 import struct
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import crc32c
 
 from bookie.durable_files import fsync_directory, write_parts_at
+from bookie.flush_room import NO_SPACE_ERRNOS
 
 from bookie.storage_interfaces import JournalCorruptError, JournalPosition, JournalRecord, RecordKind
 
@@ -35,6 +37,12 @@ SUFFIX = ".journal"
 class JournalError(Exception):
     """The journal cannot take more records (an I/O error happened, or the
     disk has no room); the bookie must turn read-only."""
+
+
+class JournalNoRoomError(JournalError):
+    """The disk had no room to extend the journal's file or to start the
+    next one, before any byte of a record was written: the journal refuses
+    records until `start_new_file` succeeds."""
 
 
 def _parse_record(data: bytes, position: int) -> tuple[JournalRecord, int] | None:
@@ -101,7 +109,8 @@ class FileJournal:
         self.directory = Path(directory)
         self.file_bytes_max = file_bytes_max
         self.preallocate_bytes = preallocate_bytes
-        self.failed: str | None = None
+        self.failed: str | None = None  # for good: a write or fsync failed
+        self.no_room: str | None = None  # until start_new_file: no room to grow
         self._fd: int | None = None
         self._file_id = -1
         self._offset = 0
@@ -125,6 +134,7 @@ class FileJournal:
         `after`, so that positions (and the checkpoint mark) only move forward."""
         file_id = max([after.file_id, self._file_id, *self.file_ids()]) + 1
         self._open_file(file_id)
+        self.no_room = None
         return JournalPosition(file_id, self._offset)
 
     def _open_file(self, file_id: int) -> None:
@@ -155,22 +165,44 @@ class FileJournal:
     def append(self, records: list[JournalRecord]) -> JournalPosition:
         if self.failed:
             raise JournalError(f"journal failed earlier: {self.failed}")
+        if self.no_room:
+            raise JournalNoRoomError(self.no_room)
         assert self._fd is not None, "start_new_file() must be called before append()"
         parts = encode_records(records)
         size = sum(map(len, parts))
+        step = ""
         try:
             if self._offset + size > self.file_bytes_max and self._offset > FILE_HEADER.size:
+                step = "start a new journal file"
                 self._note_unsynced(self._fd)
                 self._open_file(self._file_id + 1)
             if self._offset + size > self._allocated:
+                step = f"preallocate journal file {journal_file_name(self._file_id)}"
                 self._preallocate(self._offset + size)
+        except OSError as error:
+            if error.errno in NO_SPACE_ERRNOS:
+                # No byte of these records reached a file: a preallocation
+                # cut short leaves only zeros past the last record (where
+                # replay stops), and a new file that could not be filled is
+                # removed. So no room here is no failure: the journal goes on
+                # in a new file once one fits.
+                self.no_room = f"cannot {step}: {error.strerror or error}"
+                raise JournalNoRoomError(self.no_room) from error
+            self._fail(error)
+        try:
             write_parts_at(self._fd, parts, self._offset)
         except OSError as error:
-            self.failed = f"{error} (file {journal_file_name(self._file_id)})"
-            raise JournalError(self.failed) from error
+            # For good, even ENOSPC (copy-on-write file systems allocate on
+            # overwrite): part of a record may be on disk past the synced end,
+            # and after a failed write the page cache no longer says what is.
+            self._fail(error)
         self._offset += size
         self._note_unsynced(self._fd)
         return JournalPosition(self._file_id, self._offset)
+
+    def _fail(self, error: OSError) -> NoReturn:
+        self.failed = f"{error} (file {journal_file_name(self._file_id)})"
+        raise JournalError(self.failed) from error
 
     def _note_unsynced(self, fd: int) -> None:
         if fd not in self._unsynced_fds:
@@ -179,13 +211,14 @@ class FileJournal:
     def room_bytes(self) -> int:
         """Bytes of records that fit in space already preallocated in the
         current file: writing them needs no allocation and no roll."""
-        if self.failed or self._fd is None:
+        if self.failed or self.no_room or self._fd is None:
             return 0
         return max(0, min(self._allocated, self.file_bytes_max) - self._offset - RECORD_OVERHEAD)
 
     def needs_prepare(self) -> bool:
         return (
             not self.failed
+            and not self.no_room
             and self._fd is not None
             and self._allocated - self._offset < self.preallocate_bytes // 2
             and self._allocated < self.file_bytes_max
@@ -199,7 +232,7 @@ class FileJournal:
                 self._preallocate(self._allocated + 1)
             except OSError as error:
                 # A full disk shows here first; the append that needs the
-                # space will fail the batch and the bookie turns read-only.
+                # space refuses its batch (JournalNoRoomError).
                 log.warning("journal preallocation failed: %s", error)
                 return
             # Sync the zeros (and the new file size) now, while the journal

@@ -4,7 +4,7 @@ re-registers and publishes what comes out.
 """
 
 # A bookie is read-only while any cause holds. Some clear by themselves (the
-# journal could not start a new file at start-up, the disk is past its
+# journal had no room for a new file or to grow, the disk is past its
 # threshold, a checkpoint is held for room); others hold until the bookie is
 # restarted (the journal, the index or the entry log files failed with a real
 # I/O error).
@@ -20,8 +20,9 @@ class Cause(enum.Enum):
     JOURNAL_FAILED = "journal_failed"
     INDEX_FAILED = "index_failed"
     CHECKPOINT_FAILED = "checkpoint_failed"
-    # Start-up could not start a new journal file (its disk full): nothing
-    # was written and nothing failed, so a new file made later clears it.
+    # The journal's disk had no room for a new file (at start-up) or to
+    # grow one (preallocation, a roll): nothing was written and nothing
+    # failed, so a new file made later clears it.
     JOURNAL_NO_FILE = "journal_no_file"
     CHECKPOINT_HELD = "checkpoint_held"
     DISK_FULL = "disk_full"  # past the usage threshold or the byte quota (bookie.disk_usage)

@@ -35,6 +35,7 @@ from bookie.flush_room import (
     journal_reserve_bytes,
 )
 from bookie.garbage_collector import GarbageCollector
+from bookie.journal import JournalNoRoomError
 from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.metrics import BookieMetrics
@@ -174,8 +175,9 @@ class BookieServer(ClientConnections):
         self.metrics = metrics
         self.port: int | None = None
         self.on_read_only_change = None  # callable(bool), set by the owner
-        # Why the journal takes no records: it has no file (start-up could
-        # not make one; cleared once one is made), or a write or fsync
+        # Why the journal takes no records: it has no file it may write to
+        # (its disk had no room for one at start-up, or to grow while
+        # serving; cleared once a new file is made), or a write or fsync
         # failed (until restarted: the page cache no longer says what is on
         # disk).
         self.journal_failed: str | None = None
@@ -406,12 +408,15 @@ class BookieServer(ClientConnections):
         self._set_cause(Cause.DISK_FULL, (reason or "disk full") if read_only else "")
 
     async def retry_journal_file(self) -> None:
-        """If the journal has no file (start-up could not make one: its disk
-        was full), try to start one now; once made, the journal takes
-        records again and that cause clears. Called at every disk check.
-        A try that fails leaves no file behind (`Journal.start_new_file`)."""
+        """If the journal has no file it may write to (its disk had no room
+        for one at start-up, or to grow while serving), try to start one
+        now; once made, the journal takes records again and that cause
+        clears. Called at every disk check. A try that fails leaves no file
+        behind (`Journal.start_new_file`)."""
         if not self._journal_no_file:
             return
+        if self._journal_bytes or (self._journal_thread is not None and not self._journal_thread.idle):
+            return  # batches the journal refuses are still coming back: the next check tries
         # Under the storage lock: a checkpoint deletes journal files on a
         # worker thread, and the new file's id is chosen from those there.
         async with self._checkpoint_lock:
@@ -422,8 +427,9 @@ class BookieServer(ClientConnections):
                 return
         self._journal_no_file = False
         self.journal_failed = None
-        # Nothing was journalled since start-up (the bookie took no records):
-        # every record before the new file's start is durable.
+        # Every batch handed to the journal came back, synced or refused with
+        # nothing written, and none was handed over since: every record
+        # before the new file's start is durable.
         self._synced_position = position
         log.info("journal: started a new file at %s", tuple(position))
         self._set_cause(Cause.JOURNAL_NO_FILE, "")
@@ -516,10 +522,7 @@ class BookieServer(ClientConnections):
         self._journal_room.set()
         tokens = [token for token in batch.tokens if token]
         if batch.error is not None:
-            if self.journal_failed is None:
-                self.journal_failed = str(batch.error)
-                log.error("journal failed, the bookie turns read-only until restarted: %s", batch.error)
-                self._set_cause(Cause.JOURNAL_FAILED, f"journal failed: {batch.error}; read-only until restarted")
+            self._journal_refused(batch.error)
             self._execute(self.core.journal_failed(tokens))
             return
         self.stats.journal_batches += 1
@@ -528,6 +531,25 @@ class BookieServer(ClientConnections):
             self.metrics.journal_batch(batch.records, batch.bytes, batch.write_s)
         self._synced_position = batch.position
         self._execute(self.core.journal_synced(tokens, now_ms()))
+
+    def _journal_refused(self, error: Exception) -> None:
+        """The journal refused a batch (its adds are answered IO_ERROR)."""
+        if isinstance(error, JournalNoRoomError):
+            # No byte of the batch was written (bookie.journal): as at a
+            # start-up with no room for a file, the journal goes on in a new
+            # file once a disk check finds room for one.
+            if self.journal_failed is None:
+                self.journal_failed = str(error)
+                self._journal_no_file = True
+                log.error("journal has no room (%s): the bookie is read-only until a new journal file fits", error)
+                self._set_cause(Cause.JOURNAL_NO_FILE, f"journal has no room: {error}")
+            return
+        if self.journal_failed is None or self._journal_no_file:
+            self.journal_failed = str(error)
+            self._journal_no_file = False
+            log.error("journal failed, the bookie turns read-only until restarted: %s", error)
+            self._set_cause(Cause.JOURNAL_FAILED, f"journal failed: {error}; read-only until restarted")
+            self._set_cause(Cause.JOURNAL_NO_FILE, "")  # (after: the bookie stays read-only between the two)
 
     # --- checkpoints -------------------------------------------------------------
 

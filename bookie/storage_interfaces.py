@@ -118,7 +118,10 @@ class IndexWriteError(Exception):
 class Journal(Protocol):
     def append(self, records: list[JournalRecord]) -> JournalPosition:
         """Write records after everything written before (not durable yet);
-        return the position just after the last one."""
+        return the position just after the last one. Raises JournalError
+        (bookie.journal) for good once a write fails; JournalNoRoomError, a
+        kind of it, when the disk had no room and nothing was written: then
+        appends are refused until `start_new_file` succeeds."""
 
     def sync(self) -> None:
         """Make everything appended so far durable."""

@@ -41,6 +41,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from bookie.protocol.wire import describe
 from broker.cursor import Cursor
 
 REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery
@@ -62,7 +63,7 @@ class SubscriptionType(str, enum.Enum):
             return cls(value)
         except ValueError:
             raise ValueError(
-                f"unknown subscription type {value!r}; known: {', '.join(kind.value for kind in cls)}"
+                f"unknown subscription type {describe(value)}; known: {', '.join(kind.value for kind in cls)}"
             ) from None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker.message_format import BatchHeader
@@ -39,16 +40,21 @@ class StoredEntry:
     data: bytes  # the entry as stored: header + body (msgpack)
 
 
+def keys_cost_bytes(keys: Sequence[str | None] | None) -> int:
+    """The memory a batch's message keys hold, in bytes: the list or tuple
+    and each key in it (none: 0)."""
+    if keys is None:
+        return 0
+    # Each key is an object of its own (decoding makes one per message);
+    # a key-shared batch of 100,000 messages holds megabytes of them.
+    return sys.getsizeof(keys) + sum(map(sys.getsizeof, keys)) + STRING_OVERHEAD_BYTES * len(keys)
+
+
 def entry_cost_bytes(entry: StoredEntry) -> int:
     """The memory a cached entry holds, in bytes."""
     header = entry.header
-    cost = ENTRY_OVERHEAD_BYTES + len(entry.data) + sys.getsizeof(header.producer_id) + STRING_OVERHEAD_BYTES
-    keys = header.keys
-    if keys is not None:
-        # Each key is an object of its own (decoding makes one per message);
-        # a key-shared batch of 100,000 messages holds megabytes of them.
-        cost += sys.getsizeof(keys) + sum(map(sys.getsizeof, keys)) + STRING_OVERHEAD_BYTES * len(keys)
-    return cost
+    return (ENTRY_OVERHEAD_BYTES + len(entry.data) + sys.getsizeof(header.producer_id) + STRING_OVERHEAD_BYTES
+            + keys_cost_bytes(header.keys))
 
 
 class EntryCache:
@@ -94,4 +100,5 @@ __all__ = [
     "Position",
     "StoredEntry",
     "entry_cost_bytes",
+    "keys_cost_bytes",
 ]

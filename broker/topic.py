@@ -19,6 +19,7 @@ from typing import Callable
 
 import trio
 
+from bookie.protocol.wire import describe
 from broker.cursor import Cursor
 from broker.dedup import Dedup, DedupSnapshot, Verdict
 from broker.dispatcher import SubscriptionType
@@ -36,7 +37,7 @@ from broker.errors import (
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
 from broker.message_format import BatchHeader, Codec, MalformedEntryError, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
-from broker.publish_buffer import PublishPermit
+from broker.publish_buffer import PublishPermit, batch_cost_bytes
 from broker.subscription import ConsumerLink, Subscription
 from broker.topic_store import TopicPolicies, TopicStore, check_name
 from coordination.store import MetadataError, NodeExistsError
@@ -368,7 +369,9 @@ class PartitionService:
         back-pressure). Answers go through `link.send_receipt`. Cancelling
         the wait loses nothing: the batch was not taken, and its producer
         resends it after reconnecting."""
-        batch = PublishedBatch(link, send, permit if permit is not None else PublishPermit.unbounded(len(send.body)))
+        if permit is None:
+            permit = PublishPermit.unbounded(batch_cost_bytes(send.body, send.keys))
+        batch = PublishedBatch(link, send, permit)
         queued = False
         try:
             try:
@@ -526,7 +529,7 @@ class PartitionService:
         self._check_serving()
         check_name(subscription_name, "subscription")
         if initial_position not in ("earliest", "latest"):
-            raise BadRequestError(f"initial position must be earliest or latest, got {initial_position!r}")
+            raise BadRequestError(f"initial position must be earliest or latest, got {describe(initial_position)}")
         async with self._subscribe_lock:
             self._check_serving()
             subscription = self.subscriptions.get(subscription_name)

@@ -18,11 +18,19 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from bookie.protocol.wire import describe
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import NodeExistsError, NoNodeError
 
+# A topic, partition, subscription or producer name: a ZooKeeper node name,
+# a metric label and a word in log lines and error messages, so short. Its
+# length is checked before anything else is done with it (a peer may send a
+# name of megabytes).
+NAME_CHARS_MAX = 200
 # Matched with fullmatch: `$` would also match before a final newline.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:=-]{0,199}")
+NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:=-]{{0,{NAME_CHARS_MAX - 1}}}")
+# Unknown policy names shown in an error message; the rest are counted.
+UNKNOWN_POLICIES_SHOWN_MAX = 5
 PARTITION_SUFFIX = re.compile(r"(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})")
 PARTITIONS_MAX = 10_000
 
@@ -33,9 +41,13 @@ MANAGED_LEDGERS = "/managed-ledgers"
 
 
 def check_name(name: str, what: str = "topic") -> str:
-    if not isinstance(name, str) or not NAME_PATTERN.fullmatch(name):
+    """`name` if it is a good name; else ValueError, whose message shows
+    the name bounded (`describe`), whatever its size and type."""
+    if not isinstance(name, str) or len(name) > NAME_CHARS_MAX or not NAME_PATTERN.fullmatch(name):
+        shown = f"of {len(name)} characters" if isinstance(name, str) and len(name) > NAME_CHARS_MAX else describe(name)
         raise ValueError(
-            f"bad {what} name {name!r}: 1-200 characters of letters, digits and _ . : = -, starting with a letter or digit"
+            f"bad {what} name {shown}: 1-{NAME_CHARS_MAX} characters of letters, digits and _ . : = -, "
+            f"starting with a letter or digit"
         )
     return name
 
@@ -109,19 +121,19 @@ class TopicPolicies:
         for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
-                raise ValueError(f"{name} must be a non-negative integer or None, got {value!r}")
+                raise ValueError(f"{name} must be a non-negative integer or None, got {describe(value)}")
         for name in ("rollover_entries", "rollover_bytes", "rollover_time_ms", "rollover_idle_ms"):
             value = getattr(self, name)
             if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {describe(value)}")
         if type(self.rollover_min_time_ms) is not int or self.rollover_min_time_ms < 0:
-            raise ValueError(f"rollover_min_time_ms must be a non-negative integer, got {self.rollover_min_time_ms!r}")
+            raise ValueError(f"rollover_min_time_ms must be a non-negative integer, got {describe(self.rollover_min_time_ms)}")
         if type(self.deduplication) is not bool:
             raise ValueError("deduplication must be true or false")
         for name in ("ensemble_size", "write_quorum", "ack_quorum"):
             value = getattr(self, name)
             if type(value) is not int:
-                raise ValueError(f"{name} must be an integer, got {value!r}")
+                raise ValueError(f"{name} must be an integer, got {describe(value)}")
         if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
             raise ValueError(
                 f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
@@ -136,9 +148,13 @@ class TopicPolicies:
         """Policies from a map, unknown names refused; names not given keep
         `base`'s values."""
         known = {item.name for item in fields(cls)}
-        unknown = sorted(set(values) - known, key=repr)
+        unknown = [name for name in values if name not in known]
         if unknown:
-            raise ValueError(f"unknown topic policies {unknown}; known: {sorted(known)}")
+            # The names are a peer's: each shown bounded, and only the first few.
+            shown = [describe(name) for name in unknown[:UNKNOWN_POLICIES_SHOWN_MAX]]
+            more = len(unknown) - len(shown)
+            raise ValueError(f"unknown topic policies [{', '.join(shown)}]{f' and {more} more' if more else ''}; "
+                             f"known: {sorted(known)}")
         return replace(base or cls(), **values)
 
 

@@ -116,10 +116,21 @@ rows = Bounded("integer", 0, JAVA_INT_MAX, why="Spark shows at most a Java int o
 BENCH_SECONDS_MAX = PERIOD_MS_MAX / SECOND_MS  # a measured run, or a wait for one, of at most a week
 BENCH_BOOKIES_MIN = 4  # auto-recovery needs a bookie to re-replicate to once one of an ensemble of 3 is lost
 BENCH_MESSAGES_MIN = 100  # broker_memory samples the broker's RSS along the way: fewer messages say nothing
+# Ledgers one run creates (ledger_write holds them open at once,
+# metrics_overhead writes them in turn, autorecovery and bookie_gc write
+# them all first): each is a ZooKeeper node and, open, a handle with its own
+# bookie state; the runs measure 1 to 1,000.
+BENCH_LEDGERS_MAX = 100_000
+# A backlog is written whole and then read (JetStream's run keeps an
+# acknowledgement future per message until it is written): at 100,000
+# messages a second, some 17 minutes each way.
+BENCH_BACKLOG_MESSAGES_MAX = 100_000_000
 
 count = positive_int  # ledgers, rounds, repeats, frames, cycles: how many times something is done
 bench_seconds = Bounded("number", 0, BENCH_SECONDS_MAX, low_open=True, why="a week")
 warmup_seconds = Bounded("number", 0, BENCH_SECONDS_MAX, why="a week")
 bench_bookies = Bounded("integer", BENCH_BOOKIES_MIN, LOCAL_PROCESSES_MAX, why="processes on one machine")
 bench_messages = Bounded("integer", BENCH_MESSAGES_MIN, I64_MAX, why="offsets and sequence ids are signed 64-bit")
+bench_ledgers = Bounded("integer", 1, BENCH_LEDGERS_MAX, why="ledgers one benchmark creates and holds: ZooKeeper nodes and handles")
+bench_backlog = Bounded("integer", 1, BENCH_BACKLOG_MESSAGES_MAX, why="a backlog written and read within hours")
 compaction_threshold = Bounded("number", 0, 1)

@@ -4,8 +4,9 @@ them (their types are in `messages`).
 Pure code: bytes in, messages out (and back), as h11 does for HTTP. A frame is a
 4-byte big-endian length followed by a msgpack array; a peer that sends a frame
 longer than `frame_bytes_max`, bytes that are not msgpack, an array nested
-deeper or holding more items than the decoder's bounds, or an array of the
-wrong shape gets a `ProtocolError`, and the driver closes that one connection.
+deeper or holding more items than the decoder's bounds, a msgpack extension
+type (timestamps too: no message has one), or an array of the wrong shape
+gets a `ProtocolError`, and the driver closes that one connection.
 Error messages describe a peer's value by its type and size (`describe`),
 never by formatting the value itself.
 """
@@ -106,6 +107,14 @@ def check_depth(value: Any, depth_max: int = FRAME_DEPTH_MAX) -> None:
 
 class _TooManyItems(Exception):
     """Raised inside msgpack's hooks to stop decoding a frame that holds too much."""
+
+
+class _ExtensionType(Exception):
+    """Raised by msgpack's ext hook: no message holds an extension type."""
+
+
+def _refuse_extension(code: int, data: bytes) -> Any:
+    raise _ExtensionType
 
 
 class _ItemBudget:
@@ -240,11 +249,18 @@ class FrameDecoder:
                     # msgpack's defaults are raw=False, strict_map_key=True,
                     # use_list=True. The hooks cost about 0.05 µs a frame;
                     # the length bounds refuse a declared count before any
-                    # list or dict of that size is made.
+                    # list or dict of that size is made. `max_ext_len` 0
+                    # refuses every extension type that carries data,
+                    # timestamps included (msgpack checks it before decoding
+                    # a timestamp, which never reaches the ext hook); the
+                    # hook refuses those that carry none.
                     fields = _unpackb(view[start + 4 : end], list_hook=budget.list_hook, object_hook=budget.map_hook,
-                                      max_array_len=self.items_max, max_map_len=self.items_max // 2)
+                                      max_array_len=self.items_max, max_map_len=self.items_max // 2,
+                                      max_ext_len=0, ext_hook=_refuse_extension)
                 except _TooManyItems:
                     raise ProtocolError(f"frame holds more than {self.items_max} items") from None
+                except _ExtensionType:
+                    raise ProtocolError("frame holds a msgpack extension type") from None
                 except Exception as error:  # msgpack raises several unrelated types
                     raise ProtocolError(f"frame is not valid msgpack ({type(error).__name__})") from None
                 if type(fields) is not list or not fields:

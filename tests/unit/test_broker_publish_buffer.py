@@ -5,6 +5,7 @@ over a stand-in ledger: every path that ends a batch gives its bytes back."""
 
 from __future__ import annotations
 
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,7 @@ from broker.entry_cache import EntryCache, Position
 from broker.errors import BadRequestError, BrokerStatus, TopicFencedError
 from broker.message_format import Codec, encode_body
 from broker.protocol import Send
-from broker.publish_buffer import PublishBuffer, PublishPermit
+from broker.publish_buffer import PublishBuffer, PublishPermit, batch_cost_bytes
 from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_store import TopicPolicies
 
@@ -148,8 +149,15 @@ class Harness:
         body = encode_body([(sequence_id, 0, None, payload)], Codec.NONE)
         return Send(1, sequence_id, sequence_id, 1, 0, codec, None, body)
 
+    def keyed_send(self, first_sequence_id: int, keys: list[str]) -> Send:
+        """One batch of len(keys) 1-byte messages, one key each."""
+        messages = [(first_sequence_id + index, 0, None, b"x") for index in range(len(keys))]
+        last_sequence_id = first_sequence_id + len(keys) - 1
+        return Send(1, first_sequence_id, last_sequence_id, len(keys), 0, "none", keys, encode_body(messages, Codec.NONE))
+
     async def publish(self, send: Send) -> None:
-        await self.service.publish(self.link, send, self.buffer.take(len(send.body)))
+        # As the server takes it.
+        await self.service.publish(self.link, send, self.buffer.take(batch_cost_bytes(send.body, send.keys)))
 
     def statuses(self) -> list[str]:
         return [BrokerStatus(receipt.status).name for receipt in self.receipts]
@@ -251,4 +259,28 @@ async def test_a_connection_closed_while_its_batch_waits_for_room_gives_the_byte
             await harness.settle()
             harness.ledger.persist_all()
             assert harness.statuses() == ["OK", "OK"] and harness.buffer.bytes == 0
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_keyed_batch_counts_its_keys_until_it_is_answered(monkeypatch):
+    # 10,000 messages of 1 byte, each with its own 5-character key: decoded,
+    # the keys are 10,000 string objects in a list (and the partition's tuple
+    # copy), several times the body. The buffer counts them, and gives them
+    # all back once the batch is persisted.
+    keys = [f"k{index:04d}" for index in range(10_000)]
+    harness = Harness(monkeypatch)
+    send = harness.keyed_send(0, keys)
+    cost = batch_cost_bytes(send.body, send.keys)
+    strings_bytes = sum(map(sys.getsizeof, keys))
+    assert cost >= len(send.body) + strings_bytes + 2 * 8 * len(keys)  # the strings, a slot in the list and in the tuple
+    assert cost > 3 * len(send.body)
+    assert batch_cost_bytes(send.body, None) == len(send.body)
+    with trio.fail_after(DEADLINE_S):  # a batch left waiting fails, not hangs
+        async with trio.open_nursery() as nursery:
+            await nursery.start(harness.service.run)
+            await harness.publish(send)
+            await harness.settle()
+            assert harness.buffer.batches == 1 and harness.buffer.bytes == cost
+            harness.ledger.persist_all()
+            assert harness.statuses() == ["OK"] and harness.buffer.bytes == 0 and harness.buffer.batches == 0
             nursery.cancel_scope.cancel()

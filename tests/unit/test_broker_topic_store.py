@@ -173,3 +173,49 @@ def test_records_round_trip(ledgers, partitions, topic_policies, created_ms):
     assert ManagedLedgerRecord.from_bytes(ledger_record.to_bytes()) == ledger_record
     topic_record = TopicRecord(partitions, topic_policies, created_ms)
     assert TopicRecord.from_bytes(topic_record.to_bytes()) == topic_record
+
+
+# --- bounded error messages --------------------------------------------------------------------
+
+# A peer's values reach these messages (admin requests, a client's names):
+# whatever their size, the message stays short and says what is wrong.
+MESSAGE_CHARS_MAX = 500
+
+
+@pytest.mark.parametrize(
+    "values, names",
+    [
+        ({"retention_bytes": b"x" * 1_000_000}, ["retention_bytes", "binary of 1000000 bytes"]),
+        ({"rollover_entries": "7" * 1_000_000}, ["rollover_entries", "..."]),
+        ({"ensemble_size": [0] * 100_000}, ["ensemble_size", "an array of 100000"]),
+        ({"rollover_min_time_ms": {str(index): index for index in range(10_000)}}, ["rollover_min_time_ms", "a map of 10000"]),
+        ({"x" * 1_000_000: 1}, ["unknown topic policies", "'xxx"]),
+        ({b"x" * 1_000_000: 1, **{f"name{index}": 1 for index in range(100)}}, ["binary of 1000000 bytes", "and 96 more"]),
+    ],
+)
+def test_a_huge_policy_value_or_name_gives_a_short_message(values, names):
+    with pytest.raises(ValueError) as raised:
+        TopicPolicies.from_dict(values)
+    message = str(raised.value)
+    assert len(message) < MESSAGE_CHARS_MAX, message
+    for name in names:
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    "name, shown",
+    [
+        ("x" * 1_000_000, "of 1000000 characters"),
+        ("x" * 201, "of 201 characters"),
+        ("\U0001f600" * 250, "of 250 characters"),
+        ("-" + "\x00" * 150, "..."),  # short enough to show, cut to its first characters
+        (b"x" * 1_000_000, "binary of 1000000 bytes"),
+        (["orders"] * 100_000, "an array of 100000"),
+    ],
+)
+def test_a_huge_or_odd_name_gives_a_short_message(name, shown):
+    with pytest.raises(ValueError) as raised:
+        check_name(name)
+    message = str(raised.value)
+    assert len(message) < MESSAGE_CHARS_MAX, message
+    assert message.startswith("bad topic name ") and shown in message and "1-200 characters" in message

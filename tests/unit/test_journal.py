@@ -1,5 +1,6 @@
 """The file journal: append, sync, replay from a mark, torn tails, rolling,
-deleting covered files, and refusing to go on after an I/O error."""
+deleting covered files, refusing to go on after an I/O error, and refusing
+records only until a new file fits when the disk has no room to grow."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from bookie.journal import (
     FileJournal,
     JournalCorruptError,
     JournalError,
+    JournalNoRoomError,
     journal_file_name,
 )
 from bookie.storage_interfaces import JOURNAL_START, JournalPosition, JournalRecord, RecordKind
@@ -179,3 +181,70 @@ def test_a_new_file_the_disk_holds_only_in_part_is_refused_and_removed(tmp_path,
     assert raised.value.errno == errno.ENOSPC
     assert journal.file_ids() == [] and list(tmp_path.iterdir()) == []
 
+
+
+def replayed_ids(directory) -> list[int]:
+    return [record.entry_id for record, _ in FileJournal(directory).replay(JOURNAL_START)]
+
+
+@pytest.mark.parametrize(
+    "synced, step",
+    [(60, "preallocate journal file 0000000000000001.journal"), (500, "start a new journal file")],
+    ids=["preallocating", "rolling"],
+)
+def test_no_room_to_grow_refuses_records_until_a_new_file_fits(tmp_path, monkeypatch, synced, step):
+    # 60 records fill most of the first 8 KiB chunk, 500 most of the 64 KiB
+    # file; 100 more need another chunk or a new file. The disk cuts those
+    # zeros (or the new file) short: no byte of a record is written, so the
+    # journal has not failed, it waits for room.
+    journal = open_journal(tmp_path)
+    end = journal.append(records(synced))
+    journal.sync()
+    disk = SmallDisk(monkeypatch, room_bytes=100)
+    with pytest.raises(JournalNoRoomError, match=f"^cannot {step}: No space left on device$"):
+        journal.append(records(100, start=synced))
+    assert journal.failed is None and journal.room_bytes() == 0 and not journal.needs_prepare()
+    assert journal.file_ids() == [1]  # a new file cut short is removed
+    assert not (tmp_path / journal_file_name(1)).read_bytes()[end.offset :].strip(b"\0")
+    # Refused until a new file is started, even records that would fit.
+    disk.room_bytes = 1 << 30
+    with pytest.raises(JournalNoRoomError):
+        journal.append(records(1, start=synced))
+    assert replayed_ids(tmp_path) == list(range(synced))
+    assert journal.start_new_file(end) == JournalPosition(2, FILE_HEADER.size)
+    journal.append(records(100, start=synced))
+    journal.sync()
+    assert journal.no_room is None
+    assert replayed_ids(tmp_path) == list(range(synced + 100))
+    journal.close()
+
+
+def test_no_room_while_writing_records_fails_the_journal_for_good(tmp_path, monkeypatch):
+    # The chunk is preallocated, but a copy-on-write file system allocates on
+    # overwrite: the write is cut short, so part of a record may be on disk.
+    journal = open_journal(tmp_path)
+    journal.append(records(5))
+    journal.sync()
+    disk = SmallDisk(monkeypatch, room_bytes=150)
+    with pytest.raises(JournalError) as raised:
+        journal.append(records(5, start=5))
+    assert not isinstance(raised.value, JournalNoRoomError) and "No space left on device" in journal.failed
+    disk.room_bytes = 1 << 30
+    journal.start_new_file(JOURNAL_START)  # a new file does not clear it
+    with pytest.raises(JournalError, match="failed earlier"):
+        journal.append(records(1, start=10))
+    journal.close()
+
+
+def test_an_io_error_while_preallocating_fails_the_journal_for_good(tmp_path, monkeypatch):
+    journal = open_journal(tmp_path)
+
+    def preallocate(needed_end: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(journal, "_preallocate", preallocate)
+    with pytest.raises(JournalError) as raised:
+        journal.append(records(100))
+    assert not isinstance(raised.value, JournalNoRoomError) and "Input/output error" in journal.failed
+    assert journal.no_room is None
+    journal.close()

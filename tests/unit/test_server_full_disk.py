@@ -3,7 +3,9 @@ storage and a ledger disk whose free space the test sets: a checkpoint that
 does not fit is held, the bookie turns read-only with the reason (in
 GET_INFO, the metrics and the log, once), keeps serving every read, and
 turns writable again by itself once there is room; a real I/O error keeps it
-read-only until restarted, and a failed index write stops the tries."""
+read-only until restarted, and a failed index write stops the tries. The same
+for a journal disk with no room for a new file, at start-up or while
+serving."""
 
 from __future__ import annotations
 
@@ -14,9 +16,11 @@ import random
 import pytest
 import trio
 
+import bookie.journal as journal_module
 import bookie.server as server_module
 from bookie.config import BookieConfig
 from bookie.flush_room import DiskRoom
+from bookie.journal import FileJournal, journal_file_name
 from bookie.ledger_storage import LedgerStorage
 from bookie.protocol import Status
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
@@ -107,27 +111,38 @@ class Running:
         self.modes = modes  # what registration was told, in order
 
 
-@pytest.fixture
-async def running(tmp_path, disk, metadata, nursery):
-    (tmp_path / "journal").mkdir()
-    (tmp_path / "ledgers").mkdir()
-    config = BookieConfig(
+def bookie_config(tmp_path) -> BookieConfig:
+    (tmp_path / "journal").mkdir(exist_ok=True)
+    (tmp_path / "ledgers").mkdir(exist_ok=True)
+    return BookieConfig(
         journal_dir=tmp_path / "journal", ledger_dir=tmp_path / "ledgers",
         gc_interval_s=3600,  # rounds run when the test says
         checkpoint_interval_ms=60_000, write_cache_bytes=4 * MIB,
     )
-    journal = SimJournal()
-    storage = LedgerStorage(FlakyEntryLog(), FlakyIndex(), write_cache_bytes=config.write_cache_bytes)
+
+
+def new_storage(config: BookieConfig) -> LedgerStorage:
+    return LedgerStorage(FlakyEntryLog(), FlakyIndex(), write_cache_bytes=config.write_cache_bytes)
+
+
+async def serve(config: BookieConfig, journal, storage: LedgerStorage, metadata, nursery) -> Running:
+    """Recover `storage` and `journal` as start-up does, and serve them."""
     core, report = recover(bookie_id="b", limits=config.limits, journal=journal, storage=storage)
     server = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
-                          ledger_metadata=metadata, rng=random.Random(5))
+                          ledger_metadata=metadata, rng=random.Random(5), journal_no_file=report.journal_no_file)
     modes: list[bool] = []
     server.on_read_only_change = modes.append
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    port = await server.listen(listeners)
+    port = await server.listen(await trio.open_tcp_listeners(0, host="127.0.0.1"))
     await nursery.start(server.run)
-    yield Running(server, f"127.0.0.1:{port}", modes)
-    server.stop()
+    return Running(server, f"127.0.0.1:{port}", modes)
+
+
+@pytest.fixture
+async def running(tmp_path, disk, metadata, nursery):
+    config = bookie_config(tmp_path)
+    running = await serve(config, SimJournal(), new_storage(config), metadata, nursery)
+    yield running
+    running.server.stop()
 
 
 async def test_a_held_checkpoint_keeps_the_bookie_read_only_and_serving_until_room_comes_back(running, disk, caplog):
@@ -295,34 +310,21 @@ class JournalDisk(SimJournal):
 async def started_on_a_full_journal_disk(tmp_path, disk, metadata, nursery):
     """A bookie that wrote entries 0..9, was restarted while its journal
     disk had no room for a new file, and serves (read-only)."""
-    (tmp_path / "journal").mkdir()
-    (tmp_path / "ledgers").mkdir()
-    config = BookieConfig(journal_dir=tmp_path / "journal", ledger_dir=tmp_path / "ledgers", gc_interval_s=3600,
-                          checkpoint_interval_ms=60_000, write_cache_bytes=4 * MIB)
+    config = bookie_config(tmp_path)
     journal = JournalDisk()
-    storage = LedgerStorage(FlakyEntryLog(), FlakyIndex(), write_cache_bytes=config.write_cache_bytes)
-    core, report = recover(bookie_id="b", limits=config.limits, journal=journal, storage=storage)
-    first = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
-                         ledger_metadata=metadata, rng=random.Random(5))
-    port = await first.listen(await trio.open_tcp_listeners(0, host="127.0.0.1"))
+    storage = new_storage(config)
     async with trio.open_nursery() as first_run:
-        await first_run.start(first.run)
-        async with BookieClient.connect(f"127.0.0.1:{port}") as client:
+        first = await serve(config, journal, storage, metadata, first_run)
+        async with BookieClient.connect(first.address) as client:
             for entry_id in range(10):
                 assert await add(client, entry_id) is Status.OK
-        first.stop()
+        first.server.stop()
     journal.full = True
     storage = LedgerStorage(storage.entry_log, storage.entry_index, write_cache_bytes=config.write_cache_bytes)
-    core, report = recover(bookie_id="b", limits=config.limits, journal=journal, storage=storage)
-    assert report.journal_no_file == "journal has no file: cannot start a new journal file: No space left on device"
-    server = BookieServer(config, core=core, storage=storage, journal=journal, journal_position=report.mark_after,
-                          ledger_metadata=metadata, rng=random.Random(5), journal_no_file=report.journal_no_file)
-    modes: list[bool] = []
-    server.on_read_only_change = modes.append
-    port = await server.listen(await trio.open_tcp_listeners(0, host="127.0.0.1"))
-    await nursery.start(server.run)
-    yield Running(server, f"127.0.0.1:{port}", modes), journal
-    server.stop()
+    running = await serve(config, journal, storage, metadata, nursery)
+    assert running.server.journal_failed == "journal has no file: cannot start a new journal file: No space left on device"
+    yield running, journal
+    running.server.stop()
 
 
 async def test_a_bookie_started_on_a_full_journal_disk_turns_writable_once_a_journal_file_fits(
@@ -376,3 +378,113 @@ async def test_a_journal_whose_write_failed_stays_read_only_whatever_the_disk_ch
         assert server.core.read_only and server.read_only_causes == {Cause.JOURNAL_FAILED}
         assert await add(client, 11) is Status.READ_ONLY
         await assert_all_readable(client, 10)
+
+
+# --- a journal disk that fills while the bookie serves ------------------------------------------
+
+
+class FillingJournal(FileJournal):
+    """A file journal (4 KiB chunks) whose disk refuses to preallocate or to
+    start a file with `growth_error` while that is set."""
+
+    growth_error: OSError | None = None
+
+    def _preallocate(self, needed_end: int) -> None:
+        if self.growth_error is not None:
+            raise self.growth_error
+        super()._preallocate(needed_end)
+
+    def _open_file(self, file_id: int) -> None:
+        if self.growth_error is not None:
+            raise self.growth_error
+        super()._open_file(file_id)
+
+
+@pytest.fixture
+async def filling_journal_disk(tmp_path, disk, metadata, nursery):
+    config = bookie_config(tmp_path)
+    journal = FillingJournal(config.journal_dir, file_bytes_max=64 * 1024, preallocate_bytes=4096)
+    running = await serve(config, journal, new_storage(config), metadata, nursery)
+    yield running, journal
+    running.server.stop()
+
+
+async def add_until_refused(client: BookieClient, first_entry_id: int) -> int:
+    """Add entries from `first_entry_id` on until one is refused; its id."""
+    for entry_id in range(first_entry_id, first_entry_id + 50):  # 50 entries: more than 7 chunks
+        status = await add(client, entry_id)
+        if status is not Status.OK:
+            assert status is Status.IO_ERROR
+            return entry_id
+    raise AssertionError("the journal never needed more room")
+
+
+async def test_a_journal_disk_that_fills_while_serving_turns_writable_once_a_new_journal_file_fits(
+    filling_journal_disk, caplog
+):
+    # No byte of the refused add was written, and it was never acknowledged:
+    # nothing is lost, so the bookie need not wait for a restart.
+    caplog.set_level(logging.INFO, logger="bookie.server")
+    running, journal = filling_journal_disk
+    server = running.server
+    async with BookieClient.connect(running.address) as client:
+        for entry_id in range(5):
+            assert await add(client, entry_id) is Status.OK
+        journal.growth_error = OSError(errno.ENOSPC, "No space left on device")
+        refused = await add_until_refused(client, 5)
+        assert server.read_only_causes == {Cause.JOURNAL_NO_FILE} and journal.failed is None
+        assert (await client.get_info()).info["read_only_reason"] == (
+            f"journal has no room: cannot preallocate journal file {journal_file_name(journal.current_file_id)}: "
+            "No space left on device"
+        )
+        assert await add(client, refused) is Status.READ_ONLY
+        await assert_all_readable(client, refused)
+        # Room again: a disk check (once the refused batches are back) makes
+        # a new file, and the bookie takes adds again.
+        journal.growth_error = None
+        with trio.fail_after(10):
+            while server.core.read_only:
+                await server.retry_journal_file()
+                await trio.sleep(0.01)
+        assert server.read_only_causes == frozenset() and running.modes == [True, False]
+        for entry_id in range(refused, refused + 10):
+            assert await add(client, entry_id) is Status.OK
+        await assert_all_readable(client, refused + 10)
+        async with server.storage_lock:
+            mark = await server.checkpoint_locked()
+        assert mark.file_id == journal.current_file_id
+    lines = [record.getMessage() for record in caplog.records if "bookie turns" in record.getMessage()]
+    assert lines[0].startswith("bookie turns read-only: journal has no room: ")
+    assert lines[1] == "bookie turns writable (journal_no_file cleared)"
+
+
+def refuse_growth_with_an_io_error(journal: FillingJournal, patch: pytest.MonkeyPatch) -> None:
+    patch.setattr(journal, "growth_error", OSError(errno.EIO, "Input/output error"))
+
+
+def refuse_record_writes_for_room(journal: FillingJournal, patch: pytest.MonkeyPatch) -> None:
+    def write_parts_at(fd: int, parts: list[bytes], position: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    patch.setattr(journal_module, "write_parts_at", write_parts_at)
+
+
+@pytest.mark.parametrize("refuse", [refuse_growth_with_an_io_error, refuse_record_writes_for_room])
+async def test_a_failed_journal_write_keeps_the_bookie_read_only_though_room_comes_back(filling_journal_disk, refuse):
+    # An I/O error, or no room once bytes of records were being written:
+    # what is on disk past the synced end is unknown, so only a restart
+    # (which replays the journal) clears it.
+    running, journal = filling_journal_disk
+    server = running.server
+    async with BookieClient.connect(running.address) as client:
+        with pytest.MonkeyPatch.context() as patch:
+            refuse(journal, patch)
+            refused = await add_until_refused(client, 0)
+        assert server.read_only_causes == {Cause.JOURNAL_FAILED} and journal.failed
+        for _ in range(3):
+            await server.retry_journal_file()
+            await trio.sleep(0.01)
+        assert server.read_only_causes == {Cause.JOURNAL_FAILED}
+        assert (await client.get_info()).info["read_only_reason"].endswith("; read-only until restarted")
+        assert await add(client, refused) is Status.READ_ONLY
+        await assert_all_readable(client, refused)
