@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from bookie.protocol.wire import describe
 from broker.errors import BadRequestError, TopicExistsError, TopicNotFoundError
 from broker.topic_store import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
 from coordination.store import BadVersionError, NodeExistsError
@@ -38,7 +39,7 @@ class AdminHandler:
     async def handle(self, action: str, arguments: dict) -> dict:
         method = getattr(self, f"_{action}", None)
         if method is None or action.startswith("_"):
-            raise BadRequestError(f"unknown admin action {action!r}")
+            raise BadRequestError(f"unknown admin action {describe(action)}")
         return await method(arguments)
 
     async def _topic_metadata(self, arguments: dict) -> dict:
@@ -85,7 +86,16 @@ class AdminHandler:
 
     async def _brokers(self, arguments: dict) -> dict:
         brokers = await self.server.ownership.live_brokers()
-        return {"brokers": [{"broker_id": info.broker_id, "address": info.address} for info in brokers.values()]}
+        return {"brokers": [{"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners}
+                            for info in brokers.values()]}
+
+    async def _health(self, arguments: dict) -> dict:
+        """For `quire broker health`: registered in ZooKeeper by this
+        broker's session (so lookups find it and its claims hold), and not
+        stopping."""
+        server = self.server
+        return {"broker_id": server.info.broker_id, "registered": await server.ownership.registered(),
+                "stopping": server.stopping, "partitions": len(server.partitions)}
 
     async def _partition_stats(self, arguments: dict) -> dict:
         partition = check_name(_argument(arguments, "partition", str))

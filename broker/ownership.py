@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import trio
 
@@ -30,17 +30,48 @@ log = logging.getLogger(__name__)
 REGISTRATION_RETRY = RetryPolicy(tries_max=10, delay_initial_ms=100.0, delay_max_ms=2_000.0)
 
 
+INTERNAL_LISTENER = "internal"
+
+
+class NoSuchListenerError(ValueError):
+    """A client asked for a listener a broker does not advertise."""
+
+
 @dataclass(frozen=True)
 class BrokerInfo:
+    """A broker as its registration says. `address` is its internal
+    listener's host:port (what brokers and clients use unless a client names
+    another listener); `listeners` maps every advertised listener's name to
+    its host:port (Pulsar's `advertisedListeners`), the internal one
+    included."""
+
     broker_id: str
-    address: str  # host:port clients connect to
+    address: str
+    listeners: dict[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.listeners.get(INTERNAL_LISTENER, self.address) != self.address:
+            raise ValueError(f"the internal listener ({self.listeners[INTERNAL_LISTENER]}) is the advertised address ({self.address})")
+        if INTERNAL_LISTENER not in self.listeners:
+            object.__setattr__(self, "listeners", {INTERNAL_LISTENER: self.address, **self.listeners})
+
+    def address_for(self, listener: str | None) -> str:
+        """The host:port of `listener` (None: the internal one)."""
+        if listener is None:
+            return self.address
+        try:
+            return self.listeners[listener]
+        except KeyError:
+            raise NoSuchListenerError(f"broker {self.broker_id} advertises no listener named {listener[:100]!r} "
+                                      f"(it has: {', '.join(sorted(self.listeners))})") from None
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "BrokerInfo":
-        return cls(**json.loads(data))
+        fields = json.loads(data)
+        return cls(fields["broker_id"], fields["address"], dict(fields.get("listeners") or {}))
 
 
 @dataclass(frozen=True)
@@ -164,6 +195,15 @@ class Ownership:
             await self.store.delete(broker_path(self.info.broker_id))
         except NoNodeError:
             pass
+
+    async def registered(self) -> bool:
+        """Whether this broker's registration is in ZooKeeper, held by its
+        own session (a ZooKeeper read: it also says the session works)."""
+        try:
+            _, stat = await self.store.get(broker_path(self.info.broker_id))
+        except NoNodeError:
+            return False
+        return stat.ephemeral_owner == self.store.session_id
 
     async def live_brokers(self) -> dict[str, BrokerInfo]:
         return await list_brokers(self.store)

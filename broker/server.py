@@ -51,7 +51,7 @@ from broker.errors import (
 )
 from broker.managed_ledger import EntryCache, Position
 from broker.metrics import BrokerMetrics
-from broker.ownership import BrokerInfo, Ownership, rendezvous_choice
+from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership, rendezvous_choice
 from broker.protocol import (
     PROTOCOL_VERSION,
     REQUEST_ITEMS_MAX,
@@ -79,7 +79,7 @@ from broker.protocol import (
     decode,
     encode,
 )
-from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT, PublishBuffer
+from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT, PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink
 from broker.topic import BrokerContext, PartitionService, PartitionStats, ProducerLink
 from broker.topic_store import TopicPolicies, TopicRecord, TopicStore, check_name, split_partition
@@ -103,6 +103,10 @@ class BrokerConfig:
     host: str = "127.0.0.1"
     port: int = 6700
     advertised_address: str | None = None  # host:port clients dial; default host:port
+    # Other names clients may ask for by name, each host:port (Pulsar's
+    # advertisedListeners): "external" for clients outside a container
+    # network, say. The internal listener is the advertised address.
+    advertised_listeners: dict[str, str] = field(default_factory=dict)
     ledger_password: bytes = b""
     entry_cache_bytes: int = 64 * 1024 * 1024
     frame_bytes_max: int = 16 * 1024 * 1024
@@ -185,8 +189,7 @@ class BrokerServer:
         self.bookkeeper = bookkeeper
         self.store = store
         self.topic_store = TopicStore(store)
-        address = config.advertised_address or f"{config.host}:{config.port}"
-        self.info = BrokerInfo(config.broker_id, address)
+        self.info = self._broker_info(config.port)
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
             bookkeeper, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes), self._request_unload,
@@ -219,9 +222,14 @@ class BrokerServer:
         port = self._listeners[0].socket.getsockname()[1]
         if self.config.port == 0:
             self.config.port = port
-            self.info = BrokerInfo(self.config.broker_id, self.config.advertised_address or f"{self.config.host}:{port}")
+            self.info = self._broker_info(port)
             self.ownership.info = self.info
         return port
+
+    def _broker_info(self, port: int) -> BrokerInfo:
+        config = self.config
+        address = config.advertised_address or config.advertised_listeners.get(INTERNAL_LISTENER) or f"{config.host}:{port}"
+        return BrokerInfo(config.broker_id, address, dict(config.advertised_listeners))
 
     async def run(self, *, startup: Startup | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register and serve. With `startup`, its ZooKeeper steps are tried
@@ -660,9 +668,10 @@ class BrokerServer:
             service, link = found
             if connection.metrics is not None:
                 connection.publish_started_s[(message.producer_handle, message.last_sequence_id)] = time.perf_counter()
-            # The batch's bytes count until it is answered, whatever answers
-            # it (the permit is released once, by whichever path ends it).
-            await service.publish(link, message, self.publish_buffer.take(len(message.body)))
+            # The batch's bytes (its keys' objects included) count until it is
+            # answered, whatever answers it (the permit is released once, by
+            # whichever path ends it).
+            await service.publish(link, message, self.publish_buffer.take(batch_cost_bytes(message.body, message.keys)))
         elif kind is Flow or kind is Redeliver:
             # For a consumer closed meanwhile: nothing to do.
             found = connection.consumers.get(message.consumer_handle)
@@ -714,7 +723,7 @@ class BrokerServer:
         kind = type(message)
         if kind is Lookup:
             info, redirect = await self.lookup(message.topic, message.authoritative)
-            return {"broker_id": info.broker_id, "address": info.address, "redirect": redirect}
+            return {"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners, "redirect": redirect}
         if kind is ProducerOpen:
             check_name(message.producer_id, "producer")
             if message.producer_handle in connection.producers:

@@ -12,6 +12,7 @@ from broker.topic_store import TopicPolicies
 from quire import cli_ranges as ranges
 from quire.cli import (
     HostPorts,
+    Listeners,
     UsageError,
     configure_logging,
     human_duration,
@@ -78,6 +79,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=port_number, default=6700, help="port of the broker protocol")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     parser.add_argument("--advertised-address", type=HostPorts("advertised"), help="HOST:PORT clients dial (default: HOST:PORT, or the host name for 0.0.0.0)")
+    parser.add_argument("--advertised-listeners", type=Listeners(), default={}, metavar="NAME:HOST:PORT,...",
+                        help="more addresses clients may dial, each under a name they ask for with --listener-name "
+                             "(Pulsar's advertisedListeners), e.g. external:localhost:6700; 'internal' is the advertised address")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
     parser.add_argument(
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",
@@ -113,7 +117,12 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError(f"--metrics-port must differ from --port ({arguments.port})")
     if arguments.startup_timeout < 1:
         raise UsageError(f"--startup-timeout must be positive, got {arguments.startup_timeout}ms")
-    advertised = arguments.advertised_address or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}"
+    listeners = arguments.advertised_listeners
+    internal = listeners.get("internal")
+    if internal is not None and arguments.advertised_address not in (None, internal):
+        raise UsageError(f"the internal listener ({internal}) must be the --advertised-address ({arguments.advertised_address})")
+    advertised = (arguments.advertised_address or internal
+                  or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}")
     from quire.peer_limit_options import peer_limits_from
 
     try:
@@ -122,6 +131,7 @@ def run(arguments: argparse.Namespace) -> int:
             host=host,
             port=arguments.port,
             advertised_address=advertised,
+            advertised_listeners=listeners,
             ledger_password=arguments.ledger_password.encode(),
             entry_cache_bytes=arguments.entry_cache_bytes,
             publish_buffer_bytes=arguments.publish_buffer_bytes,

@@ -216,10 +216,29 @@ class HostPorts:
         return text
 
 
+class Listeners:
+    """An argparse type for NAME:HOST:PORT[,NAME:HOST:PORT...] (a broker's
+    advertised listeners): a dict of name to HOST:PORT, names unique."""
+
+    __name__ = "NAME:HOST:PORT"
+
+    def __call__(self, text: str) -> dict[str, str]:
+        listeners: dict[str, str] = {}
+        for item in text.split(","):
+            name, _, address = item.strip().partition(":")
+            host, _, port = address.rpartition(":")
+            if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name) or not host or not port.isdigit():
+                raise argparse.ArgumentTypeError(f"a listener is NAME:HOST:PORT, got {_shown(item)}")
+            if name in listeners:
+                raise argparse.ArgumentTypeError(f"listener {name!r} is named twice")
+            listeners[name] = HostPorts("listener")(f"{host}:{port}")
+        return listeners
+
+
 def default_text(action: argparse.Action) -> str | None:
     """An option's default as a user writes it, or None where it has none worth showing."""
     default = action.default
-    if action.required or action.nargs == 0 or default in (None, "", [], argparse.SUPPRESS) or isinstance(default, bool):
+    if action.required or action.nargs == 0 or default in (None, "", [], {}, argparse.SUPPRESS) or isinstance(default, bool):
         return None
     if isinstance(action.type, Bounded) and isinstance(default, (int, float)):
         return action.type.show(default)
@@ -284,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
         bookie_commands,
         broker_commands,
         cluster_commands,
+        health_commands,
         jepsen_commands,
         ledger_commands,
         sim_commands,
@@ -306,6 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     zk = group("zk", "run a local ZooKeeper")
     zk_commands.add_run(command(zk, "run", "run ZooKeeper in the foreground until SIGTERM/SIGINT", zk_commands.run))
+    health_commands.add_health(command(zk, "health", "whether a ZooKeeper server serves (exit 0) or not (exit 1)",
+                                       health_commands.zk_health), "ZooKeeper")
 
     bookie = group("bookie", "storage nodes")
     bookie_commands.add_run(command(bookie, "run", "run a bookie in the foreground until SIGTERM/SIGINT", bookie_commands.run))
@@ -314,6 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     command(bookie, "ls", "list registered bookies", bookie_commands.list_)
     bookie_commands.add_info(command(bookie, "info", "ask a bookie for its state", bookie_commands.info))
+    health_commands.add_health(command(bookie, "health", "whether a bookie serves, writable and registered (exit 0), or not (exit 1)",
+                                       health_commands.bookie_health), "bookie")
     bookie_commands.add_simpletest(
         command(
             bookie, "simpletest", "write entries to every bookie through the bookie protocol and read them back",
@@ -333,6 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     broker = group("broker", "brokers: topics, producers, subscriptions")
     broker_commands.add_run(command(broker, "run", "run a broker in the foreground until SIGTERM/SIGINT", broker_commands.run))
+    health_commands.add_health(command(broker, "health", "whether a broker serves and is registered (exit 0), or not (exit 1)",
+                                       health_commands.broker_health), "broker")
 
     topic = group("topic", "topics: create, list, stats, set policies, unload, delete")
     topic_commands.add_create(command(topic, "create", "create a topic (partitioned with --partitions N)", topic_commands.create))

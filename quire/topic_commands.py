@@ -21,9 +21,17 @@ from quire.cli import HostPorts, UsageError, configure_logging
 GENERATED_MESSAGE_BYTES_DEFAULT = 1024
 
 
+def add_brokers(parser: argparse.ArgumentParser) -> None:
+    """How a client command finds the brokers."""
+    parser.add_argument("--service-url", type=HostPorts("broker"), help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+    parser.add_argument("--listener-name", metavar="NAME",
+                        help="which of the brokers' advertised listeners to dial, e.g. external (default: the one --service-url "
+                             "belongs to, else internal)")
+
+
 def add_topic(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topic", metavar="TOPIC", help="the topic's name")
-    parser.add_argument("--service-url", type=HostPorts("broker"), help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+    add_brokers(parser)
 
 
 def add_create(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +51,7 @@ def add_delete(parser: argparse.ArgumentParser) -> None:
 
 
 def add_ls(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--service-url", type=HostPorts("broker"), help="HOST:PORT[,HOST:PORT] of brokers (default: find them through ZooKeeper)")
+    add_brokers(parser)
 
 
 def add_produce(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +88,8 @@ async def _client(arguments: argparse.Namespace) -> AsyncIterator:
     from coordination.store import MetadataError
 
     try:
-        async with Client.connect(arguments.zk, arguments.root, service_url=getattr(arguments, "service_url", None)) as client:
+        async with Client.connect(arguments.zk, arguments.root, service_url=getattr(arguments, "service_url", None),
+                                  listener_name=getattr(arguments, "listener_name", None)) as client:
             yield client
     except (MetadataError, ValueError) as error:
         raise UsageError(str(error)) from None

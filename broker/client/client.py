@@ -27,6 +27,7 @@ from broker.client.producer import Producer, ProducerOptions, PartitionProducer
 from broker.dispatcher import SubscriptionType
 from broker.errors import ConnectionClosedError, ServiceUnavailableError
 from broker.message_format import Codec
+from broker.ownership import INTERNAL_LISTENER, BrokerInfo
 from broker.protocol import FRAME_BYTES_MAX_DEFAULT, Admin, Lookup
 from broker.topic_store import check_name, partition_name
 from ledger_client.exception_groups import unwrap_single_exception
@@ -44,8 +45,15 @@ class Client:
         rng: random.Random,
         client_name: str,
         frame_bytes_max: int,
+        listener_name: str | None = None,
+        service_addresses: list[str] | None = None,
     ) -> None:
         self.nursery = nursery
+        self.listener_name = listener_name
+        # The addresses a client was given, from which it tells its
+        # listener when it was not named (found once).
+        self._service_addresses = service_addresses
+        self._listener_found = listener_name is not None or service_addresses is None
         self._discover = discover
         self.rng = rng
         self.client_name = client_name
@@ -66,6 +74,7 @@ class Client:
         root: str = "/quire",
         *,
         service_url: str | None = None,
+        listener_name: str | None = None,
         session_timeout_ms: int = 10_000,
         rng: random.Random | None = None,
         client_name: str = "quire-client",
@@ -73,7 +82,13 @@ class Client:
     ) -> AsyncIterator["Client"]:
         """A client of the cluster whose metadata is at `zk_hosts` under
         `root` (brokers found through ZooKeeper), or of the brokers listed in
-        `service_url` ("host:port,host:port")."""
+        `service_url` ("host:port,host:port").
+
+        `listener_name` picks which of the brokers' advertised listeners
+        to dial (Pulsar's listenerName): "external" from outside a
+        container network, say. Without it, a client given `service_url`
+        uses the listener those addresses belong to, and one that finds
+        the brokers through ZooKeeper the internal one."""
         async with contextlib.AsyncExitStack() as stack:
             if service_url is not None:
                 addresses = [address.strip() for address in service_url.split(",") if address.strip()]
@@ -90,12 +105,13 @@ class Client:
                 store = await stack.enter_async_context(AsyncMetadataStore(sync_store))
 
                 async def discover() -> list[str]:
-                    return [info.address for info in (await list_brokers(store)).values()]
+                    return [info.address_for(listener_name) for info in (await list_brokers(store)).values()]
 
             with unwrap_single_exception():
                 async with trio.open_nursery() as nursery:
                     client = cls(nursery, discover, rng=rng or random.Random(), client_name=client_name,
-                                 frame_bytes_max=frame_bytes_max)
+                                 frame_bytes_max=frame_bytes_max, listener_name=listener_name,
+                                 service_addresses=addresses if service_url is not None else None)
                     try:
                         yield client
                     finally:
@@ -159,13 +175,32 @@ class Client:
                 await trio.sleep(0.05 * (attempt + 1))
         raise AssertionError("unreachable")
 
+    async def _listener(self) -> str | None:
+        """The listener whose addresses this client dials (None: internal)."""
+        if not self._listener_found:
+            brokers = (await self.admin("brokers"))["brokers"]
+            given = set(self._service_addresses or ())
+            named = sorted({name for broker in brokers for name, address in (broker.get("listeners") or {}).items()
+                            if address in given})
+            # An address two listeners share is taken as the internal one.
+            self.listener_name = None if not named or INTERNAL_LISTENER in named else named[0]
+            self._listener_found = True
+        return self.listener_name
+
+    async def _address_in(self, body: dict) -> str:
+        """The address of the broker a lookup answer names, on our listener."""
+        listener = await self._listener()
+        if listener is None:
+            return body["address"]
+        return BrokerInfo(body["broker_id"], body["address"], dict(body.get("listeners") or {})).address_for(listener)
+
     async def lookup(self, partition: str) -> str:
         """The address of the broker serving `partition`."""
         body = await self._ask_any(lambda request_id: Lookup(request_id, partition, False))
         for _ in range(LOOKUP_HOPS_MAX):
             if not body["redirect"]:
-                return body["address"]
-            connection = await self.connection(body["address"])
+                return await self._address_in(body)
+            connection = await self.connection(await self._address_in(body))
             body = await connection.request(lambda request_id: Lookup(request_id, partition, True))
         raise ServiceUnavailableError(f"lookup of {partition} redirected {LOOKUP_HOPS_MAX} times")
 

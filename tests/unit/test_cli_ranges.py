@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from quire import cli, cli_ranges, cli_reference
-from quire.cli import EXIT_USAGE, Bounded, HostPorts, build_parser, main
+from quire.cli import EXIT_USAGE, Bounded, HostPorts, Listeners, build_parser, main
 from quire.export_commands import spark_setting
 
 # Nothing listens there: a command that got as far as ZooKeeper would fail
@@ -179,7 +179,7 @@ def test_every_number_has_a_range():
     unbounded = []
     for path, parser in leaf_commands():
         for action in arguments_of(parser):
-            if isinstance(action.type, (Bounded, HostPorts)):
+            if isinstance(action.type, (Bounded, HostPorts, Listeners)):  # Listeners checks its ports as HostPorts
                 continue
             name = action.dest
             if action.type not in NOT_NUMBERS or (
@@ -363,6 +363,14 @@ BENCHMARK_REFUSALS = [
     (["broker_memory", "--messages", "99999999999999999999"], ["--messages", "at most"]),
     (["bookie_gc", "--ledgers", "9", "--keep", "4"], ["--ledgers 9", "--keep 4"]),
     (["soak", "--cycles", "0"], ["--cycles", "at least 1"]),
+    # Ledgers and backlog messages took any 64-bit count: a typo of a few
+    # digits ran for days, or exhausted ZooKeeper or memory, before failing.
+    (["ledger_write", "--ledgers", "100001"], ["--ledgers", "at most 100000", "ZooKeeper"]),
+    (["metrics_overhead", "--ledgers", "9223372036854775807"], ["--ledgers", "at most 100000"]),
+    (["autorecovery", "--ledgers", "1000000"], ["--ledgers", "at most 100000"]),
+    (["bookie_gc", "--ledgers", "200000"], ["--ledgers", "at most 100000"]),
+    (["broker_pubsub", "--backlog", "100000001"], ["--backlog", "at most 100000000"]),
+    (["broker_pubsub", "--backlog", "0"], ["--backlog", "at least 1"]),
 ]
 
 
