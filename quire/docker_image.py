@@ -57,9 +57,10 @@ def engine_running() -> bool:
         return False
 
 
-def start_engine(log_path: Path) -> subprocess.Popen | None:
+def start_engine(log_path: Path, *, die_with_parent: bool = False) -> subprocess.Popen | None:
     """Start `dockerd` unless an engine already answers; returns the
     process started (the caller stops it with `stop_engine`), or None.
+    With `die_with_parent` the kernel kills it if this process dies (tests).
     DockerUnavailable when there is no engine and none can be started."""
     if engine_running():
         return None
@@ -69,8 +70,13 @@ def start_engine(log_path: Path) -> subprocess.Popen | None:
         raise DockerUnavailable("no Docker engine runs, and starting dockerd needs root")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
+        hook = None
+        if die_with_parent:
+            from coordination.zk_launcher import die_with_parent_hook
+
+            hook = die_with_parent_hook()
         process = subprocess.Popen(["dockerd"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   start_new_session=True)
+                                   start_new_session=True, preexec_fn=hook)
     deadline = time.monotonic() + ENGINE_START_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
