@@ -1,5 +1,6 @@
-"""Benchmark: `spark.read.format("quire")` written to Parquet on local[2],
-against the two limits that bound it on the same machine in the same run:
+"""Benchmark: `spark.read.format("quire")` written to Parquet on local[2]
+(or `--master`), against the two limits that bound it on the same machine
+in the same run:
 
 (a) a synthetic Python data source that yields as many rows of the same
     shape, as Arrow batches of the same size, without reading anything: the
@@ -10,7 +11,15 @@ against the two limits that bound it on the same machine in the same run:
 of 1 KiB messages, batched by the producer (no compression: the payloads are
 random), closed ledgers of `--ledger-mib` MiB.
 
-    .venv/bin/python -m bench.spark_export [--gib 1] [--partitions 2]
+    .venv/bin/python -m bench.spark_export [--gib 1] [--partitions 2] [--standalone-workers 1 2]
+
+With `--standalone-workers N...`, the same export again on a standalone
+Spark cluster of N workers of one core each (quire.spark_standalone, as the
+tests start it: the workers cannot see the checkout, quire's environment is
+shipped to them), one cluster per N. On a 2-core machine those cores are
+shared with the bookies, the broker, the master and the driver: it shows
+contention as much as scaling. A `--master spark://...` cluster is given
+quire's environment the same way.
 
 Prints one JSON object per result, then a summary with the ratios; the
 target is >= 0.7 x reference (a).
@@ -31,13 +40,18 @@ import pyarrow as pa
 import trio
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from bench.cluster import bench_cluster
+from bench.cluster import bench_cluster, free_port
 from broker.client import Client
 from broker.export_plan import plan_splits
-from broker.spark_source import ARROW_SCHEMA, BATCH_BYTES, SCHEMA, read_topic_ledgers, spark_session
+from broker.spark_source import ARROW_SCHEMA, BATCH_BYTES, SCHEMA, read_topic_ledgers
 from quire import cli_ranges as ranges
 from quire.cli import Bounded, Parser
 from quire.progress import Progress
+from quire.spark_shipping import is_local, start_session
+from quire.spark_standalone import IsolationRefused, StandaloneCluster
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+WORKERS_MAX = 64  # workers of one core each on this one machine
 
 TOPIC = "bench-export"
 MESSAGE_BYTES = 1024
@@ -159,8 +173,54 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         default=2, help="partitions of the topic")
     parser.add_argument("--ledger-mib", type=Bounded("integer", 1, ranges.STORAGE_BYTES_MAX // ranges.MIB, why="more than a disk holds"),
                         default=128, help="rollover size of the topic's ledgers")
-    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--master", default="local[2]", help="the Spark master of the main run (default %(default)s)")
+    parser.add_argument("--standalone-workers", type=Bounded("integer", 1, WORKERS_MAX, why="cores of one machine"),
+                        nargs="+", default=[], metavar="N",
+                        help="also export on a standalone cluster of N one-core workers started here (one per N)")
     return parser
+
+
+def quire_frame(spark, cluster, ledgers: list[int] | None = None):
+    reader = spark.read.format("quire").option("zk", cluster.zk_hosts).option("root", cluster.root).option("topic", TOPIC)
+    if ledgers is not None:
+        reader = reader.option("ledgers", ",".join(map(str, ledgers)))
+    return reader.load()
+
+
+def standalone_run(cluster, workers: int, scratch: Path, parameters: dict, splits: list, messages: int,
+                   payload_bytes: int) -> dict:
+    """The quire source to Parquet on a standalone cluster of `workers`
+    one-core workers, started for it (the checkout hidden from them when
+    this machine allows) and stopped after."""
+    base = scratch / f"standalone-{workers}"
+    parameters = {**parameters, "master": f"standalone, {workers} worker{'s' if workers > 1 else ''} of 1 core",
+                  "input_partitions": len(splits)}
+    standalone = StandaloneCluster(base, workers, free_port, hidden=[CHECKOUT])
+    try:
+        standalone.start()
+        parameters["workers_isolated"] = True
+    except IsolationRefused:
+        standalone.stop()
+        standalone = StandaloneCluster(base, workers, free_port)
+        standalone.start()
+        parameters["workers_isolated"] = False
+    try:
+        # Every executor registered before a job starts, so each takes tasks.
+        spark, stop = start_session(standalone.master_url, f"bench-spark-export-{workers}",
+                                    {"spark.scheduler.minRegisteredResourcesRatio": "1.0"})
+        try:
+            # Warm up: executors started, the environment unpacked, a Python
+            # worker on each (one small ledger per executor).
+            warm_up = list(dict.fromkeys(split.ledger_id for split in sorted(splits, key=lambda split: split.bytes)))[:workers]
+            quire_frame(spark, cluster, warm_up).write.format("noop").mode("overwrite").save()
+            elapsed_s = timed_write(quire_frame(spark, cluster), base / "export")
+            rows = spark.read.parquet(str(base / "export")).count()
+            assert rows == messages, f"exported {rows} rows of {messages}"
+        finally:
+            stop()
+    finally:
+        standalone.stop()
+    return result(f"quire source -> parquet (standalone, {workers} workers)", parameters, rows, payload_bytes, elapsed_s)
 
 
 def main(argv: list[str] | None = None, prog: str | None = None) -> int:
@@ -169,7 +229,10 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     payload_bytes = messages * MESSAGE_BYTES
     parameters = {"gib": arguments.gib, "message_bytes": MESSAGE_BYTES, "partitions": arguments.partitions,
                   "ledger_mib": arguments.ledger_mib, "master": arguments.master}
-    scratch = Path(tempfile.mkdtemp(prefix="spark-export-", dir=Path(".bench").resolve() if Path(".bench").exists() else None))
+    # Executors on other machines (or hidden from the checkout) write outside it.
+    local = is_local(arguments.master) and not arguments.standalone_workers
+    scratch = Path(tempfile.mkdtemp(prefix="spark-export-",
+                                    dir=Path(".bench").resolve() if local and Path(".bench").exists() else None))
     try:
         with bench_cluster(3, broker_count=1, root="/bench") as cluster:
             produce_s = trio.run(produce, cluster.zk_hosts, cluster.root, arguments.partitions, messages,
@@ -177,20 +240,16 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             print(json.dumps(result("produce (setup)", parameters, messages, payload_bytes, produce_s)), flush=True)
             chains = read_topic_ledgers(cluster.zk_hosts, cluster.root, TOPIC)
             splits = plan_splits(chains)
-            spark = spark_session(arguments.master, "bench-spark-export")
+            spark, stop = start_session(arguments.master, "bench-spark-export")
             spark.dataSource.register(SyntheticSource)
             try:
                 # Warm up first (Python workers started, modules imported,
                 # the JVM's code compiled): a small read of each source.
-                first_ledger = str(splits[0].ledger_id)
-                for frame in (spark.read.format("quire").option("zk", cluster.zk_hosts).option("root", cluster.root)
-                              .option("topic", TOPIC).option("ledgers", first_ledger).load(),
+                for frame in (quire_frame(spark, cluster, [splits[0].ledger_id]),
                               spark.read.format("quire_synthetic").option("partitions", "2").option("rows", "20000")
                               .option("batch_rows", "8192").load()):
                     frame.write.format("noop").mode("overwrite").save()
-                exported = (spark.read.format("quire").option("zk", cluster.zk_hosts).option("root", cluster.root)
-                            .option("topic", TOPIC).load())
-                quire_s = timed_write(exported, scratch / "export")
+                quire_s = timed_write(quire_frame(spark, cluster), scratch / "export")
                 rows = spark.read.parquet(str(scratch / "export")).count()
                 assert rows == messages, f"exported {rows} rows of {messages}"
                 quire = result("quire source -> parquet", {**parameters, "input_partitions": len(splits)}, rows, payload_bytes, quire_s)
@@ -213,7 +272,11 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
                 reference_b = result("reference (b): parquet -> parquet", parameters, rows, payload_bytes, rewrite_s)
                 print(json.dumps(reference_b), flush=True)
             finally:
-                spark.stop()
+                stop()
+            standalone = []
+            for workers in arguments.standalone_workers:
+                standalone.append(standalone_run(cluster, workers, scratch, parameters, splits, messages, payload_bytes))
+                print(json.dumps(standalone[-1]), flush=True)
         ratio_a = quire["mb_per_s"] / reference_a["mb_per_s"]
         ratio_b = quire["mb_per_s"] / reference_b["mb_per_s"]
         print(json.dumps({
@@ -225,6 +288,8 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             "ratio_to_reference_b": round(ratio_b, 3),
             "target": f">= {TARGET_RATIO} x reference (a)",
             "target_met": ratio_a >= TARGET_RATIO,
+            "standalone_mb_per_s": {entry["parameters"]["master"]: entry["mb_per_s"] for entry in standalone},
+            "cores": os.cpu_count(),
         }), flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -84,6 +84,7 @@ BATCH_BYTES = 8 * 1024 * 1024
 BATCH_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 CHUNKS_AHEAD_MAX = 2  # chunks of BATCH_BYTES read ahead of the Arrow building, per split
 METADATA_TIMEOUT_MS = 5_000  # to connect to ZooKeeper, as every command
+JVM_STOP_TIMEOUT_S = 30  # for the driver's JVM to exit once told to
 
 
 @dataclass(frozen=True)
@@ -491,11 +492,15 @@ JVM_NOISE = ("WARNING: Using incubator modules",)
 
 
 def spark_session(master: str = "local[2]", app_name: str = "quire", config: dict[str, str] | None = None,
-                  *, quiet: bool = False) -> "SparkSession":
+                  *, quiet: bool = False, python: str | None = None,
+                  launch_directory: "os.PathLike[str] | None" = None) -> "SparkSession":
     """A Spark session with the data source registered. With a local
     master, its Python workers run this interpreter (so that they import
     quire's packages) and everything binds to loopback; a real cluster's
-    executors need quire installed (see the README). `quiet` silences
+    executors need quire (quire.spark_shipping ships it). `python` is the
+    Python workers run (PySpark reads it from PYSPARK_PYTHON as the session
+    starts); the driver's JVM starts in `launch_directory`, relative to
+    which a relative `python` runs on the driver's side. `quiet` silences
     Spark's log and the JVM's start-up lines (the command line's choice)."""
     from pyspark.sql import SparkSession
 
@@ -523,10 +528,47 @@ def spark_session(master: str = "local[2]", app_name: str = "quire", config: dic
             stack.enter_context(_children_stderr_filtered(JVM_NOISE))
         for name, value in config.items():
             builder = builder.config(name, value)
+        if python is not None:
+            stack.enter_context(_environment_variable("PYSPARK_PYTHON", python))
+        if launch_directory is not None:
+            stop_jvm()  # PySpark keeps its JVM for the next session: one started elsewhere would not do
+            stack.enter_context(contextlib.chdir(launch_directory))
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     return spark
+
+
+def stop_jvm() -> None:
+    """End the JVM PySpark keeps in this process between sessions (when no
+    session runs), so that the next session starts a new one: in its own
+    working directory."""
+    from pyspark import SparkContext
+
+    gateway = SparkContext._gateway
+    if gateway is None or SparkContext._active_spark_context is not None:
+        return
+    gateway.shutdown()
+    process = getattr(gateway, "proc", None)
+    if process is not None:
+        process.stdin.close()  # the JVM exits when its standard input ends
+        process.wait(timeout=JVM_STOP_TIMEOUT_S)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+@contextlib.contextmanager
+def _environment_variable(name: str, value: str) -> Iterator[None]:
+    """`name` set to `value` meanwhile, then as it was."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 @contextlib.contextmanager

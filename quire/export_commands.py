@@ -72,7 +72,9 @@ def add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="without --incremental: replace DIR if it exists")
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--conf", action="append", type=spark_setting, default=[], metavar="KEY=VALUE",
-                        help="a Spark setting (repeat the flag for more), e.g. spark.archives=quire-env.tar.gz#env")
+                        help="a Spark setting (repeat the flag for more), e.g. spark.executor.memory=4g")
+    parser.add_argument("--no-ship", action="store_true",
+                        help="with a cluster master: do not ship quire's environment to the executors (they have quire)")
     parser.add_argument("--password", default="", help="the brokers' --ledger-password")
     parser.add_argument("--from-ledger", type=ranges.ledger_id, metavar="ID", help="only ledgers from this id on")
     parser.add_argument("--start-time", type=time_ms, metavar="TIME", help="only entries the brokers appended at or after TIME (ms or ISO 8601)")
@@ -167,6 +169,11 @@ class HadoopDirectory:
         self._Path = jvm.org.apache.hadoop.fs.Path
         self.path = self._Path(self.uri)
         self.file_system = self.path.getFileSystem(self.spark._jsc.hadoopConfiguration())
+        if self.file_system.getScheme() == "file" and not self.path.isAbsolute():
+            # The local file system would take it relative to the JVM's
+            # working directory, which is not the caller's.
+            self.uri = f"file:{os.path.abspath(self.uri)}"
+            self.path = self._Path(self.uri)
         self._jvm = jvm
 
     def child(self, name: str) -> str:
@@ -328,25 +335,29 @@ class StageProgress:
 
 class LazySession:
     """The command's Spark session, started the first time it is needed:
-    an export with nothing to write never starts Spark."""
+    an export with nothing to write never starts Spark. With a cluster
+    master, quire's environment is shipped to the executors
+    (quire.spark_shipping) unless --no-ship."""
 
     def __init__(self, arguments: argparse.Namespace) -> None:
         self.arguments = arguments
         self.session: Any = None
+        self._stop: Callable[[], None] | None = None
 
     def __call__(self) -> Any:
-        from broker.spark_source import spark_session
+        from quire.spark_shipping import start_session
 
         if self.session is None:
             # --log-level debug keeps Spark's own log, for finding out more.
-            self.session = spark_session(self.arguments.master, f"quire export {self.arguments.topic}",
-                                         dict(getattr(self.arguments, "conf", None) or ()),
-                                         quiet=self.arguments.log_level != "debug")
+            self.session, self._stop = start_session(
+                self.arguments.master, f"quire export {self.arguments.topic}",
+                dict(getattr(self.arguments, "conf", None) or ()), ship=not getattr(self.arguments, "no_ship", False),
+                quiet=self.arguments.log_level != "debug")
         return self.session
 
     def stop(self) -> None:
-        if self.session is not None:
-            self.session.stop()
+        if self._stop is not None:
+            self._stop()
 
 
 def export(arguments: argparse.Namespace) -> int:
@@ -514,9 +525,15 @@ def diagnose(error: BaseException, arguments: argparse.Namespace, ledger_ids: li
         gone = []
     if gone:
         return f"ledger {gone[0]} was deleted by retention during the export; run it again"
-    return f"the Spark job failed: {root_cause(error)}"
+    cause = root_cause(error)
+    if getattr(arguments, "no_ship", False) and re.search(MISSING_PYTHON, cause):
+        cause += (" (with --no-ship the Python that Spark runs, on the executors and on this machine, "
+                  "must have quire installed; leave out --no-ship to ship quire's environment)")
+    return f"the Spark job failed: {cause}"
 
 
+# What a Python without quire's packages (or none at all) makes a job fail with.
+MISSING_PYTHON = re.compile(r"^(ModuleNotFoundError|ImportError): |^IOException: Cannot run program|PYTHON_VERSION_MISMATCH")
 _EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*([A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)): ?(.*)$")
 
 
