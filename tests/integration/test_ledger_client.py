@@ -57,7 +57,7 @@ async def read_from_every_replica(metadata, expected: dict[int, bytes], *, may_l
                 response = await clients[bookie_id].read(metadata.ledger_id, entry_id)
                 if response.status is Status.NO_ENTRY and bookie_id == may_lack:
                     continue
-                assert response.status is Status.OK, (entry_id, bookie_id, response.status)
+                assert response.status is Status.OK, (entry_id, bookie_id, response.status, metadata.ensembles)
                 assert response.entry.endswith(payload), (entry_id, bookie_id)
                 holders += 1
             assert holders >= metadata.ack_quorum, (entry_id, holders)
