@@ -18,7 +18,7 @@ from typing import Iterator
 
 import trio
 
-from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook
+from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook, stop_children
 from ledger_client.bookie_client import BookieClient
 
 
@@ -161,13 +161,6 @@ def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/
             trio.run(wait_broker_serving, address, process)
         yield cluster
     finally:
-        for _, process in cluster.brokers + cluster.bookies:
-            if process.poll() is None:
-                process.terminate()
-        for _, process in cluster.brokers + cluster.bookies:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_children([process for _, process in cluster.brokers + cluster.bookies], deadline_s=30)
         zk.stop()
         shutil.rmtree(directory, ignore_errors=True)

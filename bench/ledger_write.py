@@ -39,6 +39,7 @@ from typing import Iterator
 import trio
 
 from bench.cluster import bench_cluster, free_port, latency_summary
+from coordination.zk_launcher import stop_children
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
 from quire.cli import Parser
@@ -168,13 +169,7 @@ def jetstream_cluster(size: int = 3) -> Iterator[list[str]]:
         processes, servers = start_nats_cluster(directory, size)
         yield servers
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_children(processes, deadline_s=10)
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Callable
+from typing import Callable, Iterable
 
 JAR_DIR = Path("/usr/share/java")
 # What QuorumPeerMain needs in standalone mode (NIO, so no netty).
@@ -73,6 +73,21 @@ def _port_in_use(host: str, port: int) -> bool:
                 return True
             raise
     return False
+
+
+def stop_children(processes: Iterable[subprocess.Popen], deadline_s: float = 10) -> None:
+    """SIGTERM to each child still running, then wait up to `deadline_s`
+    for each, and SIGKILL (and reap) the ones that did not exit."""
+    processes = [process for process in processes if process is not None]
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=deadline_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=deadline_s)
 
 
 def die_with_parent_hook() -> Callable[[], None]:
@@ -286,16 +301,8 @@ class ZooKeeperServer:
     def stop(self, deadline_s: float = 10) -> None:
         """SIGTERM, wait up to `deadline_s`, then SIGKILL. Does nothing if
         ZooKeeper is not running."""
-        process = self._process
-        if process is None:
-            return
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=deadline_s)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=deadline_s)
+        if self._process is not None:
+            stop_children([self._process], deadline_s)
 
     def wait(self) -> int:
         """Block until the ZooKeeper process exits; return its status."""

@@ -90,14 +90,10 @@ def start_engine(log_path: Path, *, die_with_parent: bool = False) -> subprocess
 
 def stop_engine(process: subprocess.Popen | None) -> None:
     """Stop a `dockerd` that `start_engine` started (it stops its containers)."""
-    if process is None or process.poll() is not None:
-        return
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    from coordination.zk_launcher import stop_children
+
+    if process is not None:
+        stop_children([process], deadline_s=60)
 
 
 def _tail(path: Path, lines: int = 5) -> str:

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from quire.docker_image import IMAGE, BuildFailed, DockerUnavailable, build_image, start_engine, stop_engine
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SERVICES = ("zookeeper", "bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2")
@@ -74,14 +73,16 @@ class ComposeCluster:
         return status[1] if len(status) > 1 and status[0] == "running" else (status[0] if status else "absent")
 
     def wait_healthy(self, services=SERVICES, deadline_s: float = HEALTHY_DEADLINE_S) -> None:
-        end = time.monotonic() + deadline_s
-        while True:
-            states = {service: self.health(service) for service in services}
-            if all(state == "healthy" for state in states.values()):
-                return
-            if time.monotonic() > end:
-                raise AssertionError(f"services not healthy after {deadline_s:.0f}s: {states}\n{self.logs()}")
-            time.sleep(1)
+        states: dict[str, str] = {}
+
+        def all_healthy() -> bool:
+            states.update((service, self.health(service)) for service in services)
+            return all(states[service] == "healthy" for service in services)
+
+        try:
+            wait_until(all_healthy, deadline_s=deadline_s, what="every service healthy", poll_s=1)
+        except AssertionError:
+            raise AssertionError(f"services not healthy after {deadline_s:.0f}s: {states}\n{self.logs()}") from None
 
     def under_replicated(self) -> list:
         status = json.loads(self.quire_inside("bookie-1", "autorecovery", "status", "--zk", "zookeeper:2181", "--json").stdout)

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bookie.protocol import Status
 from broker.client import Client
 from broker.protocol import PROTOCOL_VERSION, Connect, Send, encode
-from coordination.zk_launcher import ZooKeeperServer
+from coordination.zk_launcher import ZooKeeperServer, stop_children
 from coordination.zk_store import KazooMetadataStore
 from ledger_client import BookKeeper, DigestType
 from ledger_client.bookie_client import BookieClient
@@ -270,12 +270,7 @@ def test_autorecovery_run_logs_its_role_and_name_as_json(zk_hosts, zk_root, tmp_
 
         wait_until(first_line, deadline_s=30, what="a first log line", poll_s=0.05)
     finally:
-        daemon.terminate()
-        try:
-            daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            daemon.wait()
+        stop_children([daemon], deadline_s=30)
     records = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     assert records, log_path.read_text()
     assert {(record["role"], record["id"]) for record in records} == {("autorecovery", "recoverer-1")}
