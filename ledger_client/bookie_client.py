@@ -131,10 +131,11 @@ def _described(pending) -> str:
     return "a single add"
 
 
-def parse_address(address: str) -> tuple[str, int]:
+def parse_address(address: str, what: str = "bookie") -> tuple[str, int]:
+    """(host, port) of a HOST:PORT; ValueError naming `what` if it is not one."""
     host, separator, port = address.rpartition(":")
     if not separator or not host or not port.isdigit():
-        raise ValueError(f"bookie address must be HOST:PORT, got {address!r}")
+        raise ValueError(f"{what} address must be HOST:PORT, got {address[:100]!r}")
     return host, int(port)
 
 

@@ -31,11 +31,13 @@ def add_health(parser: argparse.ArgumentParser, what: str) -> None:
                         help="how long to wait for answers before calling it unhealthy")
 
 
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise UsageError(f"expected HOST:PORT, got {address[:100]!r}")
-    return host, int(port)
+def _split(address: str, what: str) -> tuple[str, int]:
+    from ledger_client.bookie_client import parse_address
+
+    try:
+        return parse_address(address, what)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _verdict(what: str, address: str, problem: str | None, detail: str = "") -> int:
@@ -49,7 +51,7 @@ def _verdict(what: str, address: str, problem: str | None, detail: str = "") -> 
 def zk_health(arguments: argparse.Namespace) -> int:
     from coordination.zk_launcher import four_letter_word
 
-    host, port = _split(arguments.address)
+    host, port = _split(arguments.address, "ZooKeeper")
     problem = None
     mode = ""
     try:
@@ -71,7 +73,7 @@ def bookie_health(arguments: argparse.Namespace) -> int:
     from ledger_client.bookie_client import BookieClient, BookieConnectionError
     from quire.metadata_access import open_metadata
 
-    _split(arguments.address)
+    _split(arguments.address, "bookie")
 
     async def probe() -> str | None:
         try:
@@ -98,7 +100,7 @@ def broker_health(arguments: argparse.Namespace) -> int:
     from broker.errors import BrokerError
     from broker.protocol import Admin
 
-    _split(arguments.address)
+    _split(arguments.address, "broker")
     answer: dict = {}
 
     async def probe() -> str | None:
