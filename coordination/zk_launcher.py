@@ -75,19 +75,34 @@ def _port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def stop_children(processes: Iterable[subprocess.Popen], deadline_s: float = 10) -> None:
+def stop_children(processes: Iterable[subprocess.Popen], deadline_s: float = 10, *, whole_groups: bool = False) -> None:
     """SIGTERM to each child still running, then wait up to `deadline_s`
-    for each, and SIGKILL (and reap) the ones that did not exit."""
+    (for all of them together), and SIGKILL (and reap) the ones that did not
+    exit. With `whole_groups` (children started with start_new_session) the
+    signals go to each child's process group, and SIGKILL always follows,
+    for what the child started and left behind."""
     processes = [process for process in processes if process is not None]
+
+    def send(process: subprocess.Popen, signal_number: int) -> None:
+        try:
+            if whole_groups:
+                os.killpg(process.pid, signal_number)
+            elif process.poll() is None:
+                process.send_signal(signal_number)
+        except ProcessLookupError:
+            pass
+
     for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        send(process, signal.SIGTERM)
+    end = time.monotonic() + deadline_s
     for process in processes:
         try:
-            process.wait(timeout=deadline_s)
+            process.wait(timeout=max(0.1, end - time.monotonic()))
+            if whole_groups:
+                send(process, signal.SIGKILL)
         except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=deadline_s)
+            send(process, signal.SIGKILL)
+            process.wait()
 
 
 def die_with_parent_hook() -> Callable[[], None]:

@@ -11,7 +11,6 @@ import json
 import os
 import shlex
 import shutil
-import signal
 import subprocess
 import time
 import urllib.request
@@ -187,21 +186,7 @@ class StandaloneCluster:
     def stop(self) -> None:
         """SIGTERM to each process group (a worker's executors and their
         Python workers with it), SIGKILL to what is left after a while."""
-        for _, process in self.processes:
-            _signal_group(process, signal.SIGTERM)
-        end = time.monotonic() + STOP_DEADLINE_S
-        for _, process in self.processes:
-            try:
-                process.wait(timeout=max(0.1, end - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(process, signal.SIGKILL)
-            process.wait()
+        from coordination.zk_launcher import stop_children
+
+        stop_children([process for _, process in self.processes], STOP_DEADLINE_S, whole_groups=True)
         self.processes.clear()
-
-
-def _signal_group(process: subprocess.Popen, signal_number: int) -> None:
-    try:
-        os.killpg(process.pid, signal_number)  # its own group: start_new_session
-    except ProcessLookupError:
-        pass
