@@ -15,6 +15,7 @@ RUN apt-get update \
 COPY .docker-wheels /wheels
 COPY pyproject.toml README.md /src/
 COPY coordination /src/coordination
+COPY framing /src/framing
 COPY bookie /src/bookie
 COPY ledger_client /src/ledger_client
 COPY broker /src/broker

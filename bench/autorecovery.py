@@ -31,7 +31,7 @@ from bench.cluster import bench_cluster
 from coordination.cluster_layout import ClusterLayout
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
-from quire.cli import Parser, human_duration
+from quire.cli_parsing import Parser, human_duration
 from quire.progress import Progress
 
 PASSWORD = b""  # the embedded daemon's default recovery password

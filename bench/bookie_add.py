@@ -27,7 +27,7 @@ from pathlib import Path
 import trio
 
 from quire import cli_ranges as ranges
-from quire.cli import Parser
+from quire.cli_parsing import Parser
 from quire.progress import Progress
 from bookie.protocol import AddFlag, DigestManager, DigestType, Status, master_key
 from bench.cluster import bench_cluster, latency_summary, percentile

@@ -40,7 +40,7 @@ from bookie.disk_usage import tree_bytes
 from ledger_client import BookKeeper
 from ledger_client.bookie_client import BookieClient
 from quire import cli_ranges as ranges
-from quire.cli import Bounded, Parser, nonnegative_int
+from quire.cli_parsing import Bounded, Parser, nonnegative_int
 from quire.progress import Progress
 
 PASSWORD = b"bench-gc"

@@ -31,7 +31,7 @@ import trio
 from bench.cluster import bench_cluster, rss_mb
 from broker.client import Client
 from quire import cli_ranges as ranges
-from quire.cli import Bounded, Parser
+from quire.cli_parsing import Bounded, Parser
 from quire.progress import Progress
 
 TOPIC = "memory"

@@ -34,7 +34,7 @@ from bench.cluster import bench_cluster, latency_summary
 from bench.ledger_write import jetstream_cluster
 from broker.client import Client
 from quire import cli_ranges as ranges
-from quire.cli import Bounded, Parser
+from quire.cli_parsing import Bounded, Parser
 from quire.progress import Progress
 
 TOPIC_POLICIES = {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 2, "deduplication": True}

@@ -22,7 +22,7 @@ import trio
 from bench.cluster import bench_cluster
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
-from quire.cli import Parser
+from quire.cli_parsing import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"

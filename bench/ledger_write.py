@@ -42,7 +42,7 @@ from bench.cluster import bench_cluster, free_port, latency_summary
 from coordination.zk_launcher import stop_children
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
-from quire.cli import Parser
+from quire.cli_parsing import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"

@@ -26,7 +26,7 @@ from bench.cluster import bench_cluster
 from bench.ledger_write import write_ledgers
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
-from quire.cli import Parser
+from quire.cli_parsing import Parser
 
 CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 

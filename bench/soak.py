@@ -28,7 +28,7 @@ import trio
 
 from bench.cluster import bench_cluster, rss_mb
 from quire import cli_ranges as ranges
-from quire.cli import Parser
+from quire.cli_parsing import Parser
 from quire.progress import Progress
 from sim.frame_fuzz import BOOKIE, BROKER, fuzz_case, send_case
 

@@ -45,7 +45,7 @@ from broker.client import Client
 from broker.export_plan import plan_splits
 from broker.spark_source import ARROW_SCHEMA, BATCH_BYTES, SCHEMA, read_topic_ledgers
 from quire import cli_ranges as ranges
-from quire.cli import Bounded, Parser
+from quire.cli_parsing import Bounded, Parser
 from quire.progress import Progress
 from quire.spark_shipping import is_local, start_session
 from quire.spark_standalone import IsolationRefused, StandaloneCluster

@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 
 import trio
 
-from bookie.protocol.frame_output import FrameOutput
-from bookie.protocol.peer_limits import FrameReader, decode_from_peer, peer_faults, serve_admitted, wait_for_output_room
 from bookie.protocol.wire import (
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
@@ -20,7 +18,6 @@ from bookie.protocol.wire import (
     AddBatchRequest,
     AddRequest,
     BatchReadRequest,
-    FrameDecoder,
     HelloReply,
     ReadRequest,
     Status,
@@ -28,6 +25,9 @@ from bookie.protocol.wire import (
     decode_request,
     encode_hello_reply,
 )
+from framing.codec import FrameDecoder
+from framing.peer_limits import FrameReader, decode_from_peer, peer_faults, serve_admitted, wait_for_output_room
+from framing.stream import FrameOutput
 
 log = logging.getLogger("bookie.server")
 

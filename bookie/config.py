@@ -7,14 +7,14 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bookie.protocol.peer_limits import (
+from bookie.core_actions import CoreLimits
+from framing.codec import FRAME_BYTES_MAX_DEFAULT
+from framing.peer_limits import (
     CONNECTIONS_MAX_DEFAULT,
     CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
     FRAME_BUFFER_BYTES_MAX_DEFAULT,
     FRAME_DEADLINE_S_DEFAULT,
 )
-from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT
-from bookie.core_actions import CoreLimits
 
 MIB = 1024 * 1024
 

@@ -17,20 +17,47 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, AbstractSet
+from typing import AbstractSet, Protocol
 
 import trio
 
 from bookie.compaction import CompactionAborted, EntryLogCompaction
+from bookie.config import BookieConfig
 from bookie.gc_policy import DeletedLedgerDetector, plan_entry_logs
-from bookie.storage_interfaces import CorruptEntryError, IndexWriteError
+from bookie.ledger_storage import LedgerStorage
+from bookie.request_core import BookieCore
+from bookie.storage_interfaces import CorruptEntryError, IndexWriteError, JournalPosition
 from coordination.cluster_layout import iter_ledger_ids, ledger_path
 from coordination.store import MetadataError, MetadataStore, NoNodeError
 
-if TYPE_CHECKING:
-    from bookie.server import BookieServer
-
 log = logging.getLogger(__name__)
+
+
+class StorageOwner(Protocol):
+    """What garbage collection needs of the server that owns the storage
+    (`bookie.server.BookieServer` is one): the lock that checkpoints hold,
+    the journal's state, a checkpoint on demand and the ledger disk's room.
+    Named here, where it is used, so that the collector never reaches into
+    the server and the server is the only one of the two that imports the
+    other."""
+
+    @property
+    def journal_failed(self) -> str | None:
+        """Why the journal takes no records (None: it takes them)."""
+
+    @property
+    def storage_lock(self) -> trio.Lock:
+        """Held by every checkpoint and by each step of garbage collection."""
+
+    @property
+    def synced_position(self) -> JournalPosition:
+        """Every journal record before it is durable."""
+
+    async def checkpoint_locked(self) -> JournalPosition:
+        """With `storage_lock` held: checkpoint what is synced; the durable mark."""
+
+    async def has_room_for(self, entries: int, data_bytes: int) -> bool:
+        """Whether the ledger disk has room for compaction's copies."""
 
 
 def find_absent_ledgers(store: MetadataStore, known: AbstractSet[int]) -> set[int]:
@@ -90,13 +117,24 @@ class GcStats:
 
 
 class GarbageCollector:
-    """One per bookie server; `run()` is its task. `ledger_metadata` is the
-    synchronous store to look for ledger metadata in (None: no ledger is ever
-    deleted, entry logs are still cleaned up)."""
+    """One per bookie server; `run()` is its task. It works on the server's
+    request `core` and `storage`, and asks the `owner` (the server) for the
+    rest. `ledger_metadata` is the synchronous store to look for ledger
+    metadata in (None: no ledger is ever deleted, entry logs are still
+    cleaned up)."""
 
-    def __init__(self, server: "BookieServer", ledger_metadata: MetadataStore | None) -> None:
-        config = server.config
-        self.server = server
+    def __init__(
+        self,
+        config: BookieConfig,
+        *,
+        core: BookieCore,
+        storage: LedgerStorage,
+        owner: StorageOwner,
+        ledger_metadata: MetadataStore | None,
+    ) -> None:
+        self.core = core
+        self.storage = storage
+        self.owner = owner
         self.ledger_metadata = ledger_metadata
         self.interval_s = config.gc_interval_s
         self.compaction_threshold = config.gc_compaction_threshold
@@ -113,7 +151,7 @@ class GarbageCollector:
 
     def _publish(self) -> None:
         """Counters for GET_INFO (`quire bookie info`), from the start on."""
-        self.server.core.info.update(self.stats.as_info(), entry_logs=len(self.server.storage.log_usage))
+        self.core.info.update(self.stats.as_info(), entry_logs=len(self.storage.log_usage))
 
     async def run(self) -> None:
         while True:
@@ -150,8 +188,8 @@ class GarbageCollector:
     # --- deleted ledgers -------------------------------------------------------------
 
     async def _drop_deleted_ledgers(self, work: GcWork) -> None:
-        server, core = self.server, self.server.core
-        if server.journal_failed is not None:
+        owner, core, storage = self.owner, self.core, self.storage
+        if owner.journal_failed is not None:
             # Records of a failed journal batch may be on disk past the synced
             # position, where a restart would replay them: drop nothing.
             return
@@ -168,24 +206,24 @@ class GarbageCollector:
                     self._dropping.update(core.drop_ledgers(deleted))
         if not self._dropping:
             return
-        async with server.storage_lock:
+        async with owner.storage_lock:
             # A writer that did not hear of the delete may have started one
             # of them afresh meanwhile: that ledger is live again.
             ledgers = sorted(ledger_id for ledger_id in self._dropping if ledger_id not in core.ledgers)
             # Their cached entries need no flush: forgetting them first makes
             # the checkpoint smaller, so that one held for room may now fit.
-            server.storage.discard_cached(ledgers)
+            storage.discard_cached(ledgers)
             # Every journal record of a dropped ledger is synced (the core
             # drops none with a request in flight). A checkpoint past them
             # comes first, so that no restart replays them once the index
             # forgets the ledger.
-            synced = server.synced_position
-            mark = await server.checkpoint_locked()
+            synced = owner.synced_position
+            mark = await owner.checkpoint_locked()
             if mark < synced:
                 log.info("garbage collection: a checkpoint is held, ledgers %s are dropped once it is written", _ids(ledgers))
                 return
             ledgers = [ledger_id for ledger_id in ledgers if ledger_id not in core.ledgers]
-            await trio.to_thread.run_sync(server.storage.drop_from_index, ledgers)
+            await trio.to_thread.run_sync(storage.drop_from_index, ledgers)
         self._dropping.clear()
         work.ledgers_dropped += len(ledgers)
         log.info("garbage collection: dropped ledgers %s, whose metadata is gone", _ids(ledgers))
@@ -193,10 +231,10 @@ class GarbageCollector:
     # --- entry logs ---------------------------------------------------------------------
 
     def _live_ledgers(self) -> set[int]:
-        return set(self.server.core.ledgers) | self._dropping
+        return set(self.core.ledgers) | self._dropping
 
     async def _collect_entry_logs(self, work: GcWork) -> None:
-        storage, lock = self.server.storage, self.server.storage_lock
+        storage, lock = self.storage, self.owner.storage_lock
         async with lock:
             unmeasured = storage.entry_logs_without_usage()
         if unmeasured:
@@ -227,7 +265,7 @@ class GarbageCollector:
             await self._compact(log_id, work)
 
     async def _compact(self, log_id: int, work: GcWork) -> None:
-        storage, lock = self.server.storage, self.server.storage_lock
+        storage, lock = self.storage, self.owner.storage_lock
         async with lock:
             compaction = EntryLogCompaction(storage, log_id, self.stretch_bytes)
         try:
@@ -238,7 +276,7 @@ class GarbageCollector:
                     live = await trio.to_thread.run_sync(compaction.scan_next)
                     entries = sum(map(len, live.values()))
                     data_bytes = sum(len(data) for entries_of_ledger in live.values() for data in entries_of_ledger.values())
-                    if entries and not await self.server.has_room_for(entries, data_bytes):
+                    if entries and not await self.owner.has_room_for(entries, data_bytes):
                         # Copies need room until the old log goes: leave the
                         # rest for a round when the disk has it.
                         log.info("garbage collection: no room on the ledger disk to compact entry log %d this round", log_id)

@@ -40,8 +40,6 @@ from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.metrics import BookieMetrics
 from bookie.client_connections import ClientConnections, _Connection, now_ms
-from bookie.protocol.frame_output import FrameOutput
-from bookie.protocol.peer_limits import ConnectionLimits, FrameBudget
 from bookie.protocol.wire import (
     AddBatchResponse,
     AddResponse,
@@ -57,6 +55,8 @@ from bookie.request_core import BookieCore
 from bookie.startup_recovery import HeldCheckpoint
 from bookie.storage_interfaces import IndexWriteError, Journal, JournalPosition, JournalRecord, ReadOutcome
 from coordination.store import MetadataStore
+from framing.peer_limits import ConnectionLimits, FrameBudget
+from framing.stream import FrameOutput
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,12 @@ class BookieServer(ClientConnections):
         self._flush_reserve = flush_reserve(config)
         self.checkpoint_held_bytes = 0  # what the pending checkpoint needs on the disk (also in GET_INFO)
         self._listeners: list[trio.SocketListener] = []
-        self.garbage_collector = GarbageCollector(self, ledger_metadata) if config.gc_interval_s > 0 else None
+        # The collector works on the core and the storage, and on the rest
+        # of the server only through `StorageOwner`.
+        self.garbage_collector = (
+            GarbageCollector(config, core=core, storage=storage, owner=self, ledger_metadata=ledger_metadata)
+            if config.gc_interval_s > 0 else None
+        )
         self.core.info.update(read_only_reason="", checkpoint_held_bytes=0)
         if journal_no_file is not None:
             self.journal_failed = journal_no_file

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from bookie.protocol.wire import describe
+from framing.codec import describe
 from broker.errors import BadRequestError, TopicExistsError, TopicNotFoundError
 from broker.topic_store import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
 from coordination.store import BadVersionError, NodeExistsError

@@ -41,7 +41,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from bookie.protocol.wire import describe
+from framing.codec import describe
 from broker.cursor import Cursor
 
 REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery

@@ -1,5 +1,6 @@
-"""The broker wire protocol: the bookie's framing (4-byte length + msgpack
-array, bounded by `frame_bytes_max`), with the broker's own commands.
+"""The broker wire protocol: the framing the bookie's uses too (`framing`:
+4-byte length + msgpack array, bounded by `frame_bytes_max`), with the
+broker's own commands.
 
 Pure code, as `bookie.protocol.wire`: `encode(message)` gives a frame and
 `decode(fields)` checks a decoded array against the command's schema,
@@ -14,7 +15,7 @@ import enum
 from dataclasses import dataclass, fields as dataclass_fields
 from typing import Any, Callable
 
-from bookie.protocol.wire import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, describe, encode_frame
+from framing.codec import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, describe, encode_frame
 
 PROTOCOL_VERSION = 1
 I64_MAX = 2**63 - 1

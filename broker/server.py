@@ -22,9 +22,8 @@ from typing import Any
 
 import trio
 
-from bookie.protocol.frame_input import enable_keepalive
-from bookie.protocol.frame_output import FrameOutput
-from bookie.protocol.peer_limits import (
+from framing.stream import FrameOutput, enable_keepalive
+from framing.peer_limits import (
     CONNECTIONS_MAX_DEFAULT,
     CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
     FRAME_BUFFER_BYTES_MAX_DEFAULT,

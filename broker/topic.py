@@ -19,7 +19,7 @@ from typing import Callable
 
 import trio
 
-from bookie.protocol.wire import describe
+from framing.codec import describe
 from broker.cursor import Cursor
 from broker.dedup import Dedup, DedupSnapshot, Verdict
 from broker.dispatcher import SubscriptionType

@@ -18,7 +18,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from bookie.protocol.wire import describe
+from framing.codec import describe
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import NodeExistsError, NoNodeError
 

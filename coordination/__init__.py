@@ -2,8 +2,9 @@
 same semantics for unit tests and the simulator, a trio adapter, and a
 launcher for a local ZooKeeper.
 
-`KazooMetadataStore` and `AsyncMetadataStore` are imported on first use, so
-code that needs only the in-memory store does not pay for kazoo and trio.
+`KazooMetadataStore`, `AsyncMetadataStore` and the launcher are imported on
+first use, so code that needs only the in-memory store does not pay for
+kazoo, trio and sockets.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ from coordination.store import (
     Watcher,
     WatchEvent,
 )
-from coordination.zk_launcher import ZooKeeperNotInstalledError, ZooKeeperServer, ZooKeeperStartError
 
 if TYPE_CHECKING:
     from coordination.async_store import AsyncMetadataStore
     from coordination.startup import Startup, StartupFailedError, StartupTimeoutError
+    from coordination.zk_launcher import ZooKeeperNotInstalledError, ZooKeeperServer, ZooKeeperStartError
     from coordination.zk_store import KazooMetadataStore
 
 _LAZY = {
@@ -45,6 +46,9 @@ _LAZY = {
     "Startup": "coordination.startup",
     "StartupFailedError": "coordination.startup",
     "StartupTimeoutError": "coordination.startup",
+    "ZooKeeperNotInstalledError": "coordination.zk_launcher",
+    "ZooKeeperServer": "coordination.zk_launcher",
+    "ZooKeeperStartError": "coordination.zk_launcher",
 }
 
 __getattr__ = lazy_exports(globals(), _LAZY)

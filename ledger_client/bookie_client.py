@@ -18,10 +18,7 @@ from typing import AsyncIterator, Callable, Iterable
 
 import trio
 
-from bookie.protocol.frame_input import receive_first_frames
-from bookie.protocol.frame_output import FrameOutput
 from bookie.protocol.wire import (
-    FRAME_BYTES_MAX_DEFAULT,
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
@@ -32,13 +29,11 @@ from bookie.protocol.wire import (
     AddResponse,
     BatchReadRequest,
     BatchReadResponse,
-    FrameDecoder,
     GetInfoRequest,
     GetInfoResponse,
     Hello,
     ListEntriesRequest,
     ListEntriesResponse,
-    ProtocolError,
     ReadFlag,
     ReadLacRequest,
     ReadLacResponse,
@@ -57,11 +52,12 @@ from bookie.protocol.wire import (
     encode_add_head,
     encode_request,
 )
+from framing.codec import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError
+from framing.stream import RECEIVE_BYTES, FrameOutput, receive_first_frames
 from ledger_client.exception_groups import unwrap_single_exception
 from ledger_client.fifo_semaphore import FifoSemaphore
 
 log = logging.getLogger(__name__)
-RECEIVE_BYTES = 256 * 1024
 # An ADD_BATCH being gathered is sent once it holds this many adds or bytes
 # (or when the connection's writer runs, whichever comes first).
 ADD_BATCH_GATHER_ADDS = 128

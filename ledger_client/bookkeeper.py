@@ -24,10 +24,12 @@ from ledger_client.add_timeouts import AddTimeoutMonitor
 from ledger_client.errors import UnauthorizedError
 from ledger_client.exception_groups import unwrap_single_exception
 from ledger_client.bookie_pool import BookiePool
-from ledger_client.ledger_handle import PENDING_ADDS_MAX_DEFAULT, LedgerHandle, ReadHandle
+from ledger_client.client_services import ClientServices
+from ledger_client.ledger_handle import PENDING_ADDS_MAX_DEFAULT, LedgerHandle
 from ledger_client.ledger_store import AsyncLedgerStore
 from ledger_client.metadata import LedgerMetadata, password_hash
 from ledger_client.placement import choose_ensemble
+from ledger_client.read_handle import ReadHandle
 from ledger_client.recovery import recover_ledger
 from ledger_client.registry import BookieRegistry
 from ledger_client.write_core import ADD_TIMEOUT_MS_DEFAULT, ENSEMBLE_CHANGES_MAX_DEFAULT, WriteCore
@@ -57,6 +59,15 @@ class BookKeeper:
         self.ensemble_changes_max = ensemble_changes_max
         self.add_timeouts = AddTimeoutMonitor(add_timeout_ms)
         nursery.start_soon(self.add_timeouts.run)
+        # What the handles and recoveries of this client use of it.
+        self.services = ClientServices(
+            connections=pool,
+            bookies=registry,
+            ledger_store=self.ledger_store,
+            spawn=nursery.start_soon,
+            add_timeouts=self.add_timeouts,
+            rng=rng,
+        )
 
     # --- lifetime ---------------------------------------------------------------------
 
@@ -165,7 +176,7 @@ class BookKeeper:
             ensemble_changes_max=self.ensemble_changes_max,
             add_timeout_ms=self.add_timeout_ms,
         )
-        return LedgerHandle(self, core, master_key(password), pending_adds_max=self.pending_adds_max)
+        return LedgerHandle(self.services, core, master_key(password), pending_adds_max=self.pending_adds_max)
 
     async def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True) -> ReadHandle:
         """Open a ledger for reading. With `recovery` (the default, as in
@@ -179,8 +190,8 @@ class BookKeeper:
         key = master_key(password)
         if recovery and not metadata.is_closed:
             await self.registry.refresh()
-            metadata, version = await recover_ledger(self, ledger_id, digest, key)
-        handle = ReadHandle(self, metadata, version, digest, key)
+            metadata, version = await recover_ledger(self.services, ledger_id, digest, key)
+        handle = ReadHandle(self.services, metadata, version, digest, key)
         if not metadata.is_closed:
             await handle.read_lac()
         return handle

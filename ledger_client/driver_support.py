@@ -10,6 +10,7 @@ from typing import Callable
 import trio
 
 from coordination.store import BadVersionError, MetadataError
+from ledger_client.client_services import LedgerMetadataAccess, WritableBookies
 from ledger_client.errors import BKError
 from ledger_client.write_core import WriteMetadata
 
@@ -24,9 +25,9 @@ class CoreTicker:
     `wake_if_due_sooner()` after each step that may move the deadline.
     (Write handles share one timer instead: `ledger_client.add_timeouts`.)"""
 
-    def __init__(self, core, registry, execute: Callable[[list], None]) -> None:
+    def __init__(self, core, bookies: WritableBookies, execute: Callable[[list], None]) -> None:
         self._core = core
-        self._registry = registry
+        self._bookies = bookies
         self._execute = execute
         self._wakeup = trio.Event()
         self._sleeping_until_ms = math.inf
@@ -50,11 +51,11 @@ class CoreTicker:
                 await self._wakeup.wait()
                 continue
             # A tick may replace bookies: let it pick from the registry as it is now.
-            self._core.bookies_changed(self._registry.writable_racks())
+            self._core.bookies_changed(self._bookies.writable_racks())
             self._execute(self._core.tick(now_ms()))
 
 
-async def carry_out_metadata_write(store, core, action: WriteMetadata) -> list:
+async def carry_out_metadata_write(store: LedgerMetadataAccess, core, action: WriteMetadata) -> list:
     """Compare-and-set `action.metadata` and tell the core how it went (a
     WriteCore and a RecoveryCore answer the same three events); returns
     the core's actions."""

@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
 
 import trio
 
 from bookie.protocol.entry_format import DigestManager
 from bookie.protocol.wire import LAST_ADD_CONFIRMED, AddFlag, ReadFlag, ReadRequest, encode_add_tail
 from ledger_client.bookie_client import BookieConnectionError
+from ledger_client.client_services import ClientServices
 from ledger_client.errors import BKError, MetadataVersionError
 from ledger_client.driver_support import CoreTicker, carry_out_metadata_write, now_ms
-from ledger_client.ledger_handle import READ_TIMEOUT_S
 from ledger_client.metadata import LedgerMetadata
+from ledger_client.read_handle import READ_TIMEOUT_S
 from ledger_client.recovery_core import (
     FenceRead,
     RecoveryCore,
@@ -27,23 +27,20 @@ from ledger_client.recovery_core import (
 )
 from ledger_client.write_core import SendAdd, WriteMetadata
 
-if TYPE_CHECKING:
-    from ledger_client.bookkeeper import BookKeeper
-
 log = logging.getLogger(__name__)
 RECOVERY_ATTEMPTS_MAX = 5
 
 
-async def recover_ledger(bookkeeper: "BookKeeper", ledger_id: int, digest: DigestManager, master_key: bytes) -> tuple[LedgerMetadata, int]:
+async def recover_ledger(services: ClientServices, ledger_id: int, digest: DigestManager, master_key: bytes) -> tuple[LedgerMetadata, int]:
     """Fence and close the ledger (or adopt a close someone else made);
     returns the closed metadata and its version."""
     for attempt in range(1, RECOVERY_ATTEMPTS_MAX + 1):
-        metadata, version = await bookkeeper.ledger_store.read(ledger_id)
+        metadata, version = await services.ledger_store.read(ledger_id)
         if metadata.is_closed:
             return metadata, version
-        core = RecoveryCore(metadata, version, digest, bookies=bookkeeper.registry.writable_racks(), rng=bookkeeper.rng)
+        core = RecoveryCore(metadata, version, digest, bookies=services.bookies.writable_racks(), rng=services.rng)
         try:
-            return await _RecoveryDriver(bookkeeper, core, master_key).run()
+            return await _RecoveryDriver(services, core, master_key).run()
         except MetadataVersionError as error:
             if attempt == RECOVERY_ATTEMPTS_MAX:
                 raise
@@ -52,14 +49,14 @@ async def recover_ledger(bookkeeper: "BookKeeper", ledger_id: int, digest: Diges
 
 
 class _RecoveryDriver:
-    def __init__(self, bookkeeper: "BookKeeper", core: RecoveryCore, master_key: bytes) -> None:
-        self._bookkeeper = bookkeeper
+    def __init__(self, services: ClientServices, core: RecoveryCore, master_key: bytes) -> None:
+        self._services = services
         self._core = core
         self._master_key = master_key
         self._ledger_id = core.metadata.ledger_id
         self._result: RecoveryDone | RecoveryFailed | None = None
         self._done = trio.Event()
-        self._ticker = CoreTicker(core, bookkeeper.registry, self._execute)
+        self._ticker = CoreTicker(core, services.bookies, self._execute)
         self._nursery: trio.Nursery | None = None
         self._finished = False
 
@@ -84,7 +81,7 @@ class _RecoveryDriver:
     def _execute(self, actions: list) -> None:
         if self._finished:
             return
-        pool = self._bookkeeper.pool
+        connections = self._services.connections
         for action in actions:
             kind = type(action)
             if kind is FenceRead:
@@ -99,7 +96,7 @@ class _RecoveryDriver:
                     functools.partial(self._on_read, action.bookie_id, action.entry_id),
                 )
             elif kind is SendAdd:
-                pool.send_add_tail(
+                connections.send_add_tail(
                     action.bookie_id, encode_add_tail(AddFlag.RECOVERY_ADD, self._master_key, action.entry),
                     functools.partial(self._on_add, action.bookie_id, action.entry_id), self._ledger_id, action.entry_id,
                 )
@@ -118,7 +115,7 @@ class _RecoveryDriver:
         connection) is reported as None, which the core asks again later."""
         try:
             with trio.fail_after(READ_TIMEOUT_S):
-                response = await self._bookkeeper.pool.call(bookie_id, functools.partial(self._read_request, flags, entry_id))
+                response = await self._services.connections.call(bookie_id, functools.partial(self._read_request, flags, entry_id))
         except (BookieConnectionError, trio.TooSlowError):
             response = None
         on_answer(response)
@@ -140,11 +137,11 @@ class _RecoveryDriver:
 
     def _on_add(self, bookie_id: str, entry_id: int, response) -> None:
         status = None if isinstance(response, BookieConnectionError) else response.status
-        self._core.bookies_changed(self._bookkeeper.registry.writable_racks())
+        self._core.bookies_changed(self._services.bookies.writable_racks())
         self._execute(self._core.add_response(bookie_id, entry_id, status, now_ms()))
 
     async def _write_metadata(self, action: WriteMetadata) -> None:
-        self._execute(await carry_out_metadata_write(self._bookkeeper.ledger_store, self._core, action))
+        self._execute(await carry_out_metadata_write(self._services.ledger_store, self._core, action))
 
     async def _tick_loop(self) -> None:
         await self._ticker.run()

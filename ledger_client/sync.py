@@ -21,6 +21,7 @@ import trio
 from bookie.protocol.entry_format import Entry
 from ledger_client import bookkeeper as async_bookkeeper
 from ledger_client import ledger_handle as async_handles
+from ledger_client import read_handle as async_read_handles
 from ledger_client.metadata import LedgerMetadata
 
 READ_CHUNK_ENTRIES = 1000  # entries fetched per trip to the event loop
@@ -79,7 +80,7 @@ class LoopThread:
 
 
 class ReadHandle:
-    def __init__(self, loop: LoopThread, handle: async_handles.ReadHandle) -> None:
+    def __init__(self, loop: LoopThread, handle: async_read_handles.ReadHandle) -> None:
         self._loop = loop
         self._handle = handle
 
@@ -116,7 +117,7 @@ class ReadHandle:
     def read_lac(self) -> int:
         return self._loop.call(self._handle.read_lac)
 
-    def wait_for_lac(self, previous_lac: int, timeout_ms: int = async_handles.LONG_POLL_TIMEOUT_MS) -> int:
+    def wait_for_lac(self, previous_lac: int, timeout_ms: int = async_read_handles.LONG_POLL_TIMEOUT_MS) -> int:
         return self._loop.call(self._handle.wait_for_lac, previous_lac, timeout_ms)
 
 
@@ -146,7 +147,7 @@ class BookKeeper:
         return LedgerHandle(self._loop, self._loop.call(create))
 
     def open_ledger(self, ledger_id: int, password: bytes = b"", *, recovery: bool = True) -> ReadHandle:
-        async def open_() -> async_handles.ReadHandle:
+        async def open_() -> async_read_handles.ReadHandle:
             return await self._bookkeeper.open_ledger(ledger_id, password, recovery=recovery)
 
         return ReadHandle(self._loop, self._loop.call(open_))

@@ -11,7 +11,8 @@ from typing import Any, Awaitable, Callable
 import trio
 
 from quire import cli_ranges as ranges
-from quire.cli import UsageError, configure_logging
+from quire.cli_parsing import UsageError
+from quire.logging_setup import configure_logging
 
 
 def add_daemon_options(parser: argparse.ArgumentParser) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import trio
 
 from quire import cli_ranges as ranges
-from quire.cli import Bounded, HostPorts, UsageError, configure_logging, fraction, metrics_port, port_number
+from quire.cli_parsing import Bounded, HostPorts, UsageError, fraction, metrics_port, port_number
+from quire.logging_setup import configure_logging
 from quire.metadata_access import open_metadata
 
 

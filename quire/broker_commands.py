@@ -10,16 +10,8 @@ import trio
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_store import TopicPolicies
 from quire import cli_ranges as ranges
-from quire.cli import (
-    HostPorts,
-    Listeners,
-    UsageError,
-    configure_logging,
-    human_duration,
-    human_size,
-    metrics_port,
-    port_number,
-)
+from quire.cli_parsing import HostPorts, Listeners, UsageError, human_duration, human_size, metrics_port, port_number
+from quire.logging_setup import configure_logging
 
 
 def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:

@@ -9,7 +9,6 @@ import dataclasses
 
 from bookie.config import BookieConfig
 from bookie.core_actions import CoreLimits
-from bookie.protocol.wire import LENGTH_PREFIX
 from bookie.request_core import ID_MAX as ENTRY_ID_MAX
 from broker.client.producer import MESSAGE_BYTES_MAX
 from broker.dispatcher import PERMITS_MAX
@@ -19,10 +18,11 @@ from coordination.cluster_layout import LEDGER_ID_MAX
 # The maxSessionTimeout our ZooKeeper runs with: private to the launcher,
 # which writes it into zoo.cfg, and the only place the number lives.
 from coordination.zk_launcher import _SESSION_TIMEOUT_MAX_MS as ZOOKEEPER_SESSION_TIMEOUT_MS_MAX
+from framing.codec import LENGTH_PREFIX
 from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 from ledger_client.write_core import ADD_TIMEOUT_MS_DEFAULT
-from quire.cli import INT64_MAX, Bounded, positive_int
+from quire.cli_parsing import INT64_MAX, Bounded, positive_int
 
 KIB, MIB, GIB, PIB = 1024, 1024**2, 1024**3, 1024**5
 SECOND_MS = 1000

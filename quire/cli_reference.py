@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
+from quire.cli import build_parser
+from quire.cli_parsing import default_text, range_text
+
 REFERENCE_PATH = Path(__file__).resolve().parent.parent / "docs" / "cli.md"
 COMMON_OPTIONS = ("--zk", "--root", "--log-level", "--log-format")
 
@@ -66,8 +69,6 @@ def _flag_names(action: argparse.Action) -> str:
 
 
 def _default(action: argparse.Action) -> str:
-    from quire.cli import default_text
-
     if action.required and action.nargs != argparse.REMAINDER:
         return "required"
     shown = default_text(action)
@@ -75,15 +76,11 @@ def _default(action: argparse.Action) -> str:
 
 
 def _range(action: argparse.Action) -> str:
-    from quire.cli import range_text
-
     shown = range_text(action)
     return "" if shown is None else f"`{shown}`"
 
 
 def _help(action: argparse.Action) -> str:
-    from quire.cli import default_text
-
     text = action.help or ""
     if "%" in text:
         text = text % {**vars(action), "prog": "", "default": action.default}
@@ -150,8 +147,6 @@ def _anchor(path: tuple[str, ...]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from quire.cli import build_parser
-
     parser = argparse.ArgumentParser(prog="scripts/cli-reference", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/cli.md is not what the parser renders")
     arguments = parser.parse_args(argv)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from quire import cli_ranges as ranges
-from quire.cli import UsageError, metrics_port, port_number
+from quire.cli_parsing import UsageError, metrics_port, port_number
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from quire import cli_ranges as ranges
-from quire.cli import INT64_MAX, Bounded, UsageError
+from quire.cli_parsing import INT64_MAX, Bounded, UsageError
 
 MANIFEST = "_quire_manifest.json"
 RUN_PREFIX = "run="

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from quire.cli import UsageError
+from quire.cli_parsing import UsageError
 
 EXTRAS = {
     "spark": ("pyspark", "pyarrow", "pandas", "numpy"),

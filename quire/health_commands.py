@@ -19,7 +19,7 @@ import argparse
 import trio
 
 from quire import cli_ranges as ranges
-from quire.cli import HostPorts, UsageError
+from quire.cli_parsing import HostPorts, UsageError
 
 EXIT_UNHEALTHY = 1
 PROBE_TIMEOUT_MS = 5_000

@@ -14,7 +14,8 @@ from typing import AsyncIterator, Awaitable, Callable
 import trio
 
 from quire import cli_ranges as ranges
-from quire.cli import UsageError, configure_logging
+from quire.cli_parsing import UsageError
+from quire.logging_setup import configure_logging
 
 GENERATED_ENTRY_BYTES_DEFAULT = 1024
 # Adds awaited in order while more are submitted: the ledger handle bounds

@@ -9,7 +9,7 @@ from typing import AsyncIterator
 
 from coordination.async_store import AsyncMetadataStore, connect_zookeeper
 from coordination.store import MetadataError
-from quire.cli import UsageError
+from quire.cli_parsing import UsageError
 
 
 @contextlib.asynccontextmanager

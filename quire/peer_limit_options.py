@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 
-from bookie.protocol.peer_limits import (
+from framing.peer_limits import (
     CONNECTIONS_MAX_DEFAULT,
     CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
     FRAME_BUFFER_BYTES_MAX_DEFAULT,
     FRAME_DEADLINE_S_DEFAULT,
 )
-from quire.cli import Bounded
+from quire.cli_parsing import Bounded
 from quire.cli_ranges import MEMORY_BYTES_MAX, FRAME_BYTES_MIN
 
 CONNECTIONS_BOUND = 1_000_000  # file descriptors a process may hold, far past what one machine opens

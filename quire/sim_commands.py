@@ -86,7 +86,7 @@ def _parameters(broker: bool, seed: int):
 
 
 def sim(arguments: argparse.Namespace) -> int:
-    from quire.cli import UsageError
+    from quire.cli_parsing import UsageError
 
     if arguments.broker:
         from sim.broker_mistakes import BROKER_MISTAKES as MISTAKES

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from quire.cli import UsageError
+from quire.cli_parsing import UsageError
 
 ALIAS = "quire-env"  # the folder executors unpack the archive into (spark.archives' #fragment)
 WORKER_PYTHON = f"./{ALIAS}/bin/python"
-PACKAGES = ("coordination", "bookie", "ledger_client", "broker", "sim", "quire", "bench")
+PACKAGES = ("coordination", "framing", "bookie", "ledger_client", "broker", "sim", "quire", "bench")
 # Executors get these from their own Spark; venv-pack only packs.
 NOT_SHIPPED = frozenset({"pyspark", "py4j", "venv-pack"})
 # Bump when the way the environment is built changes: older archives are not used.

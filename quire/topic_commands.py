@@ -16,7 +16,8 @@ import trio
 from ledger_client.exception_groups import unwrap_single_exception
 from quire import cli_ranges as ranges
 from quire.broker_commands import add_policies, check_quorums, policies_from
-from quire.cli import HostPorts, UsageError, configure_logging
+from quire.cli_parsing import HostPorts, UsageError
+from quire.logging_setup import configure_logging
 
 GENERATED_MESSAGE_BYTES_DEFAULT = 1024
 

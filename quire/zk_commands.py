@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from quire.cli import UsageError, configure_logging, port_number
+from quire.cli_parsing import UsageError, port_number
+from quire.logging_setup import configure_logging
 
 
 def add_run(parser: argparse.ArgumentParser) -> None:

@@ -21,11 +21,11 @@ import msgpack
 from bookie.protocol import wire
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from broker import protocol as broker_protocol
+from framing.codec import LENGTH_PREFIX
 
 BOOKIE = "bookie"
 BROKER = "broker"
 DEPTH_CHOICES = (2, 15, 16, 17, 100, 1000, 1023, 1024, 1025, 5000)
-_LENGTH = struct.Struct(">I")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def handshake(protocol: str) -> bytes:
 
 def frame(value: Any) -> bytes:
     body = msgpack.packb(value, use_bin_type=True)
-    return _LENGTH.pack(len(body)) + body
+    return LENGTH_PREFIX.pack(len(body)) + body
 
 
 def _scalar(rng: random.Random) -> Any:
@@ -137,7 +137,7 @@ def _hostile_header(rng: random.Random) -> bytes:
     """A frame whose headers declare far more than follows."""
     choice = rng.randrange(6)
     if choice == 0:
-        return _LENGTH.pack(rng.randrange(1 << 32))  # a length prefix alone, any size
+        return LENGTH_PREFIX.pack(rng.randrange(1 << 32))  # a length prefix alone, any size
     if choice == 1:
         body = b"\xdd" + struct.pack(">I", rng.randrange(1 << 32)) + b"\xc0" * rng.randrange(10)  # array32
     elif choice == 2:
@@ -149,7 +149,7 @@ def _hostile_header(rng: random.Random) -> bytes:
     else:
         count = rng.choice((65535, 100_001, 3 * wire.ADD_BATCH_ADDS_MAX + 3))
         body = b"\xdc" + struct.pack(">H", min(count, 65535)) + b"\x90" * min(count, 65535)  # many empty arrays
-    return _LENGTH.pack(len(body)) + body
+    return LENGTH_PREFIX.pack(len(body)) + body
 
 
 def _many_items(rng: random.Random) -> bytes:
@@ -168,7 +168,7 @@ def _many_items(rng: random.Random) -> bytes:
 
 
 def _frame_body(body: bytes) -> bytes:
-    return _LENGTH.pack(len(body)) + body
+    return LENGTH_PREFIX.pack(len(body)) + body
 
 
 def fuzz_case(rng: random.Random, protocol: str) -> FuzzCase:
@@ -198,7 +198,7 @@ def _nested_request(rng: random.Random, requests: list[list[Any]]) -> bytes:
     parts = [msgpack.packb(value, use_bin_type=True) for value in request]
     parts[position] = nested(depth, request[position])
     body = bytes([0x90 | len(request)]) + b"".join(parts)
-    return _LENGTH.pack(len(body)) + body
+    return LENGTH_PREFIX.pack(len(body)) + body
 
 
 def _wrong_field(rng: random.Random, requests: list[list[Any]]) -> bytes:

@@ -1,6 +1,6 @@
-"""What crosses the wire between clients and bookies: frames and messages
-(`wire`, the message types in `messages`) and the entries inside them
-(`entry_format`). Both the bookie and the ledger client import it."""
+"""What crosses the wire between clients and bookies: the messages (`wire`,
+their types in `messages`) inside the frames of `framing`, and the entries
+inside them (`entry_format`). Both the bookie and the ledger client import it."""
 
 from bookie.protocol.entry_format import (
     DIGEST_BYTES,

@@ -21,6 +21,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable
 
 import trio
 
+from broker.client.client_services import ClientServices
 from broker.client.connection import BrokerConnection
 from broker.client.consumer import Consumer, ConsumerOptions, PartitionConsumer
 from broker.client.producer import Producer, ProducerOptions, PartitionProducer
@@ -63,6 +64,10 @@ class Client:
         self._connecting: dict[str, trio.Lock] = {}
         self._brokers: list[str] = []
         self._closables: list[Any] = []
+        # What this client's producers and consumers use of it.
+        self._services = ClientServices(
+            new_handle=self.new_handle, connection_for=self.connection_for, spawn=nursery.start_soon, rng=rng
+        )
 
     # --- lifetime ---------------------------------------------------------------------------
 
@@ -247,7 +252,7 @@ class Client:
                                   pending_messages_max)
         partitions = []
         for name, index in await self.partition_names(topic, create=True):
-            partition = PartitionProducer(self, topic, name, index, producer_id, options)
+            partition = PartitionProducer(self._services, topic, name, index, producer_id, options)
             await self.nursery.start(partition.run)
             partitions.append(partition)
         producer = Producer(topic, producer_id, partitions)
@@ -298,7 +303,7 @@ class Client:
     async def _consumer(self, topic: str, subscription: str, options: ConsumerOptions) -> Consumer:
         consumer = Consumer(topic, subscription)
         for name, index in await self.partition_names(topic, create=True):
-            partition = PartitionConsumer(self, consumer, topic, name, index, subscription, options)
+            partition = PartitionConsumer(self._services, consumer, topic, name, index, subscription, options)
             await self.nursery.start(partition.run)
             consumer.partitions.append(partition)
         self._closables.append(consumer)

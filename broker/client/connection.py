@@ -15,8 +15,6 @@ from typing import Any, Callable
 
 import trio
 
-from bookie.protocol.frame_input import enable_keepalive, receive_first_frames
-from bookie.protocol.frame_output import FrameOutput
 from broker.errors import BrokerStatus, ConnectionClosedError, ProtocolVersionError, error_for_status
 from broker.protocol import (
     PROTOCOL_VERSION,
@@ -33,10 +31,10 @@ from broker.protocol import (
     decode,
     encode,
 )
+from framing.stream import RECEIVE_BYTES, FrameOutput, enable_keepalive, receive_first_frames
 
 log = logging.getLogger(__name__)
 
-RECEIVE_BYTES = 256 * 1024
 CONNECT_TIMEOUT_S = 10.0
 OUTPUT_BYTES_MAX = 32 * 1024 * 1024  # queued requests not yet taken by the socket; past it senders wait
 # A broker silent this long is sent a PING; one silent for two intervals is

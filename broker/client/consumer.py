@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import collections
 import logging
-import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable
+from typing import Awaitable
 
 import trio
 
-from broker.client.backoff import Backoff
+from broker.client.backoff import HEALTHY_CONNECTION_S, RECONNECT_ERRORS, Backoff
+from broker.client.client_services import ClientServices
 from broker.client.connection import BrokerConnection
 from broker.client.messages import Message, MessageId
-from broker.client.producer import HEALTHY_CONNECTION_S, RECONNECT_ERRORS
 from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
 from broker.message_format import MalformedEntryError, body_items, decode_entry
 from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
-
-if TYPE_CHECKING:
-    from broker.client.client import Client
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +72,16 @@ class _AckGroup:
 
 
 class PartitionConsumer:
-    def __init__(self, client: "Client", consumer: "Consumer", topic: str, partition: str, partition_index: int,
+    def __init__(self, services: ClientServices, consumer: "Consumer", topic: str, partition: str, partition_index: int,
                  subscription: str, options: ConsumerOptions) -> None:
-        self.client = client
+        self._services = services
         self.consumer = consumer
         self.topic = topic
         self.partition = partition
         self.partition_index = partition_index
         self.subscription = subscription
         self.options = options
-        self.handle = client.new_handle()
+        self.handle = services.new_handle()
         self._connection: BrokerConnection | None = None
         self._lost = trio.Event()
         self._connected = trio.Event()
@@ -105,7 +101,7 @@ class PartitionConsumer:
     # --- lifetime --------------------------------------------------------------------------
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        backoff = Backoff(self.client.rng)
+        backoff = Backoff(self._services.rng)
         with self._cancel_scope:
             while True:
                 try:
@@ -139,7 +135,7 @@ class PartitionConsumer:
         if not options.durable and self._last_offset_given is not None:
             # A reader has no cursor on the broker: it goes on after what it got.
             start_offset = self._last_offset_given + 1
-        connection = await self.client.connection_for(self.partition)
+        connection = await self._services.connection_for(self.partition)
         await connection.request(lambda request_id: Subscribe(
             request_id, self.handle, self.partition, self.subscription, options.subscription_type,
             options.consumer_name, options.priority, options.initial_position, options.durable, options.important,
@@ -224,7 +220,7 @@ class PartitionConsumer:
         if self.options.durable:
             group = _AckGroup(False)
             group.offsets.extend(header.first_offset + index for index in delivery.batch_indexes)
-            self.client.nursery.start_soon(self._send_acks, group)
+            self._services.spawn(self._send_acks, group)
 
     def _given(self, message: Message) -> None:
         """The application took a message: track its ack timeout, and give
@@ -268,7 +264,7 @@ class PartitionConsumer:
         self._cumulative_pending[offset] += 1
         group = _AckGroup(True)
         group.offsets.append(offset)
-        self.client.nursery.start_soon(self._send_acks, group)
+        self._services.spawn(self._send_acks, group)
         return self._acknowledged(group)
 
     @staticmethod
@@ -286,7 +282,7 @@ class PartitionConsumer:
                 await trio.sleep(delay_s)
             group, self._acks = self._acks, _AckGroup(False)
             if group.offsets:
-                self.client.nursery.start_soon(self._send_acks, group)
+                self._services.spawn(self._send_acks, group)
 
     async def _send_acks(self, group: _AckGroup) -> None:
         """Send a group of acknowledgements until the broker takes it (over
@@ -321,7 +317,7 @@ class PartitionConsumer:
 
     def negative_acknowledge(self, offset: int) -> None:
         self._unacked_deadlines.pop(offset, None)
-        self.client.nursery.start_soon(self._redeliver_later, [offset], self.options.negative_ack_delay_ms / 1000.0)
+        self._services.spawn(self._redeliver_later, [offset], self.options.negative_ack_delay_ms / 1000.0)
 
     async def _redeliver_later(self, offsets: list[int], delay_s: float) -> None:
         await trio.sleep(delay_s)

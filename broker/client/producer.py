@@ -14,41 +14,28 @@ import logging
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import trio
 
-from broker.client.backoff import Backoff
+from broker.client.backoff import HEALTHY_CONNECTION_S, RECONNECT_ERRORS, Backoff
+from broker.client.client_services import ClientServices
 from broker.client.connection import BrokerConnection
 from broker.client.messages import MessageId, SendResult
 from broker.errors import (
-    BadRequestError,
     BrokerError,
     BrokerStatus,
     ClientClosedError,
     ConnectionClosedError,
-    NotOwnerError,
-    ProducerBusyError,
-    RetryLaterError,
-    ServiceUnavailableError,
-    TopicFencedError,
     error_for_status,
 )
 from broker.message_format import Codec, encode_body
 from broker.protocol import CloseProducer, ProducerOpen, Send, SendReceipt
-from broker.topic_store import check_name
-
-if TYPE_CHECKING:
-    from broker.client.client import Client
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 0.05  # after the broker says "being written, ask again"
 MESSAGE_BYTES_MAX = 5 * 1024 * 1024  # one message's payload (Pulsar's default maximum message size)
-HEALTHY_CONNECTION_S = 5.0  # a connection that lived this long resets the reconnection backoff
-# Errors after which a producer looks its partition up again and resends.
-RECONNECT_ERRORS = (ConnectionClosedError, NotOwnerError, TopicFencedError, ServiceUnavailableError, ProducerBusyError,
-                    RetryLaterError)
 
 
 @dataclass(frozen=True)
@@ -149,15 +136,15 @@ class _Building:
 
 
 class PartitionProducer:
-    def __init__(self, client: "Client", topic: str, partition: str, partition_index: int, producer_id: str,
+    def __init__(self, services: ClientServices, topic: str, partition: str, partition_index: int, producer_id: str,
                  options: ProducerOptions) -> None:
-        self.client = client
+        self._services = services
         self.topic = topic
         self.partition = partition
         self.partition_index = partition_index
         self.producer_id = producer_id
         self.options = options
-        self.handle = client.new_handle()
+        self.handle = services.new_handle()
         self.last_sequence_id = -1  # the highest given to a message
         self.last_persisted_sequence_id = -1  # as the broker said on connecting
         self._pending: collections.OrderedDict[int, _Batch] = collections.OrderedDict()  # by last sequence id, send order
@@ -175,7 +162,7 @@ class PartitionProducer:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Connect (raising what no retry gets past: a topic that does not
         exist, a bad name), then stay connected until closed."""
-        backoff = Backoff(self.client.rng)
+        backoff = Backoff(self._services.rng)
         with self._cancel_scope:
             while True:
                 try:
@@ -205,7 +192,7 @@ class PartitionProducer:
                         log.warning("producer %s on %s: %s; retrying", self.producer_id, self.partition, error)
 
     async def _connect(self, *, first: bool) -> None:
-        connection = await self.client.connection_for(self.partition)
+        connection = await self._services.connection_for(self.partition)
         body = await connection.request(lambda request_id: ProducerOpen(request_id, self.handle, self.partition, self.producer_id))
         last = body.get("last_sequence_id", -1)
         self.last_persisted_sequence_id = last
@@ -361,7 +348,7 @@ class PartitionProducer:
             self._resolve_batch(batch, lambda index, message: SendResult(
                 MessageId(-1, -1, -1, self.partition_index), -1, message.sequence_id))
         elif status is BrokerStatus.RETRY:
-            self.client.nursery.start_soon(self._resend_later, batch)
+            self._services.spawn(self._resend_later, batch)
         elif status in (BrokerStatus.TOPIC_FENCED, BrokerStatus.NOT_OWNER, BrokerStatus.SERVICE_UNAVAILABLE, BrokerStatus.ERROR):
             # The partition moved or its broker failed: reconnect and resend everything pending.
             connection = self._connection

@@ -20,10 +20,10 @@ from bookie.protocol import (
     AddRequest,
     Hello,
     Status,
-    encode_frame,
     encode_hello,
     encode_request,
 )
+from framing.codec import encode_frame
 from coordination.cluster_layout import ClusterLayout, list_bookies
 from coordination.zk_store import KazooMetadataStore
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)

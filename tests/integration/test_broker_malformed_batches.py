@@ -12,12 +12,12 @@ import pytest
 import trio
 
 import broker.client.producer as producer_module
-from bookie.protocol.frame_input import receive_first_frames
-from bookie.protocol.wire import FrameDecoder
 from broker.client import Client
 from broker.errors import BadRequestError, BrokerStatus
 from broker.message_format import Codec, compress, encode_body
 from broker.protocol import PROTOCOL_VERSION, Connect, ProducerOpen, Response, Send, SendReceipt, decode, encode
+from framing.codec import FrameDecoder
+from framing.stream import receive_first_frames
 from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from broker.client import Client
 from broker.protocol import PROTOCOL_VERSION, Connect, Send, encode
-from bookie.protocol.wire import encode_frame
+from framing.codec import encode_frame
 from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401 (fixtures)
 from tests.integration.bookie_processes import bookies  # noqa: F401
 from tests.support import raw_exchange

@@ -16,10 +16,10 @@ from broker.errors import BrokerError
 from broker.message_format import Codec, encode_body
 from broker.protocol import PROTOCOL_VERSION, Connect, ProducerOpen, Send, SendReceipt, decode, encode
 from broker.topic_store import dedup_path
-from bookie.protocol.frame_input import receive_first_frames
-from bookie.protocol.wire import FrameDecoder
 from coordination.store import NoNodeError
 from coordination.zk_store import KazooMetadataStore
+from framing.codec import FrameDecoder
+from framing.stream import receive_first_frames
 from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
 from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401
 from tests.support import wait_until_async

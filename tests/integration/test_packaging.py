@@ -11,7 +11,7 @@ import zipfile
 from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[2]
-TOP_LEVEL = ["coordination", "bookie", "ledger_client", "broker", "sim", "quire", "bench"]
+TOP_LEVEL = ["coordination", "framing", "bookie", "ledger_client", "broker", "sim", "quire", "bench"]
 
 
 def test_the_wheel_contains_every_package(tmp_path):

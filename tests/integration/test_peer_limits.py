@@ -228,7 +228,7 @@ async def test_a_client_that_never_reads_its_answers_is_closed_and_holds_little(
     import msgpack
 
     from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-    from bookie.protocol.wire import LENGTH_PREFIX
+    from framing.codec import LENGTH_PREFIX
     from ledger_client.bookie_client import BookieClient
 
     bookie = await bookies.started("--frame-deadline", "2s")

@@ -14,7 +14,6 @@ from bookie.protocol.wire import (
     AddBatchResponse,
     AddRequest,
     AddResponse,
-    FrameDecoder,
     GetInfoResponse,
     HelloReply,
     Op,
@@ -25,10 +24,10 @@ from bookie.protocol.wire import (
     decode_request,
     encode_add_ok,
     encode_add_tail,
-    encode_frame,
     encode_hello_reply,
     encode_response,
 )
+from framing.codec import FrameDecoder, encode_frame
 from ledger_client.bookie_client import AddListener, BookieClient, BookieConnectionError
 from tests.support import wait_until_async
 

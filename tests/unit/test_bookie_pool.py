@@ -10,16 +10,15 @@ import trio
 
 from bookie.protocol.wire import (
     AddBatchRequest,
-    FrameDecoder,
     HelloReply,
     Op,
     Status,
     decode_request,
     encode_add_ok,
     encode_add_tail,
-    encode_frame,
     encode_hello_reply,
 )
+from framing.codec import FrameDecoder, encode_frame
 from ledger_client.bookie_client import AddListener, BookieConnectionError
 from ledger_client.bookie_pool import BookiePool
 from tests.support import wait_until_async

@@ -16,7 +16,8 @@ import pytest
 import trio
 
 from quire import cli, cli_ranges, cli_reference
-from quire.cli import EXIT_USAGE, Bounded, HostPorts, Listeners, build_parser, main
+from quire.cli import build_parser, main
+from quire.cli_parsing import EXIT_USAGE, Bounded, HostPorts, Listeners
 from quire.export_commands import spark_setting
 
 # Nothing listens there: a command that got as far as ZooKeeper would fail

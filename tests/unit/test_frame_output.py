@@ -7,7 +7,7 @@ import pytest
 import trio
 import trio.testing
 
-from bookie.protocol.frame_output import FrameOutput
+from framing.stream import FrameOutput
 
 
 def stream_pair(send_buffer_bytes: int | None = None) -> tuple[trio.SocketStream, trio.SocketStream]:
@@ -133,7 +133,7 @@ async def test_flushes_on_a_full_socket_leave_the_queue_to_the_writer(monkeypatc
     # Once a write did not go through, later flushes do not try again (each
     # would join and copy everything queued, quadratic under a slow peer):
     # frames queue, and the writer task sends them, in order, when it can.
-    import bookie.protocol.frame_output as frame_output
+    import framing.stream as frame_output
 
     writes = []
     real_write = frame_output.os.write

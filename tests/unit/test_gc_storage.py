@@ -81,7 +81,7 @@ class SimDisk:
 class Bookie:
     """The real request core, journal and ledger storage, driven the way
     bookie.server drives them (each add journalled and synced at once), and
-    offering the server's hooks to a real GarbageCollector."""
+    the `StorageOwner` of a real GarbageCollector, as the server is."""
 
     def __init__(self, disk, metadata) -> None:
         self.disk = disk
@@ -100,7 +100,9 @@ class Bookie:
         self.journal, self.storage = self.disk.open()
         self.core, report = recover(bookie_id="b", limits=CoreLimits(), journal=self.journal, storage=self.storage)
         self.synced_position = report.mark_after
-        self.collector = GarbageCollector(self, self.metadata)
+        self.collector = GarbageCollector(
+            self.config, core=self.core, storage=self.storage, owner=self, ledger_metadata=self.metadata
+        )
         self.responses: list = []
 
     def restart(self) -> None:

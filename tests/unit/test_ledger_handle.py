@@ -3,10 +3,12 @@ handle does with its bookies' answers once its core completes adds, and
 the client's one timer for add timeouts."""
 
 import logging
+import random
 
 import trio
 
 from ledger_client.add_timeouts import AddTimeoutMonitor
+from ledger_client.client_services import ClientServices
 from ledger_client.ledger_handle import LedgerHandle
 from tests.unit.test_write_core import make_core
 
@@ -38,14 +40,21 @@ class StandInLedgerStore:
 
 
 class StandInClient:
-    """What a LedgerHandle uses of its BookKeeper."""
+    """What a LedgerHandle is given by its BookKeeper (`services`), over the
+    stand-ins above."""
 
     def __init__(self, nursery: trio.Nursery, add_timeout_ms: float = 10_000) -> None:
         self.pool = StandInPool()
-        self.registry = StandInRegistry()
         self.ledger_store = StandInLedgerStore()
-        self.nursery = nursery
         self.add_timeouts = AddTimeoutMonitor(add_timeout_ms)
+        self.services = ClientServices(
+            connections=self.pool,
+            bookies=StandInRegistry(),
+            ledger_store=self.ledger_store,
+            spawn=nursery.start_soon,
+            add_timeouts=self.add_timeouts,
+            rng=random.Random(1),
+        )
 
 
 def answer_ok(client: StandInClient, bookie_id: str) -> None:
@@ -60,7 +69,7 @@ async def test_a_raising_on_done_callback_leaves_the_adds_after_it_to_complete(c
     # completed with it still complete and give their room back.
     async with trio.open_nursery() as nursery:
         client = StandInClient(nursery)
-        handle = LedgerHandle(client, make_core(), b"key", pending_adds_max=3)
+        handle = LedgerHandle(client.services, make_core(), b"key", pending_adds_max=3)
         seen: list[int] = []
 
         def on_done(pending) -> None:
@@ -89,11 +98,11 @@ async def test_one_timer_replaces_the_bookies_that_leave_an_add_unanswered(autoj
     async with trio.open_nursery() as nursery:
         client = StandInClient(nursery, add_timeout_ms=1_000)
         nursery.start_soon(client.add_timeouts.run)
-        slow = LedgerHandle(client, make_core(add_timeout_ms=1_000), b"key")
+        slow = LedgerHandle(client.services, make_core(add_timeout_ms=1_000), b"key")
         pending = slow.submit_add_nowait(b"entry")
         answer_ok(client, "b0")
         sent_before = len(client.pool.sends)
-        quick = LedgerHandle(client, make_core(add_timeout_ms=1_000), b"key")
+        quick = LedgerHandle(client.services, make_core(add_timeout_ms=1_000), b"key")
         quick.submit_add_nowait(b"entry")
         for bookie_id in ("b0", "b1"):
             callback, ledger_id, entry_id = next(

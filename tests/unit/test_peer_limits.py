@@ -8,8 +8,8 @@ import pytest
 import trio
 import trio.testing
 
-from bookie.protocol.peer_limits import FRAME_BYTES_UNRESERVED, ConnectionLimits, FrameBudget, FrameReader
-from bookie.protocol.wire import FrameDecoder, ProtocolError, encode_frame
+from framing.codec import FrameDecoder, ProtocolError, encode_frame
+from framing.peer_limits import FRAME_BYTES_UNRESERVED, ConnectionLimits, FrameBudget, FrameReader
 
 
 def test_connections_are_bounded_in_total_and_per_address():
@@ -150,7 +150,7 @@ async def test_a_large_frame_that_finds_no_room_before_its_deadline_is_refused(a
 async def test_peer_faults_end_the_connection_but_our_own_bugs_stop_the_process(caplog, autojump_clock):
     import logging
 
-    from bookie.protocol.peer_limits import peer_faults
+    from framing.peer_limits import peer_faults
 
     caplog.set_level(logging.INFO)
     counted = []

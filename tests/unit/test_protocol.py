@@ -20,14 +20,12 @@ from bookie.protocol import (
     AddResponse,
     BatchReadRequest,
     BatchReadResponse,
-    FrameDecoder,
     GetInfoRequest,
     GetInfoResponse,
     Hello,
     HelloReply,
     ListEntriesRequest,
     ListEntriesResponse,
-    ProtocolError,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -37,12 +35,12 @@ from bookie.protocol import (
     decode_hello_reply,
     decode_request,
     decode_response,
-    encode_frame,
     encode_hello,
     encode_hello_reply,
     encode_request,
     encode_response,
 )
+from framing.codec import FrameDecoder, ProtocolError, encode_frame
 
 u64 = st.integers(0, 2**64 - 1)
 i64 = st.integers(-(2**63), 2**63 - 1)

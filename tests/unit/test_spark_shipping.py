@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from quire import spark_shipping
-from quire.cli import UsageError
+from quire.cli_parsing import UsageError
 from quire.spark_shipping import ALIAS, WORKER_PYTHON, Recipe, prepare
 
 

@@ -15,8 +15,8 @@ import msgpack
 import pytest
 
 from bookie.protocol import wire
-from bookie.protocol.wire import FRAME_DEPTH_MAX, FrameDecoder, ProtocolError, describe
 from broker import protocol as broker_protocol
+from framing.codec import FRAME_DEPTH_MAX, FrameDecoder, ProtocolError, describe
 
 FRAME_BYTES_MAX = 1024 * 1024
 MESSAGE_CHARS_MAX = 200  # what an error message may take, whatever the frame holds

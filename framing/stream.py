@@ -1,24 +1,63 @@
-"""The sending half of one trio connection, shared by the bookie and its
-clients: frames are queued, then either written at once by `flush()` or sent
-by the connection's writer task (`run_writer()`), never both at a time.
+"""Frames over a trio stream, both halves, shared by the bookie, the broker
+and their clients: `receive_first_frames` reads until a handshake is in,
+`FrameOutput` queues frames and writes them (`flush()` at once, or the
+connection's writer task, `run_writer()`, never both at a time), and
+`enable_keepalive` lets the kernel find a peer whose host died.
 
-Why both: a writer task coalesces many queued frames into one send, which is
-what a loaded connection needs, but each hand-over to it costs a pass of the
-trio scheduler, and `send_all` another one after the write. On this machine a
-pass costs 30-70 µs, so at a window of one request the two passes on each
-side would be most of an add's latency above the fsync. `flush()` writes what is
-queued with one non-blocking `write` on the socket's descriptor, right where
-the frames were produced; whatever the socket does not take at once (or any
-error) is left to the writer task, which waits for room and reports errors
-through `send_all`.
+Why `FrameOutput` has both ways of writing: a writer task coalesces many
+queued frames into one send, which is what a loaded connection needs, but
+each hand-over to it costs a pass of the trio scheduler, and `send_all`
+another one after the write. On this machine a pass costs 30-70 µs, so at a
+window of one request the two passes on each side would be most of an add's
+latency above the fsync. `flush()` writes what is queued with one
+non-blocking `write` on the socket's descriptor, right where the frames were
+produced; whatever the socket does not take at once (or any error) is left
+to the writer task, which waits for room and reports errors through
+`send_all`.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Callable
+import socket
+from typing import Any, Callable
 
 import trio
+
+from framing.codec import FrameDecoder
+
+RECEIVE_BYTES = 256 * 1024  # the most one read of a framed connection takes
+
+
+async def receive_first_frames(stream: trio.SocketStream, decoder: FrameDecoder) -> list[list[Any]]:
+    """Every frame decoded once at least one is whole (a peer may send more
+    behind its handshake); [] if the peer closed the connection first.
+    Raises ProtocolError for a malformed frame."""
+    while True:
+        frames = list(decoder.frames())
+        if frames:
+            return frames
+        data = await stream.receive_some(RECEIVE_BYTES)
+        if not data:
+            return []
+        decoder.feed(data)
+
+
+KEEPALIVE_IDLE_S = 30  # a silent connection is probed after this long
+KEEPALIVE_INTERVAL_S = 10
+KEEPALIVE_PROBES = 3  # unanswered probes before the kernel drops it
+
+
+def enable_keepalive(stream: trio.SocketStream) -> None:
+    """TCP keepalive on a connection, so that a peer whose host died (no
+    FIN, no RST) is found within about a minute instead of never: a broker
+    would otherwise keep a dead client's producer id or exclusive
+    subscription taken for good."""
+    stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                          ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
+        if hasattr(socket, option):
+            stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 class FrameOutput:
@@ -117,3 +156,14 @@ class FrameOutput:
             self._set_drained()
             if not self._frames:
                 self._socket_full = False  # all sent: the socket takes writes again
+
+
+__all__ = [
+    "KEEPALIVE_IDLE_S",
+    "KEEPALIVE_INTERVAL_S",
+    "KEEPALIVE_PROBES",
+    "RECEIVE_BYTES",
+    "FrameOutput",
+    "enable_keepalive",
+    "receive_first_frames",
+]

@@ -17,11 +17,11 @@ from typing import Awaitable, Callable, Iterator, TypeVar
 
 import trio
 
-from bookie.protocol.wire import FrameDecoder, ProtocolError
+from framing.codec import FrameDecoder, ProtocolError
+from framing.stream import RECEIVE_BYTES
 
 T = TypeVar("T")
 
-RECEIVE_BYTES = 256 * 1024
 CONNECTIONS_MAX_DEFAULT = 10_000
 CONNECTIONS_PER_ADDRESS_MAX_DEFAULT = 1_000
 FRAME_BUFFER_BYTES_MAX_DEFAULT = 64 * 1024 * 1024
@@ -296,3 +296,19 @@ class FrameReader:
     def close(self) -> None:
         """Give back what this connection reserved (call when it ends)."""
         self._release()
+
+
+__all__ = [
+    "CONNECTIONS_MAX_DEFAULT",
+    "CONNECTIONS_PER_ADDRESS_MAX_DEFAULT",
+    "FRAME_BUFFER_BYTES_MAX_DEFAULT",
+    "FRAME_BYTES_UNRESERVED",
+    "FRAME_DEADLINE_S_DEFAULT",
+    "ConnectionLimits",
+    "FrameBudget",
+    "FrameReader",
+    "decode_from_peer",
+    "peer_faults",
+    "serve_admitted",
+    "wait_for_output_room",
+]
