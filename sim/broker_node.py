@@ -24,8 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from broker.dispatcher import Dispatcher
 from broker.errors import BrokerStatus
+from broker.publish_core import PublishCore
+from broker.subscription_core import SubscriptionCore
 from broker.topic_store import owner_path
 from coordination.store import NodeExistsError, NoNodeError, SessionExpiredError
 from sim.broker_checker import BrokerChecker
@@ -66,17 +67,17 @@ class _ConnectionState:
 class SimBroker(LinkedNode):
     def __init__(self, name: str, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
                  checker: BrokerChecker, parameters: BrokerSimParameters, *, owner_session: Callable[[], int | None],
-                 partition_class: type[SimPartition] = SimPartition,
-                 subscription_class: type[SimSubscription] = SimSubscription,
-                 dispatcher_class: type[Dispatcher] = Dispatcher) -> None:
+                 publish_core_class: type[PublishCore] = PublishCore,
+                 subscription_core_class: type[SubscriptionCore] = SubscriptionCore) -> None:
         super().__init__(name, world, network, links)
         self.log = log
         self.checker = checker
         self.parameters = parameters
         self._owner_session = owner_session  # the simulator's look at who owns the partition now
-        self.partition_class = partition_class
-        self.subscription_class = subscription_class
-        self.dispatcher_class = dispatcher_class
+        # The real cores' classes (a planted mistake, from sim.broker_mistakes, replaces one).
+        self.publish_core_class = publish_core_class
+        self.subscription_core_class = subscription_core_class
+        self.subscription_class = SimSubscription
         self.metadata = MetadataLink(self, zk, session_timeout_ms=parameters.session_timeout_ms,
                                      call_timeout_ms=parameters.session_timeout_ms)
         self.loads = 0
@@ -242,10 +243,7 @@ class SimBroker(LinkedNode):
                 on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
             return
         self.loads += 1
-        partition = self.partition = self.partition_class(
-            self, f"{self.name}/{self.incarnation}.{self.loads}", session_id,
-            subscription_class=self.subscription_class, dispatcher_class=self.dispatcher_class,
-        )
+        partition = self.partition = SimPartition(self, f"{self.name}/{self.incarnation}.{self.loads}", session_id)
         self._waiting_load = waiting
         self.world.log(f"{partition.instance} loading")
         partition.load(lambda load_error: self._loaded(partition, load_error))
