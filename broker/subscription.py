@@ -22,7 +22,7 @@ from broker.dispatcher import Delivery, Dispatcher, EntryRef, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
 from broker.message_format import MalformedEntryError
-from broker.subscription_core import ACKED_RANGES_MAX, CursorWrite, SubscriptionCore
+from broker.subscription_core import CursorWrite, SubscriptionCore
 from ledger_client import BKError
 from broker.protocol import MessageDelivery
 from coordination.store import MetadataError, NodeExistsError

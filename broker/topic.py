@@ -34,7 +34,7 @@ from broker.errors import (
     TopicFencedError,
 )
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
-from broker.message_format import BatchHeader, Codec, MalformedEntryError, check_batch, encode_entry
+from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
 from broker.publish_core import DEDUP_SNAPSHOT_ENTRIES, ProducerAnswer, PublishCore
