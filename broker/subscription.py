@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
@@ -26,9 +26,8 @@ from broker.subscription_core import CursorWrite, SubscriptionCore
 from ledger_client import BKError
 from broker.protocol import MessageDelivery
 from coordination.store import MetadataError, NodeExistsError
-
-if TYPE_CHECKING:
-    from broker.topic import PartitionService
+from broker.lease import Lease
+from broker.topic_store import TopicStore
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +47,24 @@ class ConsumerLink:
     messages_out: int = 0
 
 
+class PartitionAccess(Protocol):
+    """What a subscription needs of its partition (PartitionService is one)."""
+
+    name: str
+    partition_index: int
+    managed_ledger: ManagedLedger
+    topic_store: TopicStore
+
+    @property
+    def lease(self) -> Lease: ...
+
+    def fence(self, error: BrokerError) -> None: ...
+
+    def spawn(self, async_fn: Callable, *args: object) -> None: ...
+
+    def delivered(self, count: int) -> None: ...
+
+
 class AckWaiter:
     """One acknowledgement request waiting for a durable cursor write."""
 
@@ -65,7 +82,7 @@ class AckWaiter:
 class Subscription:
     def __init__(
         self,
-        partition: "PartitionService",
+        partition: PartitionAccess,
         name: str,
         subscription_type: SubscriptionType,
         cursor: Cursor,
@@ -254,7 +271,7 @@ class Subscription:
     # --- dispatching --------------------------------------------------------------------------
 
     async def dispatch_loop(self) -> None:
-        lease = self.partition.context.lease
+        lease = self.partition.lease
         while not self.closed:
             if not self.core.may_dispatch(lease.valid()):
                 # Cut off from ZooKeeper (or paused), this broker may no
@@ -359,7 +376,7 @@ class Subscription:
             count = len(delivery.batch_indexes)
             link.messages_out += count
             self.messages_out += count
-            self.partition.stats.messages_out += count
+            self.partition.delivered(count)
             # A consumer's socket that does not keep up: wait before queueing
             # more for it (permits bound messages, this bounds bytes).
             await link.wait_for_room()

@@ -33,6 +33,7 @@ from broker.errors import (
     SubscriptionNotFoundError,
     TopicFencedError,
 )
+from broker.lease import Lease
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
 from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
@@ -53,27 +54,6 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 RATE_WINDOW_S = 10.0
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
-
-
-class Lease:
-    """Until when this broker's ZooKeeper session is known alive (trio
-    time); subscriptions deliver only before it."""
-
-    def __init__(self) -> None:
-        self.until = float("-inf")  # nothing is delivered before the first renewal
-        self._renewed = trio.Event()
-
-    def valid(self) -> bool:
-        return trio.current_time() < self.until
-
-    def renew(self, until: float) -> None:
-        self.until = max(self.until, until)
-        renewed, self._renewed = self._renewed, trio.Event()
-        renewed.set()
-
-    async def wait_valid(self) -> None:
-        while not self.valid():
-            await self._renewed.wait()
 
 
 @dataclass
@@ -262,6 +242,13 @@ class PartitionService:
                 break
             batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is no longer served here: look it up again")
         receive.close()
+
+    @property
+    def lease(self) -> Lease:
+        return self.context.lease
+
+    def delivered(self, count: int) -> None:
+        self.stats.messages_out += count
 
     def spawn(self, async_fn, *args) -> None:
         """A task of the partition (cancelled when it unloads)."""

@@ -8,15 +8,16 @@ fails once that session has expired, even if it arrives later; the broker
 hears of the expiry from a failed call (its periodic session check, or any
 other), gives the partition up and starts a new session.
 
-Until it hears, it would go on serving what it loaded, as the trio driver
-does: a broker cut off from ZooKeeper, or paused past its session timeout,
-then delivers to the consumers still connected to it messages they have
-since acknowledged through the new owner. So the simulated broker holds a
-lease: a call answered in its session proves the session alive until the
-call was sent plus the session timeout (ZooKeeper expires a session only
-that long after it last heard of it), and the subscription dispatches only
-while the lease holds (`dispatch-without-lease` in `sim.broker_mistakes`
-is the trio driver's way, and the simulation finds it).
+Until it hears, it would go on serving what it loaded: a broker cut off
+from ZooKeeper, or paused past its session timeout, would then deliver to
+the consumers still connected to it messages they have since acknowledged
+through the new owner. So the simulated broker holds a
+lease, as the trio broker does, with the same rule (`LeaseCore`): a call
+answered in its session proves the session alive until the call was sent
+plus the session timeout (ZooKeeper expires a session only that long after
+it last heard of it), and the subscription dispatches only within a part of
+that (`dispatch-without-lease` in `sim.broker_mistakes` plants dispatching
+without it, and the simulation finds it).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from broker.errors import BrokerStatus
+from broker.ownership_core import LeaseCore
 from broker.publish_core import PublishCore
 from broker.subscription_core import SubscriptionCore
 from broker.topic_store import owner_path
@@ -99,7 +101,8 @@ class SimBroker(LinkedNode):
         self._releasing = 0
         self._waiting_load: list[OnServing] = []
         self._reconnecting = False
-        self.lease_until_ms = self.world.now_ms + self.parameters.session_timeout_ms  # a session just made
+        self.lease = LeaseCore(self.parameters.session_timeout_ms)
+        self.lease.renewed(self.world.now_ms, self.world.now_ms)  # a session just made
         self._connections: dict[int, _ConnectionState] = {}
         self.after(self.parameters.session_timeout_ms / 3, self._check_session)
         self.world.log(f"{self.name} started (session {store.session_id})")
@@ -140,15 +143,11 @@ class SimBroker(LinkedNode):
 
     def _renew_lease(self, sent_ms: float) -> None:
         """A call sent at `sent_ms` was answered in the current session."""
-        lease_ms = sent_ms + self.parameters.session_timeout_ms
-        if lease_ms > self.lease_until_ms:
-            expired = not self.holds_lease()
-            self.lease_until_ms = lease_ms
-            if expired and self.partition is not None and self.partition.subscription is not None:
-                self.partition.subscription.wake()
+        if self.lease.renewed(sent_ms, self.world.now_ms) and self.partition is not None and self.partition.subscription is not None:
+            self.partition.subscription.wake()
 
     def holds_lease(self) -> bool:
-        return self.world.now_ms < self.lease_until_ms
+        return self.lease.valid(self.world.now_ms)
 
     def _check_session(self) -> None:
         self.zk_call(lambda store: store.session_id, lambda result, error: None, "session check")

@@ -23,7 +23,7 @@ class NoStore:
 
 
 def handler() -> AdminHandler:
-    return AdminHandler(SimpleNamespace(config=SimpleNamespace(default_policies=TopicPolicies()), topic_store=NoStore()))
+    return AdminHandler(SimpleNamespace(default_policies=TopicPolicies(), topic_store=NoStore()))
 
 
 @pytest.mark.parametrize(
