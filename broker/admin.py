@@ -10,15 +10,14 @@ answers from ZooKeeper.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from framing.codec import describe
 from broker.errors import BadRequestError, TopicExistsError, TopicNotFoundError
-from broker.topic_store import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
+from broker.topic_records import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
+from broker.ownership import BrokerInfo, Ownership
+from broker.topic_store import TopicStore
 from coordination.store import BadVersionError, NodeExistsError
-
-if TYPE_CHECKING:
-    from broker.server import BrokerServer
 
 POLICY_UPDATE_TRIES_MAX = 5
 
@@ -32,8 +31,29 @@ def _argument(arguments: dict, name: str, kind: type, default: Any = ...) -> Any
     return value
 
 
+class AdminBackend(Protocol):
+    """What the admin actions need of their broker (BrokerServer is one)."""
+
+    topic_store: TopicStore
+    ownership: Ownership
+    info: BrokerInfo
+    stopping: bool
+    partitions: dict
+
+    @property
+    def default_policies(self) -> TopicPolicies: ...
+
+    async def topic_record(self, topic: str, *, create: bool) -> TopicRecord: ...
+
+    async def serving(self, partition: str) -> Any: ...
+
+    async def delete_partition(self, partition: str, *, force: bool) -> None: ...
+
+    async def unload_partition(self, partition: str) -> bool: ...
+
+
 class AdminHandler:
-    def __init__(self, server: "BrokerServer") -> None:
+    def __init__(self, server: AdminBackend) -> None:
         self.server = server
 
     async def handle(self, action: str, arguments: dict) -> dict:
@@ -52,7 +72,7 @@ class AdminHandler:
         partitions = _argument(arguments, "partitions", int, 0)
         if not 0 <= partitions <= PARTITIONS_MAX:
             raise BadRequestError(f"partitions must be in 0..{PARTITIONS_MAX}, got {partitions}")
-        policies = TopicPolicies.from_dict(_argument(arguments, "policies", dict, {}), self.server.config.default_policies)
+        policies = TopicPolicies.from_dict(_argument(arguments, "policies", dict, {}), self.server.default_policies)
         try:
             await self.server.topic_store.create_topic(topic, TopicRecord(partitions, policies, int(time.time() * 1000)))
         except NodeExistsError:
@@ -129,4 +149,4 @@ class AdminHandler:
         return {"deleted_ledgers": deleted, "first_offset": service.managed_ledger.first_offset}
 
 
-__all__ = ["AdminHandler"]
+__all__ = ["AdminBackend", "AdminHandler"]

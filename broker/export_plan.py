@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from broker.topic_store import LedgerInfo
+from broker.topic_records import LedgerInfo
 
 # Spark's own default for file splits (spark.sql.files.maxPartitionBytes).
 SPLIT_BYTES_DEFAULT = 128 * 1024 * 1024

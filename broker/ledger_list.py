@@ -8,7 +8,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
-from broker.topic_store import LedgerInfo, TopicPolicies
+from broker.topic_records import LedgerInfo, TopicPolicies
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,6 @@ picks the same one.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import random
@@ -19,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import trio
 
-from broker.topic_store import BROKERS, broker_path, owner_path
+from broker.topic_records import BROKERS, broker_path, owner_path
 from coordination.async_store import AsyncMetadataStore
 from coordination.retry import RetryPolicy
 from coordination.store import MetadataError, NodeExistsError, NoNodeError
@@ -78,13 +77,6 @@ class BrokerInfo:
 class Owner:
     info: BrokerInfo
     session_id: int  # the owning ZooKeeper session
-
-
-def rendezvous_choice(partition: str, broker_ids: list[str]) -> str:
-    """The broker with the highest hash of (broker, partition): stable, and
-    only the partitions of a broker that leaves move."""
-    assert broker_ids, "no broker to choose from"
-    return max(broker_ids, key=lambda broker_id: hashlib.blake2b(f"{broker_id}\0{partition}".encode(), digest_size=8).digest())
 
 
 async def list_brokers(store: AsyncMetadataStore) -> dict[str, BrokerInfo]:
@@ -240,4 +232,4 @@ class Ownership:
                 pass
 
 
-__all__ = ["BrokerInfo", "Owner", "Ownership", "list_brokers", "rendezvous_choice"]
+__all__ = ["BrokerInfo", "Owner", "Ownership", "list_brokers"]

@@ -49,8 +49,10 @@ from broker.errors import (
     TopicNotFoundError,
 )
 from broker.managed_ledger import EntryCache, Position
+from broker.lease import Lease
 from broker.metrics import BrokerMetrics
-from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership, rendezvous_choice
+from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership
+from broker.ownership_core import rendezvous_choice
 from broker.protocol import (
     PROTOCOL_VERSION,
     REQUEST_ITEMS_MAX,
@@ -81,7 +83,8 @@ from broker.protocol import (
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT, PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink
 from broker.topic import BrokerContext, PartitionService, PartitionStats, ProducerLink
-from broker.topic_store import TopicPolicies, TopicRecord, TopicStore, check_name, split_partition
+from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
+from broker.topic_store import TopicStore
 from coordination.async_store import AsyncMetadataStore
 from coordination.startup import Startup
 from coordination.store import MetadataError, NodeExistsError
@@ -92,7 +95,6 @@ log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
 LOAD_TIMEOUT_S = 60.0
 UNLOAD_TIMEOUT_S = 15.0
-LEASE_FRACTION = 0.6  # of the session timeout a ZooKeeper reply lets subscriptions deliver for
 LEASE_RENEWALS = 5  # renewals per session timeout
 
 
@@ -192,7 +194,7 @@ class BrokerServer:
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
             bookkeeper, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes), self._request_unload,
-            retention_check_interval_s=config.retention_check_interval_s,
+            retention_check_interval_s=config.retention_check_interval_s, lease=Lease(config.session_timeout_ms),
         )
         self.admin = AdminHandler(self)
         self.partitions: dict[str, PartitionService] = {}
@@ -224,6 +226,10 @@ class BrokerServer:
             self.info = self._broker_info(port)
             self.ownership.info = self.info
         return port
+
+    @property
+    def default_policies(self) -> TopicPolicies:
+        return self.config.default_policies
 
     def _broker_info(self, port: int) -> BrokerInfo:
         config = self.config
@@ -286,7 +292,7 @@ class BrokerServer:
             try:
                 with trio.move_on_after(timeout_s / 2):
                     await self.store.exists("/")
-                    self.context.lease.renew(sent_at + timeout_s * LEASE_FRACTION)
+                    self.context.lease.renew(sent_at)
             except MetadataError:
                 pass
             await trio.sleep(timeout_s / LEASE_RENEWALS)

@@ -51,7 +51,7 @@ from broker.export_plan import (
     plan_splits,
 )
 from broker.message_format import MalformedEntryError, body_columns, decode_entry
-from broker.topic_store import ManagedLedgerRecord, TopicRecord, check_name, managed_ledger_path, topic_path
+from broker.topic_records import ManagedLedgerRecord, TopicRecord, check_name, managed_ledger_path, topic_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

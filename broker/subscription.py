@@ -1,18 +1,10 @@
-"""A subscription on a partition this broker owns: its cursor, its
-dispatcher, the task that reads entries and sends them to consumers, and the
-cursor's persistence.
-
-Acknowledgements are group-committed: whatever arrived while a write of the
-cursor was in flight goes into the next write, and an acknowledgement is
-answered only once a write that covers it is durable. So an acknowledged
-message never comes back after a crash or a takeover (unless the cursor
-holds more individually acknowledged ranges than a record keeps,
-RANGES_PERSISTED_MAX: those beyond come back); one acknowledged but not yet
-answered may (at-least-once). In memory a cursor holds at most
-ACKED_RANGES_MAX ranges: past it, an individual acknowledgement that would
-start a new range is refused, while one that closes a gap or extends a
-range is taken, and so always is the oldest unacknowledged message's.
-Delivery stops while the broker's ZooKeeper lease is not known valid (see
+"""A subscription on a partition this broker owns, driven with trio: the
+task that reads entries and sends them to consumers, and the task that
+writes the cursor. Its rules (acknowledgements, their group commit, the
+cursor's writes, seeking, consumers and types, dispatching only within the
+lease) are `broker.subscription_core.SubscriptionCore`'s; which consumer
+gets which message is `broker.dispatcher.Dispatcher`'s. Delivery stops
+while the broker's ZooKeeper lease is not known valid (see
 BrokerServer._lease_loop).
 """
 
@@ -21,27 +13,26 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 import trio
 
 from broker.cursor import Cursor
-from broker.dispatcher import ConsumerRefusedError, Delivery, Dispatcher, EntryRef, SubscriptionType
-from broker.errors import BadRequestError, BrokerError, ConsumerBusyError, TopicFencedError
+from broker.dispatcher import Delivery, Dispatcher, EntryRef, SubscriptionType
+from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
 from broker.message_format import MalformedEntryError
+from broker.subscription_core import CursorWrite, SubscriptionCore
 from ledger_client import BKError
 from broker.protocol import MessageDelivery
 from coordination.store import MetadataError, NodeExistsError
-
-if TYPE_CHECKING:
-    from broker.topic import PartitionService
+from broker.lease import Lease
+from broker.topic_store import TopicStore
 
 log = logging.getLogger(__name__)
 
 READ_ENTRIES_MAX = 100  # entries per read from the managed ledger
 READ_FAILURE_BACKOFF_S = 0.5
-ACKED_RANGES_MAX = 100_000  # individually acknowledged ranges a cursor holds in memory
 
 
 @dataclass(slots=True)
@@ -56,10 +47,42 @@ class ConsumerLink:
     messages_out: int = 0
 
 
+class PartitionAccess(Protocol):
+    """What a subscription needs of its partition (PartitionService is one)."""
+
+    name: str
+    partition_index: int
+    managed_ledger: ManagedLedger
+    topic_store: TopicStore
+
+    @property
+    def lease(self) -> Lease: ...
+
+    def fence(self, error: BrokerError) -> None: ...
+
+    def spawn(self, async_fn: Callable, *args: object) -> None: ...
+
+    def delivered(self, count: int) -> None: ...
+
+
+class AckWaiter:
+    """One acknowledgement request waiting for a durable cursor write."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error: BrokerError | None = None
+
+    def answer(self, error: BrokerError | None = None) -> None:
+        self.error = error
+        self.done.set()
+
+
 class Subscription:
     def __init__(
         self,
-        partition: "PartitionService",
+        partition: PartitionAccess,
         name: str,
         subscription_type: SubscriptionType,
         cursor: Cursor,
@@ -68,31 +91,40 @@ class Subscription:
         important: bool,
         cursor_version: int | None,
         created_ms: int,
+        core_class: type[SubscriptionCore] = SubscriptionCore,
     ) -> None:
         self.partition = partition
-        self.name = name
-        self.subscription_type = subscription_type
-        self.cursor = cursor
-        self.durable = durable
-        self.important = important
-        self.created_ms = created_ms
-        self.dispatcher = Dispatcher(subscription_type, cursor, partition_index=partition.partition_index)
+        self.core: SubscriptionCore[AckWaiter] = core_class(
+            name, subscription_type, cursor, durable=durable, important=important, created_ms=created_ms,
+            cursor_version=cursor_version, partition_index=partition.partition_index,
+        )
         self.consumers: dict[int, ConsumerLink] = {}
-        self.closed = False
-        self.acked_ranges_max = ACKED_RANGES_MAX
         self.messages_out = 0
         self.read_position: Position | None = None
         self.idle_since = time.monotonic()  # when its last consumer left
         self._wakeup = trio.Event()
-        # Persistence (durable subscriptions): generations of changes.
-        self._cursor_version = cursor_version
-        self._changes = 0  # changes made
-        self._persisted = 0  # changes durable
         self._persist_wakeup = trio.Event()
-        self._persisted_event = trio.Event()
-        self._persist_error: BrokerError | None = None
         self._write_lock = trio.Lock()
         self._read_ahead_done: trio.Event | None = None  # set while a read-ahead is in flight
+
+    # What the core holds, named as the rest of the broker reads it.
+    name = property(lambda self: self.core.name)
+    cursor = property(lambda self: self.core.cursor)
+    durable = property(lambda self: self.core.durable)
+    closed = property(lambda self: self.core.closed)
+    subscription_type = property(lambda self: self.core.subscription_type)
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.core.dispatcher
+
+    @property
+    def important(self) -> bool:
+        return self.core.important
+
+    @important.setter
+    def important(self, important: bool) -> None:
+        self.core.important = important
 
     @property
     def managed_ledger(self) -> ManagedLedger:
@@ -101,28 +133,14 @@ class Subscription:
     # --- consumers ---------------------------------------------------------------------
 
     def add_consumer(self, link: ConsumerLink, subscription_type: SubscriptionType, priority: int) -> None:
-        if self.closed:
-            raise TopicFencedError(f"subscription {self.name} is closing")
-        if subscription_type is not self.subscription_type:
-            if self.consumers:
-                raise ConsumerBusyError(
-                    f"subscription {self.name} is {self.subscription_type.value} with consumers connected; "
-                    f"asked for {subscription_type.value}"
-                )
-            # Nobody is connected: the subscription takes the new type.
-            self.subscription_type = subscription_type
-            self.dispatcher = Dispatcher(subscription_type, self.cursor, partition_index=self.partition.partition_index)
-            self.read_position = None
-        try:
-            self.dispatcher.add_consumer(link.consumer_id, link.name, priority=priority)
-        except ConsumerRefusedError as error:
-            raise ConsumerBusyError(f"subscription {self.name}: {error}") from None
+        if self.core.add_consumer(link.consumer_id, link.name, subscription_type, priority):
+            self.read_position = None  # a new dispatcher reads from the cursor
         self.consumers[link.consumer_id] = link
         self.wake()
 
     def remove_consumer(self, consumer_id: int) -> None:
         if self.consumers.pop(consumer_id, None) is not None:
-            self.dispatcher.remove_consumer(consumer_id)
+            self.core.remove_consumer(consumer_id)
             self.wake()
         if not self.consumers:
             self.idle_since = time.monotonic()
@@ -142,91 +160,62 @@ class Subscription:
 
     async def acknowledge(self, offsets: list[int], *, cumulative: bool) -> None:
         """Take acknowledgements; returns once they are durable."""
-        if self.closed:
-            raise TopicFencedError(f"subscription {self.name} of {self.partition.name} is being unloaded: acknowledge again once reconnected")
-        confirmed = self.managed_ledger.confirmed_offset
-        if any(offset > confirmed for offset in offsets):
-            raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed})")
-        refused: list[int] = []
-        if cumulative:
-            if len(offsets) != 1:
-                raise BadRequestError("a cumulative acknowledgement names one offset")
-            if self.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
-                # As Pulsar: with several consumers, "everything up to here"
-                # would acknowledge what other consumers hold.
-                raise BadRequestError(f"cumulative acknowledgement is not allowed on a {self.subscription_type.value} subscription")
-            self.cursor.acknowledge_cumulative(offsets[0])
-            self.dispatcher.acknowledged_through(offsets[0])
-        elif len(self.cursor.acked) + len(offsets) <= self.acked_ranges_max:
-            # (Each offset adds at most one range: no need to look closer.)
-            self.cursor.acknowledge(offsets)
-            self.dispatcher.acknowledged(offsets)
-        else:
-            # Near the bound, only what would start a new range past it is
-            # refused: acknowledgements that close a gap or extend a range,
-            # and the oldest unacknowledged message's, are always taken.
-            refused = self.cursor.acknowledge_within(offsets, self.acked_ranges_max)
-            if refused:
-                refused_set = set(refused)
-                offsets = [offset for offset in offsets if offset not in refused_set]
-            self.dispatcher.acknowledged(offsets)
-        if offsets:
+        waiter = AckWaiter()
+        outcome = self.core.acknowledge(offsets, cumulative, self.managed_ledger.confirmed_offset, waiter)
+        taken = len(offsets) - len(outcome.refused)
+        if taken:
             # The mark-delete position may have moved: a key-shared consumer
             # held back may take messages now.
             self.wake()
-            await self._changed_and_persisted()
-        if refused:
-            raise BadRequestError(
-                f"subscription {self.name} holds {len(self.cursor.acked)} ranges of individually acknowledged messages, "
-                f"its bound: {len(refused)} of {len(refused) + len(offsets)} acknowledgements refused, each would start a "
-                f"new range (offsets {refused[0]}..{refused[-1]}); the others are taken. Acknowledge the oldest "
-                f"unacknowledged message first (offset {self.cursor.mark_delete + 1}): it is always taken, and so is "
-                "one that closes a gap or extends a range"
-            )
-
-    async def _changed_and_persisted(self) -> None:
-        if not self.durable:
-            return
-        self._changes += 1
-        target = self._changes
+        for answered in outcome.answer_now:
+            answered.answer()
         self._persist_wakeup.set()
-        while self._persisted < target:
-            if self._persist_error is not None:
-                raise self._persist_error
-            await self._persisted_event.wait()
-        if self._persist_error is not None:
-            raise self._persist_error
+        await waiter.done.wait()
+        if waiter.error is not None:
+            raise waiter.error
+        if outcome.refused:
+            raise self.core.refused_error(outcome.refused, taken)
 
     async def persist_loop(self) -> None:
-        """Write the cursor whenever it changed; one write at a time."""
+        """Write the cursor whenever it changed; one write at a time (all
+        writes hold the write lock, so the core never has two in flight)."""
         if not self.durable:
             return
         while not self.closed:
-            while self._persisted == self._changes and not self.closed:
-                self._persist_wakeup = trio.Event()
-                await self._persist_wakeup.wait()
-            if self.closed:
-                return
+            self._persist_wakeup = trio.Event()
+            async with self._write_lock:
+                write = self.core.next_write()
+                if write is not None:
+                    try:
+                        await self._write(write)
+                    except BrokerError as error:
+                        if not self.closed:  # a subscription deleted meanwhile fences nothing
+                            self.partition.fence(error)
+                        return
+                    continue
+            await self._persist_wakeup.wait()
+
+    async def _write(self, write: CursorWrite) -> None:
+        """Carry out a cursor write the core asked for, and answer the
+        acknowledgements it covers (or, if it failed, every one waiting)."""
+        partition = self.partition
+        try:
             try:
-                await self._persist()
-            except BrokerError as error:
-                self._fail_waiters(error)
-                if not self.closed:  # a subscription deleted meanwhile fences nothing
-                    self.partition.fence(error)
-                return
-
-    async def _persist(self) -> None:
-        """Write what changed so far, then answer the acknowledgements it covers."""
-        target = self._changes
-        await self.write_cursor()
-        self._persisted = max(self._persisted, target)
-        self._persisted_event.set()
-        self._persisted_event = trio.Event()
-
-    def _fail_waiters(self, error: BrokerError) -> None:
-        if self._persist_error is None:
-            self._persist_error = error
-        self._persisted_event.set()
+                version = await partition.topic_store.write_cursor(partition.name, self.name, write.record, write.expected_version)
+            except NodeExistsError:
+                if write.expected_version is None:
+                    raise
+                raise TopicFencedError(f"subscription {self.name} of {partition.name}: cursor created by another broker") from None
+            except MetadataError as error:
+                raise TopicFencedError(f"subscription {self.name} of {partition.name}: cursor write failed: {error}") from None
+        except BaseException as error:
+            failure = error if isinstance(error, BrokerError) else TopicFencedError(
+                f"subscription {self.name} of {partition.name}: cursor write did not finish")
+            for waiter in self.core.cursor_write_failed(write):
+                waiter.answer(failure)
+            raise
+        for waiter in self.core.cursor_written(write, version):
+            waiter.answer()
 
     async def finish(self, *, write: bool) -> None:
         """The partition unloads: stop dispatching and taking
@@ -234,71 +223,57 @@ class Subscription:
         durable first. Every acknowledgement still waiting is answered
         (with an error if its write did not happen: the client sends it
         again to the next owner)."""
+        self.core.stop()
+        self.wake()
+        self._persist_wakeup.set()
+        if write and self.durable and self.core.unwritten:
+            async with self._write_lock:
+                try:
+                    await self._write(self.core.force_write())
+                except BrokerError as error:
+                    log.warning("%s", error)
         self.close()
-        if write and self.durable and self._persisted < self._changes:
-            try:
-                await self._persist()
-            except BrokerError as error:
-                log.warning("%s", error)
-        if self._persisted < self._changes:
-            self._fail_waiters(TopicFencedError(
-                f"subscription {self.name} of {self.partition.name} was unloaded before this acknowledgement was durable"))
 
     async def write_cursor(self) -> None:
-        """Compare-and-set the cursor (creating it the first time: a
-        NodeExistsError then means it was there already). Writes are one at
-        a time; any other failure is a TopicFencedError."""
+        """Write the cursor now, whatever changed (at load, at creation,
+        when it turns important). Raises NodeExistsError when creating it
+        finds it there already, and TopicFencedError when any other write
+        fails."""
         async with self._write_lock:
-            record = {
-                **self.cursor.to_record(),
-                "type": self.subscription_type.value,
-                "important": self.important,
-                "created_ms": self.created_ms,
-            }
-            try:
-                self._cursor_version = await self.partition.topic_store.write_cursor(
-                    self.partition.name, self.name, record, self._cursor_version
-                )
-            except NodeExistsError:
-                if self._cursor_version is None:
-                    raise
-                raise TopicFencedError(f"subscription {self.name} of {self.partition.name}: cursor created by another broker") from None
-            except MetadataError as error:
-                raise TopicFencedError(f"subscription {self.name} of {self.partition.name}: cursor write failed: {error}") from None
+            await self._write(self.core.force_write())
 
     # --- seeking and retention -------------------------------------------------------------
 
     async def seek(self, offset: int) -> None:
         """Move the subscription: `offset` is the next message delivered."""
-        offset = max(offset, self.managed_ledger.first_offset)
-        offset = min(offset, self.managed_ledger.confirmed_offset + 1)
-        self.cursor.reset(offset)
-        self.dispatcher.reset(offset)
+        managed_ledger = self.managed_ledger
+        self.core.seek(offset, managed_ledger.first_offset, managed_ledger.confirmed_offset)
         self.read_position = None
         self.wake()
-        await self._changed_and_persisted()
+        waiter = AckWaiter()
+        for answered in self.core.when_durable(waiter):
+            answered.answer()
+        self._persist_wakeup.set()
+        await waiter.done.wait()
+        if waiter.error is not None:
+            raise waiter.error
 
     def skip_to(self, first_offset: int) -> None:
         """Retention deleted everything below `first_offset`."""
-        if self.cursor.mark_delete < first_offset - 1:
-            self.cursor.skip_to(first_offset)
-            self.dispatcher.acknowledged_through(first_offset - 1)
-            if self.dispatcher.read_offset < first_offset:
-                self.dispatcher.read_offset = first_offset
-                self.read_position = None
-            self._changes += 1
-            self._persist_wakeup.set()
-            self.wake()
+        if self.core.skip_to(first_offset):
+            self.read_position = None
+        self._persist_wakeup.set()
+        self.wake()
 
     def backlog(self) -> int:
-        return self.cursor.backlog(self.managed_ledger.confirmed_offset)
+        return self.core.backlog(self.managed_ledger.confirmed_offset)
 
     # --- dispatching --------------------------------------------------------------------------
 
     async def dispatch_loop(self) -> None:
-        lease = self.partition.context.lease
+        lease = self.partition.lease
         while not self.closed:
-            if not lease.valid():
+            if not self.core.may_dispatch(lease.valid()):
                 # Cut off from ZooKeeper (or paused), this broker may no
                 # longer own the partition: its session may have expired and
                 # another broker taken over. Deliver nothing until the
@@ -401,13 +376,18 @@ class Subscription:
             count = len(delivery.batch_indexes)
             link.messages_out += count
             self.messages_out += count
-            self.partition.stats.messages_out += count
+            self.partition.delivered(count)
             # A consumer's socket that does not keep up: wait before queueing
             # more for it (permits bound messages, this bounds bytes).
             await link.wait_for_room()
 
     def close(self) -> None:
-        self.closed = True
+        """Unloaded or deleted: acknowledgements still waiting for a write
+        are answered with an error (their clients send them again to the
+        next owner)."""
+        for waiter in self.core.close():
+            waiter.answer(TopicFencedError(
+                f"subscription {self.name} of {self.partition.name} was unloaded before this acknowledgement was durable"))
         self.wake()
         self._persist_wakeup.set()
 

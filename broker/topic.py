@@ -21,31 +21,33 @@ import trio
 
 from framing.codec import describe
 from broker.cursor import Cursor
-from broker.dedup import Dedup, DedupSnapshot, Verdict
+from broker.dedup import DedupSnapshot
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
     BadRequestError,
     BrokerError,
     BrokerStatus,
     ConsumerBusyError,
-    PartitionOverflowError,
     ProducerBusyError,
     RetryLaterError,
     SubscriptionNotFoundError,
     TopicFencedError,
 )
+from broker.lease import Lease
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
-from broker.message_format import BatchHeader, Codec, MalformedEntryError, check_batch, encode_entry
+from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
+from broker.publish_core import DEDUP_SNAPSHOT_ENTRIES, ProducerAnswer, PublishCore
 from broker.subscription import ConsumerLink, Subscription
-from broker.topic_store import TopicPolicies, TopicStore, check_name
+from broker.subscription_core import SubscriptionCore
+from broker.topic_records import TopicPolicies, check_name
+from broker.topic_store import TopicStore
 from coordination.store import MetadataError, NodeExistsError
 from ledger_client import BKError, BookKeeper
 
 log = logging.getLogger(__name__)
 
-DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplication map
 PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
 PRODUCER_EARLIER_BATCHES_WAIT_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
 UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
@@ -53,27 +55,6 @@ HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 RATE_WINDOW_S = 10.0
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
-
-
-class Lease:
-    """Until when this broker's ZooKeeper session is known alive (trio
-    time); subscriptions deliver only before it."""
-
-    def __init__(self) -> None:
-        self.until = float("-inf")  # nothing is delivered before the first renewal
-        self._renewed = trio.Event()
-
-    def valid(self) -> bool:
-        return trio.current_time() < self.until
-
-    def renew(self, until: float) -> None:
-        self.until = max(self.until, until)
-        renewed, self._renewed = self._renewed, trio.Event()
-        renewed.set()
-
-    async def wait_valid(self) -> None:
-        while not self.valid():
-            await self._renewed.wait()
 
 
 @dataclass
@@ -87,6 +68,9 @@ class BrokerContext:
     request_unload: Callable[["PartitionService", BrokerError], None]
     retention_check_interval_s: float = POLICY_REFRESH_INTERVAL_S
     lease: Lease = field(default_factory=Lease)
+    # The cores' classes (the simulator's planted mistakes replace one).
+    publish_core_class: type[PublishCore] = PublishCore
+    subscription_core_class: type[SubscriptionCore] = SubscriptionCore
 
 
 @dataclass(slots=True)
@@ -155,21 +139,16 @@ class PartitionService:
             context.bookkeeper, context.topic_store, name, policies,
             password=context.ledger_password, cache=context.cache, on_fenced=self.fence,
         )
-        self.dedup = Dedup()
-        self.producers: dict[str, ProducerLink] = {}  # by producer id
+        self.publishing: PublishCore[ProducerLink] = context.publish_core_class(
+            name, deduplication=policies.deduplication, snapshot_entries=DEDUP_SNAPSHOT_ENTRIES)
         self.subscriptions: dict[str, Subscription] = {}
         self.stats = PartitionStats()
         self.fenced: BrokerError | None = None
         self.closing = False
         self._nursery: trio.Nursery | None = None
         self._subscribe_lock = trio.Lock()
-        self._dedup_version: int | None = None
-        self._dedup_pending: DedupSnapshot | None = None
-        self._dedup_written: DedupSnapshot | None = None
-        self._dedup_wakeup = trio.Event()
-        self._entries_since_snapshot = 0
-        self._last_position: Position | None = None  # of the last entry persisted
-        self._batches_taken: dict[str, int] = {}  # producer id -> batches queued or being written
+        self._snapshot_wakeup = trio.Event()
+        self._snapshot_lock = trio.Lock()  # one snapshot write at a time
         self._batch_finished = trio.Event()
         self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
@@ -190,7 +169,7 @@ class PartitionService:
                 continue
             subscription = Subscription(
                 self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
-                cursor_version=version, created_ms=record.get("created_ms", 0),
+                cursor_version=version, core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
             )
             subscription.skip_to(self.managed_ledger.first_offset)
             # Written once now, before anything is dispatched: the version
@@ -200,38 +179,29 @@ class PartitionService:
             await subscription.write_cursor()
             self.subscriptions[subscription_name] = subscription
 
+    @property
+    def producers(self) -> dict[str, ProducerLink]:
+        return self.publishing.producers
+
     async def _rebuild_dedup(self) -> None:
-        stored = await self.topic_store.read_dedup(self.name)
-        snapshot = None
-        if stored is not None:
-            record, self._dedup_version = stored
-            try:
-                snapshot = DedupSnapshot.from_record(record)
-            except (ValueError, KeyError) as error:
-                log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name, error)
-        self.dedup = Dedup.from_snapshot(snapshot)
+        """The deduplication map: its snapshot, then every entry after it."""
+        publishing = self.publishing
+        covered = publishing.restore(await self.topic_store.read_dedup(self.name))
         managed_ledger = self.managed_ledger
-        if snapshot is not None and managed_ledger.has_entry(Position(snapshot.ledger_id, snapshot.entry_id)):
-            position = managed_ledger.readable_position(Position(snapshot.ledger_id, snapshot.entry_id + 1))
+        if covered is not None and managed_ledger.has_entry(Position(*covered)):
+            position = managed_ledger.readable_position(Position(covered[0], covered[1] + 1))
         else:
             position = managed_ledger.first_position() or managed_ledger.end_position()
-        replayed = 0
         while managed_ledger.has_entry(position):
             entries = await managed_ledger.read(position, 1000)
             for entry in entries:
-                self.dedup.replayed(entry.header.producer_id, entry.header.last_sequence_id)
+                publishing.replayed(entry.header.producer_id, entry.header.last_sequence_id)
                 position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
-            replayed += len(entries)
             position = managed_ledger.readable_position(position)
-        if position != (managed_ledger.first_position() or managed_ledger.end_position()) or replayed:
-            # The snapshot of what this owner starts from, written at once
-            # (its version moves on, fencing a previous owner's late write).
-            last = self._entry_before(position)
-            if last is not None:
-                self._dedup_pending = self.dedup.snapshot(last.ledger_id, last.entry_id)
-                await self._write_dedup_snapshot()
+        last = self._entry_before(position)
+        await self._write_snapshot(publishing.loaded(None if last is None else (last.ledger_id, last.entry_id)))
         log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot)",
-                 self.name, self.dedup.producer_count, replayed)
+                 self.name, publishing.producer_count, publishing.replayed_entries)
 
     def _entry_before(self, position: Position) -> Position | None:
         """The last entry stored before `position` (the end of the chain)."""
@@ -255,7 +225,7 @@ class PartitionService:
                 nursery.start_soon(self._housekeeping_loop)
                 nursery.start_soon(self._rollover_loop)
                 nursery.start_soon(self._append_loop, self._publish_queue_receive)
-                nursery.start_soon(self._dedup_snapshot_loop)
+                nursery.start_soon(self._snapshot_loop)
                 task_status.started()
         finally:
             self._stop_publishing()
@@ -274,6 +244,13 @@ class PartitionService:
             batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is no longer served here: look it up again")
         receive.close()
 
+    @property
+    def lease(self) -> Lease:
+        return self.context.lease
+
+    def delivered(self, count: int) -> None:
+        self.stats.messages_out += count
+
     def spawn(self, async_fn, *args) -> None:
         """A task of the partition (cancelled when it unloads)."""
         assert self._nursery is not None
@@ -289,6 +266,7 @@ class PartitionService:
         if self.fenced is not None or self.closing:
             return
         self.fenced = error
+        self.publishing.stop(str(error))
         log.warning("partition %s fenced: %s", self.name, error)
         self.context.request_unload(self, error)
 
@@ -299,16 +277,17 @@ class PartitionService:
         more is written, and acknowledgements still waiting are answered
         with an error (the client sends them again to the next owner)."""
         self.closing = True
+        self.publishing.stop("unloading")
         graceful = self.fenced is None
         with trio.move_on_after(UNLOAD_WRITES_S) as deadline:
             if graceful:
                 await self.managed_ledger.close()
             for subscription in list(self.subscriptions.values()):
                 await subscription.finish(write=graceful)
-            if graceful and self.policies.deduplication and self._last_position is not None:
-                self._dedup_pending = self.dedup.snapshot(self._last_position.ledger_id, self._last_position.entry_id)
+            if graceful:
                 try:
-                    await self._write_dedup_snapshot()
+                    async with self._snapshot_lock:
+                        await self._write_snapshot(self.publishing.final_snapshot())
                 except BrokerError as error:
                     log.warning("partition %s: %s (the next owner replays more entries)", self.name, error)
         if deadline.cancelled_caught:
@@ -322,38 +301,32 @@ class PartitionService:
 
     async def add_producer(self, link: ProducerLink) -> int:
         """Register a producer; returns the last sequence id persisted for
-        it. Answered only once none of its batches (from an earlier
-        connection) is still queued or being written: until then the last
-        persisted id is not known, and a producer that took the wrong one
-        would lose messages (new ones taken for copies, or copies of ones
-        that then failed taken for new)."""
-        self._check_serving()
-        if link.producer_id in self.producers:
-            raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
+        it, once none of its batches (from an earlier connection) is still
+        queued or being written (PublishCore.add_producer)."""
         with trio.move_on_after(PRODUCER_EARLIER_BATCHES_WAIT_S):
-            while self._batches_taken.get(link.producer_id):
+            while True:
+                answer, last_sequence_id = self.publishing.add_producer(link.producer_id, link)
+                if answer is not ProducerAnswer.WAIT:
+                    break
                 await self._batch_finished.wait()
-        if self._batches_taken.get(link.producer_id):
+        if answer is ProducerAnswer.OK:
+            return last_sequence_id
+        if answer is ProducerAnswer.BUSY:
+            raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
+        if answer is ProducerAnswer.WAIT:
             raise RetryLaterError(f"producer {link.producer_id!r} still has batches being written to {self.name}; retry")
         self._check_serving()
-        if link.producer_id in self.producers:
-            raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
-        self.producers[link.producer_id] = link
-        return self.dedup.last_persisted(link.producer_id)
+        raise TopicFencedError(f"partition {self.name} is being unloaded")
 
     def _batch_finished_for(self, producer_id: str) -> None:
-        remaining = self._batches_taken[producer_id] - 1
-        if remaining:
-            self._batches_taken[producer_id] = remaining
-            return
-        del self._batches_taken[producer_id]
-        finished, self._batch_finished = self._batch_finished, trio.Event()
-        finished.set()
+        if self.publishing.finished(producer_id):
+            finished, self._batch_finished = self._batch_finished, trio.Event()
+            finished.set()
 
     def remove_producer(self, producer_id: str, handle: int) -> None:
         link = self.producers.get(producer_id)
         if link is not None and link.handle == handle:
-            del self.producers[producer_id]
+            self.publishing.remove_producer(producer_id, link)
 
     def _check_serving(self) -> None:
         if self.fenced is not None:
@@ -396,7 +369,7 @@ class PartitionService:
                 batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is no longer served here: look it up again")
                 return
             queued = True
-            self._batches_taken[link.producer_id] = self._batches_taken.get(link.producer_id, 0) + 1
+            self.publishing.taken(link.producer_id)
         finally:
             if not queued:
                 batch.permit.release()  # answered, or cancelled while waiting for room
@@ -429,47 +402,29 @@ class PartitionService:
 
     async def _append_or_answer(self, batch: PublishedBatch) -> bool:
         link, send = batch.link, batch.send
-        producer_id, last_sequence_id = link.producer_id, send.last_sequence_id
-        if self.fenced is not None or self.closing:
-            batch.answer(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
+        producer_id, first_sequence_id, last_sequence_id = link.producer_id, send.first_sequence_id, send.last_sequence_id
+        publishing = self.publishing
+        judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id,
+                                     stored_bytes=self.managed_ledger.stored_bytes,
+                                     backlog_quota_bytes=self.policies.backlog_quota_bytes)
+        if judgement.status is not BrokerStatus.OK:
+            batch.answer(judgement.status, judgement.detail)
             return False
-        quota = self.policies.backlog_quota_bytes
-        if quota is not None and self.managed_ledger.stored_bytes >= quota:
-            batch.answer(BrokerStatus.PARTITION_OVERFLOW,
-                         f"partition overflow: {self.name} holds {self.managed_ledger.stored_bytes} bytes, its backlog quota is {quota} "
-                         f"(acknowledge messages of important subscriptions or raise the quota)")
-            return False
-        deduplicating = self.policies.deduplication
-        if deduplicating:
-            verdict = self.dedup.check(producer_id, last_sequence_id)
-            if verdict is Verdict.DUPLICATE:
-                batch.answer(BrokerStatus.DUPLICATE, f"sequence id {last_sequence_id} of {producer_id!r} was persisted before")
-                return False
-            if verdict is Verdict.IN_FLIGHT:
-                batch.answer(BrokerStatus.RETRY, f"sequence id {last_sequence_id} of {producer_id!r} is being written")
-                return False
 
         def make_entry(first_offset: int, publish_ms: int) -> bytes:
-            header = BatchHeader(producer_id, send.first_sequence_id, last_sequence_id, first_offset, send.message_count,
+            header = BatchHeader(producer_id, first_sequence_id, last_sequence_id, first_offset, send.message_count,
                                  publish_ms, batch.codec, batch.keys)
             return encode_entry(header, send.body)
 
         def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
             self._batch_finished_for(producer_id)
             if error is not None:
-                if deduplicating:
-                    self.dedup.failed(producer_id)
+                publishing.failed(producer_id)
                 batch.answer(error.status, str(error))
                 return
             assert position is not None
-            self._last_position = position
-            if deduplicating:
-                self.dedup.persisted(producer_id, last_sequence_id)
-                self._entries_since_snapshot += 1
-                if self._entries_since_snapshot >= DEDUP_SNAPSHOT_ENTRIES:
-                    self._entries_since_snapshot = 0
-                    self._dedup_pending = self.dedup.snapshot(position.ledger_id, position.entry_id)
-                    self._dedup_wakeup.set()
+            if publishing.persisted(producer_id, first_sequence_id, last_sequence_id, (position.ledger_id, position.entry_id)):
+                self._snapshot_wakeup.set()
             self.stats.messages_in += send.message_count
             self.stats.bytes_in += len(send.body)
             link.messages_in += send.message_count
@@ -480,8 +435,7 @@ class PartitionService:
         def pushed() -> None:
             # Called by the managed ledger right before it hands the entry
             # to the ledger, with no scheduling point in between.
-            if deduplicating:
-                self.dedup.pushed(producer_id, last_sequence_id)
+            publishing.pushed(producer_id, first_sequence_id, last_sequence_id)
 
         try:
             await self.managed_ledger.append(make_entry, send.message_count, done, pushed)
@@ -492,25 +446,29 @@ class PartitionService:
 
     # --- deduplication snapshots -------------------------------------------------------------
 
-    async def _dedup_snapshot_loop(self) -> None:
+    async def _snapshot_loop(self) -> None:
         while True:
-            await self._dedup_wakeup.wait()
-            self._dedup_wakeup = trio.Event()
+            await self._snapshot_wakeup.wait()
+            self._snapshot_wakeup = trio.Event()
             try:
-                await self._write_dedup_snapshot()
+                async with self._snapshot_lock:
+                    await self._write_snapshot(self.publishing.next_snapshot())
             except BrokerError as error:
                 self.fence(error)
                 return
 
-    async def _write_dedup_snapshot(self) -> None:
-        snapshot = self._dedup_pending
-        if snapshot is None or snapshot is self._dedup_written:
-            return
-        try:
-            self._dedup_version = await self.topic_store.write_dedup(self.name, snapshot.to_record(), self._dedup_version)
-        except MetadataError as error:
-            raise TopicFencedError(f"partition {self.name}: deduplication snapshot write failed: {error}") from None
-        self._dedup_written = snapshot
+    async def _write_snapshot(self, snapshot: DedupSnapshot | None) -> None:
+        """Write the snapshots the core hands out, one after the other."""
+        publishing = self.publishing
+        while snapshot is not None:
+            try:
+                version = await self.topic_store.write_dedup(self.name, snapshot.to_record(), publishing.snapshot_version)
+            except BaseException as error:
+                publishing.snapshot_failed(snapshot)
+                if isinstance(error, MetadataError):
+                    raise TopicFencedError(f"partition {self.name}: deduplication snapshot write failed: {error}") from None
+                raise
+            snapshot = publishing.snapshot_written(snapshot, version)
 
     # --- subscriptions -----------------------------------------------------------------------
 
@@ -545,7 +503,7 @@ class PartitionService:
                 next_offset = min(max(next_offset, self.managed_ledger.first_offset), self.managed_ledger.confirmed_offset + 1)
                 subscription = Subscription(
                     self, subscription_name, subscription_type, Cursor.at(next_offset),
-                    durable=durable, important=important, cursor_version=None, created_ms=int(time.time() * 1000),
+                    durable=durable, important=important, cursor_version=None, core_class=self.context.subscription_core_class, created_ms=int(time.time() * 1000),
                 )
                 if durable:
                     # Durable before the consumer hears of it: a restart keeps its position.
@@ -571,7 +529,7 @@ class PartitionService:
         subscription = Subscription(
             self, subscription_name, SubscriptionType.parse(record.get("type", "exclusive")), Cursor.from_record(record),
             durable=True, important=bool(record.get("important")), cursor_version=version,
-            created_ms=record.get("created_ms", 0),
+            core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
         )
         subscription.skip_to(self.managed_ledger.first_offset)
         return subscription
@@ -647,6 +605,7 @@ class PartitionService:
         found = await self.topic_store.read_topic(self.topic)
         if found is not None and found[0].policies != self.policies:
             self.policies = self.managed_ledger.policies = found[0].policies
+            self.publishing.deduplication = self.policies.deduplication
             log.info("partition %s: policies now %s", self.name, self.policies)
 
     def held_from_offset(self) -> int | None:
@@ -686,7 +645,7 @@ class PartitionService:
             "messages_out": self.stats.messages_out,
             **self.stats.rates(time.monotonic()),
             "producers": [{"producer_id": link.producer_id, "messages_in": link.messages_in,
-                           "last_sequence_id": self.dedup.last_persisted(link.producer_id)} for link in self.producers.values()],
+                           "last_sequence_id": self.publishing.last_persisted(link.producer_id)} for link in self.producers.values()],
             "subscriptions": {name: subscription.stats() for name, subscription in self.subscriptions.items()},
             "ledgers": ledgers,
             "policies": self.policies.to_dict(),

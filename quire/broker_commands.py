@@ -8,7 +8,7 @@ import socket
 import trio
 
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
-from broker.topic_store import TopicPolicies
+from broker.topic_records import TopicPolicies
 from quire import cli_ranges as ranges
 from quire.cli_parsing import HostPorts, Listeners, UsageError, human_duration, human_size, metrics_port, port_number
 from quire.logging_setup import configure_logging
@@ -102,7 +102,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
 def run(arguments: argparse.Namespace) -> int:
     from broker.broker_process import BrokerStartupError, run_broker
     from broker.server import BrokerConfig
-    from broker.topic_store import TopicPolicies
+    from broker.topic_records import TopicPolicies
 
     host = arguments.host
     if arguments.metrics_port == arguments.port:

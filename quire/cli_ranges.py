@@ -13,7 +13,7 @@ from bookie.request_core import ID_MAX as ENTRY_ID_MAX
 from broker.client.producer import MESSAGE_BYTES_MAX
 from broker.dispatcher import PERMITS_MAX
 from broker.protocol import I64_MAX
-from broker.topic_store import PARTITIONS_MAX
+from broker.topic_records import PARTITIONS_MAX
 from coordination.cluster_layout import LEDGER_ID_MAX
 # The maxSessionTimeout our ZooKeeper runs with: private to the launcher,
 # which writes it into zoo.cfg, and the only place the number lives.

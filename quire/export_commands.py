@@ -383,7 +383,7 @@ def export(arguments: argparse.Namespace) -> int:
 
 def check_arguments(arguments: argparse.Namespace) -> None:
     from broker.export_plan import Selection, parse_time_ms
-    from broker.topic_store import check_name
+    from broker.topic_records import check_name
 
     try:
         check_name(arguments.topic)

@@ -252,7 +252,7 @@ def _wait_for_bookies(state: ClusterState) -> None:
 
 def registered_addresses(store) -> dict[str, str]:
     """Registered bookies and brokers: address -> writable / read-only / serving."""
-    from broker.topic_store import BROKERS
+    from broker.topic_records import BROKERS
     from coordination.cluster_layout import ClusterLayout, list_bookies
     from coordination.store import NoNodeError
 

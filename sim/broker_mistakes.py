@@ -1,8 +1,8 @@
 """Known broker mistakes, planted on purpose (test-only), as `sim/mistakes.py`
-does for the ledger: each is a subclass of a real core (or of the
-simulation's driver, where the mistake lies in how a driver uses a core)
-that breaks one rule, so that tests can show the broker simulation finds
-it. Production code never imports this module.
+does for the ledger: each is a subclass of a real broker core
+(`PublishCore`, `SubscriptionCore`, or the `Dedup` and `Dispatcher` they
+use) that breaks one rule, so that tests can show the broker simulation
+finds it. Production code never imports this module.
 
 - `dedup-judges-first-sequence-id`: a batch is judged (and remembered) by
   its first sequence id instead of its last, so the broker tells a
@@ -22,13 +22,13 @@ it. Production code never imports this module.
   back or given back below a joining consumer's position goes to it while
   an earlier message of its key is still out at the consumer the key left;
 - `dispatch-without-lease`: a broker dispatches whatever it knows of its
-  ZooKeeper session, with no lease (broker/subscription.py waits for a
-  valid one), so one cut off from ZooKeeper (or paused) past its session
+  ZooKeeper session, with no lease (`SubscriptionCore.may_dispatch` waits
+  for a valid one), so one cut off from ZooKeeper (or paused) past its session
   timeout goes on delivering to its consumers messages acknowledged
   meanwhile through the new owner;
 - `resume-after-last-persisted`: a (re)connecting producer is told its last
   *persisted* sequence id at once, without waiting for the batches of its
-  earlier connection (broker/topic.py waits): a producer started again
+  earlier connection (`PublishCore.resume_after` waits): a producer started again
   after a crash resumes after it while a batch of its old process is still
   being written, and a batch of the new process that begins at or below
   that batch's last id is taken as new (judged by its last id): its first
@@ -40,7 +40,7 @@ it. Production code never imports this module.
   they are lost;
 - `acks-wait-on-unload`: when a partition is unloaded, the
   acknowledgements still waiting for a cursor write are never answered
-  (broker/subscription.py answers them TOPIC_FENCED), and the consumer's
+  (`SubscriptionCore.close` hands them back to be answered TOPIC_FENCED), and the consumer's
   acknowledgement waits for ever (a liveness failure).
 """
 
@@ -48,15 +48,13 @@ from __future__ import annotations
 
 from broker.dedup import Dedup, DedupSnapshot
 from broker.dispatcher import Dispatcher
-from broker.errors import BrokerStatus
-from sim.broker_messages import Send
-from sim.broker_partition import SimPartition
-from sim.broker_subscription import SimSubscription
+from broker.publish_core import PublishCore
+from broker.subscription_core import SubscriptionCore
 
 
-class JudgesFirstSequenceId(SimPartition):
-    def judged_sequence_id(self, send: Send) -> int:
-        return send.first_sequence_id
+class JudgesFirstSequenceId(PublishCore):
+    def judged_sequence_id(self, first_sequence_id: int, last_sequence_id: int) -> int:
+        return first_sequence_id
 
 
 class SnapshotAheadDedup(Dedup):
@@ -67,7 +65,7 @@ class SnapshotAheadDedup(Dedup):
         return DedupSnapshot(ledger_id, entry_id, sequences)
 
 
-class SnapshotAhead(SimPartition):
+class SnapshotAhead(PublishCore):
     dedup_class = SnapshotAheadDedup
 
 
@@ -76,41 +74,45 @@ class ReplaySkippedDedup(Dedup):
         pass
 
 
-class ReplaySkipped(SimPartition):
+class ReplaySkipped(PublishCore):
     dedup_class = ReplaySkippedDedup
 
 
-class AckBeforeDurable(SimSubscription):
-    def _await_durable(self, offsets, cumulative, respond) -> None:
+class AckBeforeDurable(SubscriptionCore):
+    def _await_durable(self, waiter):
         # The mistake: answered now, as if a cursor write covering it were done.
-        self.broker.checker.ack_answered(offsets, cumulative, self.cursor.to_record())
-        respond(BrokerStatus.OK)
+        self.changed()
+        return (waiter,)
 
 
-class ResumeAfterLastPersisted(SimPartition):
-    def last_sequence_id_for(self, producer_id: str) -> int:
+class ResumeAfterLastPersisted(PublishCore):
+    def resume_after(self, producer_id: str) -> int:
         return self.dedup.last_persisted(producer_id)
 
 
-class ResumeAfterLastTaken(SimPartition):
-    def last_sequence_id_for(self, producer_id: str) -> int:
+class ResumeAfterLastTaken(PublishCore):
+    def resume_after(self, producer_id: str) -> int:
         return self.dedup.last_taken(producer_id)
 
 
-class OvertakesOnJoin(Dispatcher):
+class OvertakesOnJoinDispatcher(Dispatcher):
     def _earlier_out_elsewhere(self, key: str, consumer_id: int, offset: int) -> bool:
         return False
 
 
-class DispatchWithoutLease(SimSubscription):
-    def may_dispatch(self) -> bool:
-        return True
+class OvertakesOnJoin(SubscriptionCore):
+    dispatcher_class = OvertakesOnJoinDispatcher
 
 
-class AcksWaitOnUnload(SimSubscription):
-    def close(self) -> None:
-        self._waiting = []  # nothing answers them any more
+class DispatchWithoutLease(SubscriptionCore):
+    def may_dispatch(self, lease_valid: bool) -> bool:
+        return not self.closed
+
+
+class AcksWaitOnUnload(SubscriptionCore):
+    def close(self) -> list:
         super().close()
+        return []  # nothing answers them any more
 
 
 # The mistakes that break a safety rule (each found by a checker), and those
@@ -120,13 +122,13 @@ BROKER_SAFETY_MISTAKES = ("dedup-judges-first-sequence-id", "dedup-snapshot-ahea
 BROKER_LIVENESS_MISTAKES = ("acks-wait-on-unload", "resume-after-last-taken")
 
 BROKER_MISTAKES = {
-    "dedup-judges-first-sequence-id": {"partition_class": JudgesFirstSequenceId},
-    "dedup-snapshot-ahead": {"partition_class": SnapshotAhead},
-    "dedup-replay-skipped": {"partition_class": ReplaySkipped},
-    "ack-before-durable": {"subscription_class": AckBeforeDurable},
-    "key-shared-overtakes-on-join": {"dispatcher_class": OvertakesOnJoin},
-    "dispatch-without-lease": {"subscription_class": DispatchWithoutLease},
-    "resume-after-last-persisted": {"partition_class": ResumeAfterLastPersisted},
-    "resume-after-last-taken": {"partition_class": ResumeAfterLastTaken},
-    "acks-wait-on-unload": {"subscription_class": AcksWaitOnUnload},
+    "dedup-judges-first-sequence-id": {"publish_core_class": JudgesFirstSequenceId},
+    "dedup-snapshot-ahead": {"publish_core_class": SnapshotAhead},
+    "dedup-replay-skipped": {"publish_core_class": ReplaySkipped},
+    "ack-before-durable": {"subscription_core_class": AckBeforeDurable},
+    "key-shared-overtakes-on-join": {"subscription_core_class": OvertakesOnJoin},
+    "dispatch-without-lease": {"subscription_core_class": DispatchWithoutLease},
+    "resume-after-last-persisted": {"publish_core_class": ResumeAfterLastPersisted},
+    "resume-after-last-taken": {"publish_core_class": ResumeAfterLastTaken},
+    "acks-wait-on-unload": {"subscription_core_class": AcksWaitOnUnload},
 }

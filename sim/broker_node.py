@@ -8,15 +8,16 @@ fails once that session has expired, even if it arrives later; the broker
 hears of the expiry from a failed call (its periodic session check, or any
 other), gives the partition up and starts a new session.
 
-Until it hears, it would go on serving what it loaded, as the trio driver
-does: a broker cut off from ZooKeeper, or paused past its session timeout,
-then delivers to the consumers still connected to it messages they have
-since acknowledged through the new owner. So the simulated broker holds a
-lease: a call answered in its session proves the session alive until the
-call was sent plus the session timeout (ZooKeeper expires a session only
-that long after it last heard of it), and the subscription dispatches only
-while the lease holds (`dispatch-without-lease` in `sim.broker_mistakes`
-is the trio driver's way, and the simulation finds it).
+Until it hears, it would go on serving what it loaded: a broker cut off
+from ZooKeeper, or paused past its session timeout, would then deliver to
+the consumers still connected to it messages they have since acknowledged
+through the new owner. So the simulated broker holds a
+lease, as the trio broker does, with the same rule (`LeaseCore`): a call
+answered in its session proves the session alive until the call was sent
+plus the session timeout (ZooKeeper expires a session only that long after
+it last heard of it), and the subscription dispatches only within a part of
+that (`dispatch-without-lease` in `sim.broker_mistakes` plants dispatching
+without it, and the simulation finds it).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from broker.dispatcher import Dispatcher
 from broker.errors import BrokerStatus
-from broker.topic_store import owner_path
+from broker.ownership_core import LeaseCore
+from broker.publish_core import PublishCore
+from broker.subscription_core import SubscriptionCore
+from broker.topic_records import owner_path
 from coordination.store import NodeExistsError, NoNodeError, SessionExpiredError
 from sim.broker_checker import BrokerChecker
 from sim.broker_links import Connection, LinkedNode, Links
@@ -66,17 +69,17 @@ class _ConnectionState:
 class SimBroker(LinkedNode):
     def __init__(self, name: str, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
                  checker: BrokerChecker, parameters: BrokerSimParameters, *, owner_session: Callable[[], int | None],
-                 partition_class: type[SimPartition] = SimPartition,
-                 subscription_class: type[SimSubscription] = SimSubscription,
-                 dispatcher_class: type[Dispatcher] = Dispatcher) -> None:
+                 publish_core_class: type[PublishCore] = PublishCore,
+                 subscription_core_class: type[SubscriptionCore] = SubscriptionCore) -> None:
         super().__init__(name, world, network, links)
         self.log = log
         self.checker = checker
         self.parameters = parameters
         self._owner_session = owner_session  # the simulator's look at who owns the partition now
-        self.partition_class = partition_class
-        self.subscription_class = subscription_class
-        self.dispatcher_class = dispatcher_class
+        # The real cores' classes (a planted mistake, from sim.broker_mistakes, replaces one).
+        self.publish_core_class = publish_core_class
+        self.subscription_core_class = subscription_core_class
+        self.subscription_class = SimSubscription
         self.metadata = MetadataLink(self, zk, session_timeout_ms=parameters.session_timeout_ms,
                                      call_timeout_ms=parameters.session_timeout_ms)
         self.loads = 0
@@ -98,7 +101,8 @@ class SimBroker(LinkedNode):
         self._releasing = 0
         self._waiting_load: list[OnServing] = []
         self._reconnecting = False
-        self.lease_until_ms = self.world.now_ms + self.parameters.session_timeout_ms  # a session just made
+        self.lease = LeaseCore(self.parameters.session_timeout_ms)
+        self.lease.renewed(self.world.now_ms, self.world.now_ms)  # a session just made
         self._connections: dict[int, _ConnectionState] = {}
         self.after(self.parameters.session_timeout_ms / 3, self._check_session)
         self.world.log(f"{self.name} started (session {store.session_id})")
@@ -139,15 +143,11 @@ class SimBroker(LinkedNode):
 
     def _renew_lease(self, sent_ms: float) -> None:
         """A call sent at `sent_ms` was answered in the current session."""
-        lease_ms = sent_ms + self.parameters.session_timeout_ms
-        if lease_ms > self.lease_until_ms:
-            expired = not self.holds_lease()
-            self.lease_until_ms = lease_ms
-            if expired and self.partition is not None and self.partition.subscription is not None:
-                self.partition.subscription.wake()
+        if self.lease.renewed(sent_ms, self.world.now_ms) and self.partition is not None and self.partition.subscription is not None:
+            self.partition.subscription.wake()
 
     def holds_lease(self) -> bool:
-        return self.world.now_ms < self.lease_until_ms
+        return self.lease.valid(self.world.now_ms)
 
     def _check_session(self) -> None:
         self.zk_call(lambda store: store.session_id, lambda result, error: None, "session check")
@@ -242,10 +242,7 @@ class SimBroker(LinkedNode):
                 on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
             return
         self.loads += 1
-        partition = self.partition = self.partition_class(
-            self, f"{self.name}/{self.incarnation}.{self.loads}", session_id,
-            subscription_class=self.subscription_class, dispatcher_class=self.dispatcher_class,
-        )
+        partition = self.partition = SimPartition(self, f"{self.name}/{self.incarnation}.{self.loads}", session_id)
         self._waiting_load = waiting
         self.world.log(f"{partition.instance} loading")
         partition.load(lambda load_error: self._loaded(partition, load_error))

@@ -1,13 +1,11 @@
-"""One simulated broker's load of the partition: the real `Dedup`, `Cursor`
-and `Dispatcher` cores driven as `broker/topic.py` and
-`broker/subscription.py` drive them, over the simulated log and metadata
-store. Loading opens (fences) the log, rebuilds the deduplication map from
-its snapshot and the entries after it, and reads the durable cursor;
-publishing checks deduplication, appends and answers once persisted;
-acknowledgements are answered once a cursor write covering them is
-durable (`sim.broker_subscription`). Any failed write fences the load:
-the broker unloads it. Where the trio driver does otherwise, a comment
-says so.
+"""One simulated broker's load of the partition: a driver of the real
+`PublishCore` (producers, deduplication, snapshots) and, through
+`sim.broker_subscription`, of the real `SubscriptionCore`, as
+`broker/topic.py` drives them with trio, over the simulated log and
+metadata store. Loading opens (fences) the log, rebuilds the deduplication
+map from its snapshot and the entries after it, and reads the durable
+cursor; publishing asks the core, appends and answers once persisted. Any
+failed write fences the load: the broker unloads it.
 """
 
 from __future__ import annotations
@@ -18,10 +16,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from broker.cursor import Cursor
-from broker.dedup import Dedup, DedupSnapshot, Verdict
-from broker.dispatcher import Dispatcher, SubscriptionType
+from broker.dedup import DedupSnapshot
+from broker.dispatcher import SubscriptionType
 from broker.errors import BrokerStatus
-from broker.topic_store import cursor_path, dedup_path, managed_ledger_path
+from broker.publish_core import ProducerAnswer, PublishCore
+from broker.topic_records import cursor_path, dedup_path, managed_ledger_path
 from coordination.store import NoNodeError
 from sim.broker_log import LogEntry
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Send, SendReceipt
@@ -81,38 +80,33 @@ def read_versioned(path: str):
     return read
 
 
+_PRODUCER_STATUS = {
+    ProducerAnswer.OK: BrokerStatus.OK,
+    ProducerAnswer.BUSY: BrokerStatus.PRODUCER_BUSY,
+    ProducerAnswer.WAIT: BrokerStatus.SERVICE_UNAVAILABLE,  # the producer asks again
+    ProducerAnswer.FENCED: BrokerStatus.TOPIC_FENCED,
+}
+
+
 class SimPartition:
     """PartitionService's bookkeeping for one load (`instance`) of the partition."""
 
-    dedup_class: type[Dedup] = Dedup
-
-    def __init__(self, broker: "SimBroker", instance: str, session_id: int, *,
-                 subscription_class: "type[SimSubscription]", dispatcher_class: type[Dispatcher]) -> None:
+    def __init__(self, broker: "SimBroker", instance: str, session_id: int) -> None:
         self.broker = broker
         self.instance = instance
         self.session_id = session_id  # the ZooKeeper session that claimed it
-        self.subscription_class = subscription_class
-        self.dispatcher_class = dispatcher_class
-        parameters = broker.parameters
-        self.snapshot_entries = parameters.dedup_snapshot_entries  # DEDUP_SNAPSHOT_ENTRIES in broker/topic.py
+        self.publishing: PublishCore[ProducerLink] = broker.publish_core_class(
+            instance, snapshot_entries=broker.parameters.dedup_snapshot_entries)
         self.epoch = -1
         self.entries: list[LogEntry] = []  # persisted, as this load knows them
         self._first_offsets: list[int] = []
         self.next_offset = 0
         self.confirmed_offset = -1
-        self.dedup: Dedup = self.dedup_class()
-        self.producers: dict[str, ProducerLink] = {}
         self.subscription: "SimSubscription | None" = None
         self._cursor_loaded: tuple[dict, int] | None = None
         self._creating: list[tuple[ConsumerLink, str, int, Respond]] | None = None  # subscribes waiting for the cursor's creation
         self.serving = False
         self.fenced: str | None = None
-        self._dedup_version: int | None = None
-        self._dedup_pending: DedupSnapshot | None = None
-        self._dedup_written: DedupSnapshot | None = None
-        self._dedup_writing = False
-        self._entries_since_snapshot = 0
-        self.replayed = 0
 
     # --- loading ------------------------------------------------------------------------------
 
@@ -142,20 +136,13 @@ class SimPartition:
             if error is not None:
                 return failed(error)
             self._rebuild_dedup(result)
-            if not self.entries:
-                return read_cursor()
             # The snapshot of what this owner starts from, written at once:
             # its version moves on, fencing a previous owner's late write.
-            last = self.entries[-1]
-            snapshot = self.dedup.snapshot(last.ledger_id, last.entry_id)
-            broker.zk_call(write_versioned(dedup_path(PARTITION), snapshot.to_record(), self._dedup_version),
-                           dedup_written, f"write dedup snapshot at load {last.ledger_id}:{last.entry_id}")
-
-        def dedup_written(result: Any, error: Exception | None) -> None:
-            if error is not None:
-                return failed(error)
-            self._dedup_version = result
-            read_cursor()
+            last = self.entries[-1] if self.entries else None
+            snapshot = self.publishing.loaded(None if last is None else (last.ledger_id, last.entry_id))
+            if snapshot is None:
+                return read_cursor()
+            self._write_snapshot(snapshot, lambda: read_cursor(), failed)
 
         def read_cursor() -> None:
             broker.zk_call(read_versioned(cursor_path(PARTITION, SUBSCRIPTION)), cursor_read, "read cursor")
@@ -168,16 +155,13 @@ class SimPartition:
             record, version = result
             # Written once now, before anything is dispatched (as the dedup
             # snapshot above).
-            checker, ranges_max = broker.checker, broker.parameters.cursor_ranges_max
-            write = write_versioned(cursor_path(PARTITION, SUBSCRIPTION), record, version,
-                                    lambda: checker.cursor_written(record, ranges_max))
-            broker.zk_call(write, lambda written, write_error: cursor_written(record, written, write_error),
-                           f"write cursor at load v{version}")
+            subscription = broker.subscription_class(self, SubscriptionType.parse(record["type"]), Cursor.from_record(record), version)
+            subscription.write_now(lambda write_error: cursor_written(subscription, write_error))
 
-        def cursor_written(record: dict, version: Any, error: Exception | None) -> None:
+        def cursor_written(subscription: "SimSubscription", error: Exception | None) -> None:
             if error is not None:
                 return failed(error)
-            self._start_subscription(SubscriptionType.parse(record["type"]), Cursor.from_record(record), version)
+            self._start_subscription(subscription)
             serve()
 
         def serve() -> None:
@@ -188,124 +172,99 @@ class SimPartition:
 
     def _rebuild_dedup(self, stored: tuple[dict, int] | None) -> None:
         """As `PartitionService._rebuild_dedup`: the snapshot, then every entry after it."""
-        snapshot = None
-        if stored is not None:
-            record, self._dedup_version = stored
-            snapshot = DedupSnapshot.from_record(record)
-        self.dedup = self.dedup_class.from_snapshot(snapshot)
+        publishing = self.publishing
+        covered = publishing.restore(stored)
         start = 0
-        if snapshot is not None:
+        if covered is not None:
             for index, entry in enumerate(self.entries):
-                if (entry.ledger_id, entry.entry_id) == (snapshot.ledger_id, snapshot.entry_id):
+                if (entry.ledger_id, entry.entry_id) == covered:
                     start = index + 1
                     break
         for entry in self.entries[start:]:
-            self.dedup.replayed(entry.producer_id, entry.last_sequence_id)
-        self.replayed = len(self.entries) - start
-        self.broker.world.log(f"{self.instance} dedup: snapshot {None if snapshot is None else (snapshot.ledger_id, snapshot.entry_id)}, "
-                              f"{self.replayed} entries replayed")
+            publishing.replayed(entry.producer_id, entry.last_sequence_id)
+        self.broker.world.log(f"{self.instance} dedup: snapshot {covered}, {publishing.replayed_entries} entries replayed")
 
     # --- producers ------------------------------------------------------------------------------
 
-    def add_producer(self, link: ProducerLink) -> tuple[BrokerStatus, int]:
-        if not self.serving or self.fenced is not None:
-            return BrokerStatus.TOPIC_FENCED, -1
-        if link.producer_id in self.producers:
-            return BrokerStatus.PRODUCER_BUSY, -1
-        last_sequence_id = self.last_sequence_id_for(link.producer_id)
-        if last_sequence_id is None:
-            return BrokerStatus.SERVICE_UNAVAILABLE, -1
-        self.producers[link.producer_id] = link
-        return BrokerStatus.OK, last_sequence_id
+    @property
+    def producers(self) -> dict[str, ProducerLink]:
+        return self.publishing.producers
 
-    def last_sequence_id_for(self, producer_id: str) -> int | None:
-        """What a (re)connecting producer must continue after, once it is
-        known: None while a batch of an earlier connection is still being
-        written (the producer asks again), as broker/topic.py waits for
-        those batches before it answers. Answering at once goes wrong either
-        way: with the last id persisted or being written
-        (`Dedup.last_taken`), a batch being written may then fail, and a
-        producer started again after a crash never sends its messages
-        (`resume-after-last-taken` in sim.broker_mistakes); with the last
-        persisted id, it sends them again in batches that overlap the one
-        being written, persisted twice (`resume-after-last-persisted`)."""
-        last_persisted = self.dedup.last_persisted(producer_id)
-        return last_persisted if self.dedup.last_taken(producer_id) == last_persisted else None
+    def add_producer(self, link: ProducerLink) -> tuple[BrokerStatus, int]:
+        """A producer is told what to continue after once none of its
+        batches of an earlier connection is unanswered (it asks again
+        meanwhile), as broker/topic.py waits for them (`PublishCore.add_producer`)."""
+        if not self.serving:
+            return BrokerStatus.TOPIC_FENCED, -1
+        answer, last_sequence_id = self.publishing.add_producer(link.producer_id, link)
+        return _PRODUCER_STATUS[answer], last_sequence_id
 
     def remove_producer(self, link: ProducerLink) -> None:
-        if self.producers.get(link.producer_id) is link:
-            del self.producers[link.producer_id]
-
-    def judged_sequence_id(self, send: Send) -> int:
-        """The sequence id deduplication judges a batch by: its highest."""
-        return send.last_sequence_id
+        self.publishing.remove_producer(link.producer_id, link)
 
     def publish(self, link: ProducerLink, send: Send) -> None:
-        broker = self.broker
+        broker, publishing = self.broker, self.publishing
 
         def answer(status: BrokerStatus, first_offset: int = -1, detail: str = "") -> None:
+            publishing.finished(producer_id)
             broker.send_to(link.connection, SendReceipt(link.handle, send.last_sequence_id, status, first_offset, detail))
 
-        if self.fenced is not None or not self.serving:
+        producer_id, first_sequence_id, last_sequence_id = link.producer_id, send.first_sequence_id, send.last_sequence_id
+        publishing.taken(producer_id)
+        if not self.serving:
             return answer(BrokerStatus.TOPIC_FENCED, detail="partition unloaded")
-        producer_id, sequence_id = link.producer_id, self.judged_sequence_id(send)
-        verdict = self.dedup.check(producer_id, sequence_id)
-        if verdict is Verdict.DUPLICATE:
-            return answer(BrokerStatus.DUPLICATE)
-        if verdict is Verdict.IN_FLIGHT:
-            return answer(BrokerStatus.RETRY)
-        self.dedup.pushed(producer_id, sequence_id)
+        judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id, stored_bytes=0, backlog_quota_bytes=None)
+        if judgement.status is not BrokerStatus.OK:
+            return answer(judgement.status, detail=judgement.detail)
+        publishing.pushed(producer_id, first_sequence_id, last_sequence_id)
         first_offset = self.next_offset
         self.next_offset += len(send.sequence_ids)
 
         def done(entry: LogEntry | None) -> None:
             # A completion reaches the broker as any event does: not at all
             # after a crash, once it runs again after a pause.
-            broker.after(0, self._append_done, producer_id, sequence_id, entry, answer)
+            broker.after(0, self._append_done, send, producer_id, entry, answer)
 
         broker.log.append(self.epoch, producer_id, send.sequence_ids, send.keys, first_offset, done)
 
-    def _append_done(self, producer_id: str, sequence_id: int, entry: LogEntry | None, answer: Respond) -> None:
+    def _append_done(self, send: Send, producer_id: str, entry: LogEntry | None, answer: Respond) -> None:
+        publishing = self.publishing
         if entry is None:
-            self.dedup.failed(producer_id)
+            publishing.failed(producer_id)
             self.fence("an append failed")
             return answer(BrokerStatus.TOPIC_FENCED, detail="append failed")
         self.entries.append(entry)
         self._first_offsets.append(entry.first_offset)
         self.confirmed_offset = entry.last_offset
-        self.dedup.persisted(producer_id, sequence_id)
-        self._entries_since_snapshot += 1
-        if self._entries_since_snapshot >= self.snapshot_entries:
-            self._entries_since_snapshot = 0
-            self._dedup_pending = self.dedup.snapshot(entry.ledger_id, entry.entry_id)
-            self._write_dedup_snapshot()
+        if publishing.persisted(producer_id, send.first_sequence_id, send.last_sequence_id, (entry.ledger_id, entry.entry_id)):
+            self._write_snapshot(publishing.next_snapshot())
         answer(BrokerStatus.OK, entry.first_offset)
         if self.subscription is not None:
             self.subscription.wake()
 
-    def _write_dedup_snapshot(self) -> None:
-        """One write at a time, of the newest snapshot (`_dedup_snapshot_loop`)."""
-        snapshot = self._dedup_pending
-        if self._dedup_writing or snapshot is None or snapshot is self._dedup_written or self.fenced is not None:
-            return
-        self._dedup_writing = True
+    def _write_snapshot(self, snapshot: DedupSnapshot | None, then: Callable[[], None] = lambda: None,
+                        on_failed: Callable[[Exception], None] | None = None) -> None:
+        """Write the snapshots the core hands out, one after the other (`_write_snapshot` of broker/topic.py)."""
+        if snapshot is None:
+            return then()
+        publishing = self.publishing
 
         def written(result: Any, error: Exception | None) -> None:
-            self._dedup_writing = False
             if error is not None:
+                publishing.snapshot_failed(snapshot)
+                if on_failed is not None:
+                    return on_failed(error)
                 return self.fence(f"deduplication snapshot write failed: {type(error).__name__}")
-            self._dedup_version = result
-            self._dedup_written = snapshot
-            self._write_dedup_snapshot()
+            self._write_snapshot(publishing.snapshot_written(snapshot, result), then, on_failed)
 
-        self.broker.zk_call(write_versioned(dedup_path(PARTITION), snapshot.to_record(), self._dedup_version), written,
+        self.broker.zk_call(write_versioned(dedup_path(PARTITION), snapshot.to_record(), publishing.snapshot_version), written,
                             f"write dedup snapshot at {snapshot.ledger_id}:{snapshot.entry_id}")
 
     # --- the subscription -----------------------------------------------------------------------
 
-    def _start_subscription(self, kind: SubscriptionType, cursor: Cursor, version: int) -> None:
-        self.subscription = self.subscription_class(self, kind, cursor, version)
-        self.broker.checker.serving_started(self.instance, kind)
+    def _start_subscription(self, subscription: "SimSubscription") -> None:
+        self.subscription = subscription
+        self.broker.checker.serving_started(self.instance, subscription.core.subscription_type)
 
     def subscribe(self, link: ConsumerLink, subscription_type: str, priority: int, respond: Respond) -> None:
         if not self.serving or self.fenced is not None:
@@ -318,26 +277,21 @@ class SimPartition:
         # A new durable subscription is written before its consumer hears of
         # it, at the earliest position (offset 0: nothing is trimmed here).
         self._creating = [(link, subscription_type, priority, respond)]
-        kind = SubscriptionType.parse(subscription_type)
-        cursor = Cursor.at(0)
-        record = {**cursor.to_record(), "type": kind.value}
+        subscription = self.broker.subscription_class(self, SubscriptionType.parse(subscription_type), Cursor.at(0), None)
 
-        def created(result: Any, error: Exception | None) -> None:
+        def created(error: Exception | None) -> None:
             waiting, self._creating = self._creating or [], None
-            if error is not None:
-                self.fence(f"creating the cursor failed: {type(error).__name__}")
+            if error is not None or self.fenced is not None:
+                if error is not None:
+                    self.fence(f"creating the cursor failed: {type(error).__name__}")
                 for *_, respond_later in waiting:
                     respond_later(BrokerStatus.TOPIC_FENCED)
                 return
-            if self.fenced is not None:
-                for *_, respond_later in waiting:
-                    respond_later(BrokerStatus.TOPIC_FENCED)
-                return
-            self._start_subscription(kind, cursor, result)
+            self._start_subscription(subscription)
             for waiting_link, waiting_type, waiting_priority, respond_later in waiting:
-                respond_later(self.subscription.add_consumer(waiting_link, SubscriptionType.parse(waiting_type), waiting_priority))
+                respond_later(subscription.add_consumer(waiting_link, SubscriptionType.parse(waiting_type), waiting_priority))
 
-        self.broker.zk_call(write_versioned(cursor_path(PARTITION, SUBSCRIPTION), record, None), created, "create cursor")
+        subscription.write_now(created)
 
     def entry_index_of(self, offset: int) -> int:
         """The index in `entries` of the entry holding `offset` (len when beyond)."""
@@ -350,6 +304,7 @@ class SimPartition:
         if self.fenced is not None:
             return
         self.fenced = reason
+        self.publishing.stop(reason)
         self.broker.world.log(f"{self.instance} fenced: {reason}")
         self.broker.unload(self)
 
@@ -358,9 +313,8 @@ class SimPartition:
         broker = self.broker
         if self.subscription is not None:
             self.subscription.close()
-        for link in sorted(self.producers.values(), key=lambda link: link.producer_id):
+        for link in sorted(self.publishing.stop("unloaded").values(), key=lambda link: link.producer_id):
             broker.send_to(link.connection, Closed(link.handle, "partition moved"))
-        self.producers.clear()
         if self._creating:
             for link, *_, respond in self._creating:
                 respond(BrokerStatus.TOPIC_FENCED)

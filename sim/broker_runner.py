@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from broker.topic_store import cursor_path
+from broker.topic_records import cursor_path
 from coordination.store import NoNodeError
 from sim.broker_checker import BrokerChecker
 from sim.broker_consumer import SimConsumer, consumer_priorities

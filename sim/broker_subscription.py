@@ -1,18 +1,19 @@
-"""A subscription on the simulated broker's load of the partition, as
-`broker/subscription.py`: the real `Cursor` and `Dispatcher`, acknowledgements
-group-committed and answered once a cursor write covering them is durable,
-and the dispatch loop (reads, deliveries, what could not be sent given
-back). It dispatches only while its broker's lease on its ZooKeeper
-session holds (see `sim.broker_node`)."""
+"""A subscription on the simulated broker's load of the partition: a driver
+of the real `SubscriptionCore` (acknowledgements, their group commit, the
+cursor's writes, consumers and types, dispatching only within the lease),
+as `broker/subscription.py` is with trio; here the dispatch loop reads the
+simulated log's entries, and a read of entries delivered again may fail
+(what could not be sent goes back to the dispatcher)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from broker.cursor import Cursor
-from broker.dispatcher import ConsumerRefusedError, Delivery, EntryRef, SubscriptionType
-from broker.errors import BrokerStatus
-from broker.topic_store import cursor_path
+from broker.dispatcher import Delivery, Dispatcher, EntryRef, SubscriptionType
+from broker.errors import BadRequestError, BrokerStatus, ConsumerBusyError, TopicFencedError
+from broker.subscription_core import CursorWrite, SubscriptionCore
+from broker.topic_records import cursor_path
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Deliver
 from sim.broker_partition import ConsumerLink, Respond, write_versioned
 
@@ -23,21 +24,19 @@ READ_ENTRIES_MAX = 100  # entries per read, as broker/subscription.py
 READ_MS_MAX = 1.0  # a read of recent entries (the entry cache, or a bookie)
 READ_FAILURE_BACKOFF_MS = 500.0  # READ_FAILURE_BACKOFF_S
 
+# What waits for a durable write: (offsets, cumulative, respond).
+AckWaiter = tuple
+
 
 class SimSubscription:
-    def __init__(self, partition: "SimPartition", kind: SubscriptionType, cursor: Cursor, cursor_version: int) -> None:
+    def __init__(self, partition: "SimPartition", kind: SubscriptionType, cursor: Cursor, cursor_version: int | None) -> None:
         self.partition = partition
         self.broker = partition.broker
-        self.kind = kind
-        self.cursor = cursor
-        self.dispatcher = partition.dispatcher_class(kind, cursor)
+        self.core: SubscriptionCore[AckWaiter] = self.broker.subscription_core_class(
+            SUBSCRIPTION, kind, cursor, cursor_version=cursor_version,
+            ranges_persisted_max=self.broker.parameters.cursor_ranges_max,
+        )
         self.consumers: dict[int, ConsumerLink] = {}
-        self.closed = False
-        self._version = cursor_version
-        self._changes = 0
-        self._persisted = 0
-        self._writing = False
-        self._waiting: list[tuple[int, tuple[int, ...], bool, Respond]] = []  # (change, offsets, cumulative, respond)
         self._read_index: int | None = None
         self._dispatch_scheduled = False
         self._reading = False
@@ -46,21 +45,27 @@ class SimSubscription:
     def instance(self) -> str:
         return self.partition.instance
 
+    @property
+    def closed(self) -> bool:
+        return self.core.closed
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        return self.core.dispatcher
+
     # --- consumers ------------------------------------------------------------------------
 
     def add_consumer(self, link: ConsumerLink, kind: SubscriptionType, priority: int) -> BrokerStatus:
         checker = self.broker.checker
-        if kind is not self.kind:
-            if self.consumers:
-                return BrokerStatus.CONSUMER_BUSY
-            self.kind = kind
-            self.dispatcher = self.partition.dispatcher_class(kind, self.cursor)
+        try:
+            changed = self.core.add_consumer(link.consumer_id, link.name, kind, priority)
+        except ConsumerBusyError:
+            return BrokerStatus.CONSUMER_BUSY
+        except TopicFencedError:
+            return BrokerStatus.TOPIC_FENCED
+        if changed:
             self._read_index = None
             checker.subscription_type_changed(self.instance, kind)
-        try:
-            self.dispatcher.add_consumer(link.consumer_id, link.name, priority=priority)
-        except ConsumerRefusedError:
-            return BrokerStatus.CONSUMER_BUSY
         self.consumers[link.consumer_id] = link
         checker.consumer_added(self.instance, link.consumer_id, link.name, priority)
         self.wake()
@@ -68,7 +73,7 @@ class SimSubscription:
 
     def remove_consumer(self, consumer_id: int) -> None:
         if self.consumers.pop(consumer_id, None) is not None:
-            self.dispatcher.remove_consumer(consumer_id)
+            self.core.remove_consumer(consumer_id)
             self.broker.checker.consumer_removed(self.instance, consumer_id)
             self.wake()
 
@@ -85,69 +90,58 @@ class SimSubscription:
 
     def acknowledge(self, offsets: tuple[int, ...], cumulative: bool, respond: Respond) -> None:
         """Take acknowledgements; `respond` once a cursor write covering them is durable."""
-        # (The trio driver also bounds the ranges a cursor holds in memory,
-        # ACKED_RANGES_MAX = 100,000, refusing past it only what would start
-        # a new range: `Cursor.acknowledge_within`, tested on its own. The
-        # simulated runs hold a few hundred messages, far from it.)
-        if any(offset > self.partition.confirmed_offset for offset in offsets) or (cumulative and len(offsets) != 1):
+        try:
+            outcome = self.core.acknowledge(offsets, cumulative, self.partition.confirmed_offset, (offsets, cumulative, respond))
+        except BadRequestError:
             return respond(BrokerStatus.BAD_REQUEST)
-        if cumulative and self.kind in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
-            return respond(BrokerStatus.BAD_REQUEST)  # as Pulsar: it would acknowledge what others hold
-        if cumulative:
-            self.cursor.acknowledge_cumulative(offsets[0])
-            self.dispatcher.acknowledged_through(offsets[0])
-        else:
-            self.cursor.acknowledge(offsets)
-            self.dispatcher.acknowledged(offsets)
+        except TopicFencedError:
+            return respond(BrokerStatus.TOPIC_FENCED)
+        assert not outcome.refused, "the simulated runs stay far below the bound of acknowledged ranges"
         self.broker.checker.acknowledged(self.instance, offsets, cumulative)
         self.wake()
-        self._changes += 1
-        self._await_durable(offsets, cumulative, respond)
+        self._answer(outcome.answer_now, self.core.cursor.to_record(self.core.ranges_persisted_max))
         self._persist()
 
-    def _await_durable(self, offsets: tuple[int, ...], cumulative: bool, respond: Respond) -> None:
-        self._waiting.append((self._changes, offsets, cumulative, respond))
-
     def _persist(self) -> None:
-        """Write the cursor whenever it changed; one write at a time (`persist_loop`)."""
-        if self._writing or self._persisted == self._changes or self.closed:
-            return
-        target = self._changes
-        record = {**self.cursor.to_record(self.broker.parameters.cursor_ranges_max), "type": self.kind.value}
-        self._writing = True
+        """Carry out the writes the core asks for, one at a time."""
+        write = self.core.next_write()
+        if write is not None:
+            self._write(write, lambda: self._persist())
+
+    def write_now(self, on_written: Any) -> None:
+        """The core's forced write (at load, at creation); `on_written(error)`."""
+        self._write(self.core.force_write(), lambda: on_written(None), on_written)
+
+    def _write(self, write: CursorWrite, then: Any, on_failed: Any = None) -> None:
+        checker, ranges_max = self.broker.checker, self.broker.parameters.cursor_ranges_max
 
         def written(result: Any, error: Exception | None) -> None:
-            self._writing = False
-            if self.closed:
+            if self.closed and on_failed is None:
                 return  # unloaded meanwhile: what waited was answered then
             if error is not None:
+                for _, _, respond in self.core.cursor_write_failed(write):
+                    respond(BrokerStatus.TOPIC_FENCED)
+                if on_failed is not None:
+                    return on_failed(error)
                 return self.partition.fence(f"cursor write failed: {type(error).__name__}")
-            self._version = result
-            self._persisted = target
-            self._answer_durable(record)
-            self._persist()
+            self._answer(self.core.cursor_written(write, result), write.record)
+            then()
 
-        checker, ranges_max = self.broker.checker, self.broker.parameters.cursor_ranges_max
-        write = write_versioned(cursor_path(PARTITION, SUBSCRIPTION), record, self._version,
-                                lambda: checker.cursor_written(record, ranges_max))
-        self.broker.zk_call(write, written,
-                            f"write cursor v{self._version} mark-delete {record['mark_delete']} ranges {len(record['acked'])}")
+        store_write = write_versioned(cursor_path(PARTITION, SUBSCRIPTION), write.record, write.expected_version,
+                                      lambda: checker.cursor_written(write.record, ranges_max))
+        self.broker.zk_call(store_write, written, f"write cursor v{write.expected_version} mark-delete "
+                                                  f"{write.record['mark_delete']} ranges {len(write.record['acked'])}")
 
-    def _answer_durable(self, record: dict) -> None:
-        durable = [waiting for waiting in self._waiting if waiting[0] <= self._persisted]
-        self._waiting = [waiting for waiting in self._waiting if waiting[0] > self._persisted]
-        for _, offsets, cumulative, respond in durable:
+    def _answer(self, waiters: Any, record: dict) -> None:
+        for offsets, cumulative, respond in waiters:
             self.broker.checker.ack_answered(offsets, cumulative, record)
             respond(BrokerStatus.OK)
 
     def close(self) -> None:
         """Unloaded. The acknowledgements still waiting for a write are
         answered TOPIC_FENCED, so that the client sends them again to the
-        next owner, as `Subscription.finish` does (left unanswered, they
-        would wait for ever: `acks-wait-on-unload` in sim.broker_mistakes)."""
-        self.closed = True
-        waiting, self._waiting = self._waiting, []
-        for _, _, _, respond in waiting:
+        next owner (`SubscriptionCore.close`)."""
+        for _, _, respond in self.core.close():
             respond(BrokerStatus.TOPIC_FENCED)
         for link in sorted(self.consumers.values(), key=lambda link: link.consumer_id):
             self.broker.send_to(link.connection, Closed(link.handle, "partition moved"))
@@ -161,11 +155,11 @@ class SimSubscription:
 
     def may_dispatch(self) -> bool:
         """Only while the broker's lease on its session holds (see sim.broker_node)."""
-        return self.broker.holds_lease()
+        return self.core.may_dispatch(self.broker.holds_lease())
 
     def _dispatch_once(self) -> None:
         self._dispatch_scheduled = False
-        if self.closed or self._reading or not self.may_dispatch():
+        if self._reading or not self.may_dispatch():
             return  # woken again when the lease is renewed
         deliveries = self.dispatcher.dispatch_replay()
         if deliveries:

@@ -30,7 +30,7 @@ from broker.errors import ConnectionClosedError, ServiceUnavailableError
 from broker.message_format import Codec
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo
 from broker.protocol import FRAME_BYTES_MAX_DEFAULT, Admin, Lookup
-from broker.topic_store import check_name, partition_name
+from broker.topic_records import check_name, partition_name
 from ledger_client.exception_groups import unwrap_single_exception
 
 LOOKUP_HOPS_MAX = 8  # redirects followed by one lookup

@@ -173,7 +173,7 @@ async def test_two_brokers_claiming_one_partition_only_one_can_append(zk_hosts, 
     # A's next append fails, A gives the partition up, and its producer ends
     # up on B. Nothing acknowledged is lost; nothing is stored twice.
     from coordination.async_store import AsyncMetadataStore, connect_zookeeper
-    from broker.topic_store import owner_path
+    from broker.topic_records import owner_path
     from broker.protocol import Lookup
 
     first, second = await start_cluster(bookies, brokers)

@@ -15,7 +15,7 @@ from broker.client import Client
 from broker.errors import BrokerError
 from broker.message_format import Codec, encode_body
 from broker.protocol import PROTOCOL_VERSION, Connect, ProducerOpen, Send, SendReceipt, decode, encode
-from broker.topic_store import dedup_path
+from broker.topic_records import dedup_path
 from coordination.store import NoNodeError
 from coordination.zk_store import KazooMetadataStore
 from framing.codec import FrameDecoder

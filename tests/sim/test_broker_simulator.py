@@ -156,7 +156,7 @@ def test_takeovers_rebuild_dedup_and_cursors_and_the_liveness_phase_finishes():
     # one to another; every load fences the log (a new epoch), rebuilds the
     # deduplication map from its snapshot and the entries after it, and
     # everything is published, delivered and acknowledged in the end.
-    result = run_broker_seed(3, trace=True, faults=("crash", "expire"), brokers=3, dedup_snapshot_entries=5,
+    result = run_broker_seed(13, trace=True, faults=("crash", "expire"), brokers=3, dedup_snapshot_entries=5,
                              safety_ms=15_000, fault_interval_ms_mean=1_000.0)
     assert result.ok, result.summary()
     assert result.stats["loads"] >= 3 and result.stats["epochs"] == result.stats["loads"]

@@ -10,7 +10,7 @@ import pytest
 
 from broker.admin import AdminHandler
 from broker.errors import BadRequestError
-from broker.topic_store import TopicPolicies
+from broker.topic_records import TopicPolicies
 
 MESSAGE_CHARS_MAX = 500
 
@@ -23,7 +23,7 @@ class NoStore:
 
 
 def handler() -> AdminHandler:
-    return AdminHandler(SimpleNamespace(config=SimpleNamespace(default_policies=TopicPolicies()), topic_store=NoStore()))
+    return AdminHandler(SimpleNamespace(default_policies=TopicPolicies(), topic_store=NoStore()))
 
 
 @pytest.mark.parametrize(

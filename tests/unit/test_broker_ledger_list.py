@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.ledger_list import OpenLedgerIndex, OpenLedgerState, ledger_index_of, rollover_reason, stored_bytes, trimmable_count
-from broker.topic_store import LedgerInfo, TopicPolicies
+from broker.topic_records import LedgerInfo, TopicPolicies
 
 # --- rollover -------------------------------------------------------------------------
 

@@ -12,10 +12,10 @@ import trio
 
 from bookie.protocol.entry_format import Entry
 from broker.entry_cache import EntryCache, Position
-from broker.ledger_list import OpenLedgerIndex
 from broker.managed_ledger import ManagedLedger
+from broker.managed_ledger_core import ManagedLedgerCore
 from broker.message_format import BatchHeader, Codec, encode_entry
-from broker.topic_store import LedgerInfo, ManagedLedgerRecord, TopicPolicies
+from broker.topic_records import ManagedLedgerRecord, TopicPolicies
 
 LEDGER_ID = 77
 
@@ -38,10 +38,14 @@ def open_ledger_of(message_counts: list[int], *, points_max: int, cache_bytes: i
     """A managed ledger whose open ledger holds entries of these message
     counts, persisted as the ledger handle would report them."""
     managed_ledger = ManagedLedger(None, None, "partition", TopicPolicies(), password=b"", cache=EntryCache(cache_bytes))
+    # Its core opened on an empty chain, with a small index (so that it thins out).
+    core = managed_ledger.core = ManagedLedgerCore("partition", TopicPolicies(), open_index_points_max=points_max)
+    core.open()
+    core.record_read((ManagedLedgerRecord(), 0))
+    core.ledger_created(LEDGER_ID, 0)
+    core.record_written(1, 0)
     handle = StandInHandle()
     managed_ledger.handle = handle
-    managed_ledger.record = ManagedLedgerRecord((LedgerInfo(LEDGER_ID, 0, 0),))
-    managed_ledger._open_index = OpenLedgerIndex(points_max=points_max)  # small, so that it thins out
     first_offset = 0
     for entry_id, count in enumerate(message_counts):
         data = encode_entry(BatchHeader("p", first_offset, first_offset + count - 1, first_offset, count, 1, Codec.NONE, None), b"x" * count)
@@ -55,7 +59,7 @@ def test_every_offset_of_a_long_open_ledger_is_found_with_a_bounded_index():
     rng = random.Random(21)
     counts = [rng.randint(1, 4) for _ in range(3_000)]
     managed_ledger, handle = open_ledger_of(counts, points_max=16, cache_bytes=0)  # every lookup reads back
-    index = managed_ledger._open_index
+    index = managed_ledger.core.open_index
     assert len(index) <= 16 and index.stride == 256
     firsts = [sum(counts[:entry_id]) for entry_id in range(len(counts))]
 

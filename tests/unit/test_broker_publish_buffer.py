@@ -18,7 +18,7 @@ from broker.message_format import Codec, encode_body
 from broker.protocol import Send
 from broker.publish_buffer import PublishBuffer, PublishPermit, batch_cost_bytes
 from broker.topic import BrokerContext, PartitionService, ProducerLink
-from broker.topic_store import TopicPolicies
+from broker.topic_records import TopicPolicies
 
 DEADLINE_S = 10.0
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.topic_store import (
+from broker.topic_records import (
     LedgerInfo,
     ManagedLedgerRecord,
     TopicPolicies,

@@ -235,7 +235,7 @@ def test_help_and_reference_show_each_range():
 
 def test_bounds_come_from_the_code_they_protect():
     from broker.client.producer import MESSAGE_BYTES_MAX
-    from broker.topic_store import PARTITIONS_MAX
+    from broker.topic_records import PARTITIONS_MAX
     from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 
     assert cli_ranges.partitions.high == PARTITIONS_MAX == 10_000

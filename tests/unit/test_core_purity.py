@@ -42,6 +42,7 @@ CORE_MODULES = (
     "broker.ledger_list",
     "broker.export_plan",
     "broker.message_format",
+    "broker.topic_records",
 )
 DRIVERS = ("trio", "socket", "kazoo", "rocksdict", "pyspark")
 # A driver that a core may load only through these modules, which are not
@@ -52,11 +53,7 @@ DRIVERS = ("trio", "socket", "kazoo", "rocksdict", "pyspark")
 LOADED_BY_DEPENDENCY = {"socket": {"email.utils"}}
 # Cores that import a driver today: known, to be fixed in the module, not
 # here. A strict xfail fails once the module is pure, so the mark goes then.
-KNOWN_IMPURE = {
-    "broker.ledger_list": "imports LedgerInfo and TopicPolicies from broker.topic_store, which imports "
-    "coordination.async_store (trio); the records belong in a pure module of their own",
-    "broker.export_plan": "imports LedgerInfo from broker.topic_store, which imports coordination.async_store (trio)",
-}
+KNOWN_IMPURE: dict[str, str] = {}
 
 
 def discovered_cores() -> set[str]:

@@ -18,7 +18,7 @@ from broker.export_plan import (
     parse_time_ms,
     plan_splits,
 )
-from broker.topic_store import LedgerInfo
+from broker.topic_records import LedgerInfo
 
 
 def chain() -> tuple[LedgerInfo, ...]:

@@ -15,7 +15,7 @@ import trio
 
 from bookie.registration import CookieCheck, Registration
 from broker.ownership import BrokerInfo, Ownership
-from broker.topic_store import broker_path
+from broker.topic_records import broker_path
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, ensure_cluster_layout
 from coordination.memory_store import InMemoryMetadataServer

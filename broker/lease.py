@@ -1,0 +1,30 @@
+"""The broker's dispatch lease in trio time: `LeaseCore`'s rule, with an
+event that subscriptions wait on while it has lapsed."""
+
+from __future__ import annotations
+
+import trio
+
+from broker.ownership_core import LeaseCore
+
+
+class Lease:
+    def __init__(self, session_timeout_ms: float = 10_000) -> None:
+        self.core = LeaseCore(session_timeout_ms)
+        self._renewed = trio.Event()
+
+    def valid(self) -> bool:
+        return self.core.valid(trio.current_time() * 1000)
+
+    def renew(self, sent_at_s: float) -> None:
+        """A ZooKeeper request sent at `sent_at_s` (trio time) was answered."""
+        self.core.renewed(sent_at_s * 1000, trio.current_time() * 1000)
+        renewed, self._renewed = self._renewed, trio.Event()
+        renewed.set()
+
+    async def wait_valid(self) -> None:
+        while not self.valid():
+            await self._renewed.wait()
+
+
+__all__ = ["Lease"]

@@ -1,0 +1,235 @@
+"""The broker's records and names, pure (no I/O): topic, partition,
+subscription and producer names and their bounds, where each record lives in
+ZooKeeper (inside the cluster's chroot), and the records themselves:
+
+    /brokers/<broker id>                    ephemeral: a live broker and its address
+    /topics/<topic>                         a topic: partitions, policies
+    /owners/<partition>                     ephemeral: the broker serving a partition
+    /managed-ledgers/<partition>            its ledgers (versioned; compare-and-set)
+    /managed-ledgers/<partition>/dedup      the producers' deduplication snapshot
+    /managed-ledgers/<partition>/cursors/<subscription>   a durable cursor
+
+A partition is a topic itself when the topic is not partitioned, else
+`<topic>-partition-<i>` (Pulsar's naming). Records are JSON.
+"""
+
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from framing.codec import describe
+
+# A topic, partition, subscription or producer name: a ZooKeeper node name,
+# a metric label and a word in log lines and error messages, so short. Its
+# length is checked before anything else is done with it (a peer may send a
+# name of megabytes).
+NAME_CHARS_MAX = 200
+# Matched with fullmatch: `$` would also match before a final newline.
+NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:=-]{{0,{NAME_CHARS_MAX - 1}}}")
+# Unknown policy names shown in an error message; the rest are counted.
+UNKNOWN_POLICIES_SHOWN_MAX = 5
+PARTITION_SUFFIX = re.compile(r"(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})")
+PARTITIONS_MAX = 10_000
+
+BROKERS = "/brokers"
+TOPICS = "/topics"
+OWNERS = "/owners"
+MANAGED_LEDGERS = "/managed-ledgers"
+
+
+def check_name(name: str, what: str = "topic") -> str:
+    """`name` if it is a good name; else ValueError, whose message shows
+    the name bounded (`describe`), whatever its size and type."""
+    if not isinstance(name, str) or len(name) > NAME_CHARS_MAX or not NAME_PATTERN.fullmatch(name):
+        shown = f"of {len(name)} characters" if isinstance(name, str) and len(name) > NAME_CHARS_MAX else describe(name)
+        raise ValueError(
+            f"bad {what} name {shown}: 1-{NAME_CHARS_MAX} characters of letters, digits and _ . : = -, "
+            f"starting with a letter or digit"
+        )
+    return name
+
+
+def partition_name(topic: str, index: int) -> str:
+    """The name of partition `index` of a partitioned topic (-1: the topic itself)."""
+    return topic if index < 0 else f"{topic}-partition-{index}"
+
+
+def split_partition(name: str) -> tuple[str, int]:
+    """(topic, partition index) of a partition's name; index -1 when the
+    name does not look like a partition of a partitioned topic."""
+    match = PARTITION_SUFFIX.fullmatch(name)
+    if match is None:
+        return name, -1
+    return match.group("topic"), int(match.group("index"))
+
+
+def broker_path(broker_id: str) -> str:
+    return f"{BROKERS}/{broker_id}"
+
+
+def topic_path(topic: str) -> str:
+    return f"{TOPICS}/{topic}"
+
+
+def owner_path(partition: str) -> str:
+    return f"{OWNERS}/{partition}"
+
+
+def managed_ledger_path(partition: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}"
+
+
+def dedup_path(partition: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}/dedup"
+
+
+def cursors_path(partition: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}/cursors"
+
+
+def cursor_path(partition: str, subscription: str) -> str:
+    return f"{MANAGED_LEDGERS}/{partition}/cursors/{subscription}"
+
+
+# --- records -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TopicPolicies:
+    """A topic's limits. None means no limit."""
+
+    retention_time_ms: int | None = None  # closed ledgers older than this may go
+    retention_bytes: int | None = None  # beyond the newest this many bytes, ledgers may go
+    backlog_quota_bytes: int | None = None  # a partition holding more refuses producers
+    rollover_entries: int = 50_000
+    rollover_bytes: int = 256 * 1024 * 1024
+    rollover_time_ms: int = 4 * 3600 * 1000  # a ledger older than this is closed and a new one started
+    rollover_idle_ms: int = 10 * 60 * 1000  # ... and one nobody wrote to for this long
+    # A ledger younger than this does not roll over for its entries or bytes
+    # (Pulsar's managedLedgerMinLedgerRolloverTimeMinutes): it bounds how
+    # fast the ledger list, one ZooKeeper node, grows on a busy topic.
+    rollover_min_time_ms: int = 10 * 60 * 1000
+    deduplication: bool = True
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes"):
+            value = getattr(self, name)
+            if value is not None and (type(value) is not int or value < 0):
+                raise ValueError(f"{name} must be a non-negative integer or None, got {describe(value)}")
+        for name in ("rollover_entries", "rollover_bytes", "rollover_time_ms", "rollover_idle_ms"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {describe(value)}")
+        if type(self.rollover_min_time_ms) is not int or self.rollover_min_time_ms < 0:
+            raise ValueError(f"rollover_min_time_ms must be a non-negative integer, got {describe(self.rollover_min_time_ms)}")
+        if type(self.deduplication) is not bool:
+            raise ValueError("deduplication must be true or false")
+        for name in ("ensemble_size", "write_quorum", "ack_quorum"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                raise ValueError(f"{name} must be an integer, got {describe(value)}")
+        if not (self.ensemble_size >= self.write_quorum >= self.ack_quorum >= 1):
+            raise ValueError(
+                f"need ensemble_size >= write_quorum >= ack_quorum >= 1, got "
+                f"{self.ensemble_size}/{self.write_quorum}/{self.ack_quorum}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], base: "TopicPolicies | None" = None) -> "TopicPolicies":
+        """Policies from a map, unknown names refused; names not given keep
+        `base`'s values."""
+        known = {item.name for item in fields(cls)}
+        unknown = [name for name in values if name not in known]
+        if unknown:
+            # The names are a peer's: each shown bounded, and only the first few.
+            shown = [describe(name) for name in unknown[:UNKNOWN_POLICIES_SHOWN_MAX]]
+            more = len(unknown) - len(shown)
+            raise ValueError(f"unknown topic policies [{', '.join(shown)}]{f' and {more} more' if more else ''}; "
+                             f"known: {sorted(known)}")
+        return replace(base or cls(), **values)
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    partitions: int  # 0: not partitioned
+    policies: TopicPolicies = field(default_factory=TopicPolicies)
+    created_ms: int = 0
+
+    def partition_names(self, topic: str) -> list[str]:
+        if self.partitions == 0:
+            return [topic]
+        return [partition_name(topic, index) for index in range(self.partitions)]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {"partitions": self.partitions, "policies": self.policies.to_dict(), "created_ms": self.created_ms}, sort_keys=True
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "TopicRecord":
+        record = json.loads(data)
+        return cls(record["partitions"], TopicPolicies.from_dict(record.get("policies", {})), record.get("created_ms", 0))
+
+
+@dataclass(frozen=True)
+class LedgerInfo:
+    """One ledger of a partition. `entries`, `messages` and `bytes` are None
+    while it is open (the owner knows them; the record learns them at its close)."""
+
+    ledger_id: int
+    first_offset: int
+    created_ms: int
+    entries: int | None = None
+    messages: int | None = None
+    bytes: int | None = None
+    closed_ms: int | None = None
+
+    @property
+    def is_closed(self) -> bool:
+        return self.entries is not None
+
+    @property
+    def last_offset(self) -> int:
+        assert self.messages is not None, "an open ledger's last offset is not in the record"
+        return self.first_offset + self.messages - 1
+
+    def closed(self, entries: int, messages: int, bytes_: int, closed_ms: int) -> "LedgerInfo":
+        return replace(self, entries=entries, messages=messages, bytes=bytes_, closed_ms=closed_ms)
+
+
+@dataclass(frozen=True)
+class ManagedLedgerRecord:
+    ledgers: tuple[LedgerInfo, ...] = ()
+
+    # One array per ledger, in this order: the record is one ZooKeeper node
+    # (1 MB at most), so each ledger takes some 60 bytes, not 150.
+    _FIELDS = ("ledger_id", "first_offset", "created_ms", "entries", "messages", "bytes", "closed_ms")
+
+    def to_bytes(self) -> bytes:
+        rows = [[getattr(info, name) for name in self._FIELDS] for info in self.ledgers]
+        return json.dumps({"fields": list(self._FIELDS), "ledgers": rows}, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "ManagedLedgerRecord":
+        record = json.loads(data)
+        names = record.get("fields")
+        if names is None:  # one object per ledger
+            return cls(tuple(LedgerInfo(**info) for info in record["ledgers"]))
+        return cls(tuple(LedgerInfo(**dict(zip(names, row))) for row in record["ledgers"]))
+
+
+__all__ = [
+    "BROKERS", "MANAGED_LEDGERS", "NAME_CHARS_MAX", "OWNERS", "PARTITIONS_MAX", "TOPICS", "LedgerInfo", "ManagedLedgerRecord",
+    "TopicPolicies", "TopicRecord", "broker_path", "check_name", "cursor_path", "cursors_path", "dedup_path",
+    "managed_ledger_path", "owner_path", "partition_name", "split_partition", "topic_path",
+]

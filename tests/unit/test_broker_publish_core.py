@@ -1,0 +1,71 @@
+"""The publishing core, driven directly: what a (re)connecting producer is
+told while batches of its earlier connection are unanswered, what a batch
+gets (taken, duplicate, retry, over quota, unloading), and the snapshots of
+the deduplication map (due every N entries, one write at a time, at load and
+at a graceful unload)."""
+
+from __future__ import annotations
+
+from broker.errors import BrokerStatus
+from broker.publish_core import ProducerAnswer, PublishCore
+
+
+def test_a_reconnecting_producer_waits_for_its_earlier_batches():
+    core = PublishCore("p")
+    assert core.add_producer("a", "link-1") == (ProducerAnswer.OK, -1)
+    assert core.add_producer("a", "link-2") == (ProducerAnswer.BUSY, -1)
+    core.taken("a")
+    assert core.judge("a", 0, 4, stored_bytes=0, backlog_quota_bytes=None).status is BrokerStatus.OK
+    core.pushed("a", 0, 4)
+    core.remove_producer("a", "link-1")  # its connection broke, the batch is still being written
+    assert core.add_producer("a", "link-2") == (ProducerAnswer.WAIT, -1)
+    core.persisted("a", 0, 4, (7, 0))
+    assert core.finished("a") is True
+    assert core.add_producer("a", "link-2") == (ProducerAnswer.OK, 4)
+
+
+def test_what_a_batch_gets():
+    core = PublishCore("p")
+    judge = lambda first, last, **kw: core.judge("a", first, last, stored_bytes=kw.get("stored", 0),
+                                                   backlog_quota_bytes=kw.get("quota"))
+    assert judge(0, 2).status is BrokerStatus.OK
+    core.pushed("a", 0, 2)
+    assert judge(0, 2).status is BrokerStatus.RETRY  # still being written
+    core.persisted("a", 0, 2, (1, 0))
+    assert judge(1, 2).status is BrokerStatus.DUPLICATE  # judged by its last sequence id
+    assert judge(3, 3, stored=100, quota=100).status is BrokerStatus.PARTITION_OVERFLOW
+    core.deduplication = False
+    assert judge(0, 2).status is BrokerStatus.OK
+    core.stop("unloading")
+    assert judge(5, 5).status is BrokerStatus.TOPIC_FENCED
+    assert core.add_producer("b", "link")[0] is ProducerAnswer.FENCED
+
+
+def test_snapshots_are_due_every_n_entries_and_written_one_at_a_time():
+    core = PublishCore("p", snapshot_entries=2)
+    assert core.restore(None) is None
+    for sequence_id in range(4):
+        core.pushed("a", sequence_id, sequence_id)
+        due = core.persisted("a", sequence_id, sequence_id, (1, sequence_id))
+        assert due is (sequence_id % 2 == 1)
+        if sequence_id == 1:
+            first = core.next_snapshot()
+            assert first.entry_id == 1 and first.sequences == {"a": 1}
+    assert core.next_snapshot() is None  # the first is still being written
+    newer = core.snapshot_written(first, 0)
+    assert newer.entry_id == 3 and core.snapshot_version == 0
+    assert core.snapshot_written(newer, 1) is None
+    assert core.final_snapshot() is None  # nothing new since
+
+
+def test_a_new_owner_restores_replays_and_writes_what_it_starts_from():
+    core = PublishCore("p")
+    covered = core.restore(({"ledger_id": 3, "entry_id": 9, "sequences": {"a": 5}}, 4))
+    assert covered == (3, 9) and core.last_persisted("a") == 5
+    core.replayed("a", 8)
+    core.replayed("b", 1)
+    snapshot = core.loaded((4, 1))
+    assert (snapshot.ledger_id, snapshot.entry_id) == (4, 1) and snapshot.sequences == {"a": 8, "b": 1}
+    assert core.snapshot_version == 4  # the write is a compare-and-set against the stored version
+    unreadable = PublishCore("q")
+    assert unreadable.restore(({"ledger_id": "x"}, 0)) is None  # every entry is replayed instead
