@@ -35,7 +35,7 @@ from broker.managed_ledger_core import (
     WriteRecord,
 )
 from broker.message_format import decode_entry
-from broker.topic_records import TopicPolicies
+from broker.topic_records import LedgerInfo, TopicPolicies
 from broker.topic_store import TopicStore
 from coordination.store import BadVersionError, MetadataError
 from ledger_client import BKError, BookKeeper, LedgerHandle, NoSuchLedgerError, PendingAdd, ReadHandle

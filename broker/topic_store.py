@@ -5,15 +5,16 @@ of `broker.topic_records`, at the paths it names.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from broker.topic_records import (
     BROKERS,
     MANAGED_LEDGERS,
     OWNERS,
+    PARTITIONS_MAX,
     TOPICS,
     ManagedLedgerRecord,
     TopicRecord,
+    check_name,
     cursor_path,
     cursors_path,
     dedup_path,

@@ -22,7 +22,6 @@ from bookie.protocol.wire import (
     LAST_ADD_CONFIRMED,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_MIN,
-    ADD_BATCH_ADDS_MAX,
     AddBatchResponse,
     AddFlag,
     AddRequest,
