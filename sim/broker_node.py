@@ -46,7 +46,8 @@ from sim.broker_messages import (
     Subscribe,
 )
 from sim.broker_parameters import BrokerSimParameters
-from sim.broker_partition import ConsumerLink, ProducerLink, SimPartition
+from sim.broker_calls import ConsumerLink, ProducerLink
+from sim.broker_partition import SimPartition
 from sim.broker_subscription import SimSubscription
 from sim.metadata_node import MetadataLink, MetadataReply, ZkNode
 from sim.network import Network

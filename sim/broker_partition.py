@@ -11,9 +11,7 @@ failed write fences the load: the broker unloads it.
 from __future__ import annotations
 
 import bisect
-import json
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from broker.cursor import Cursor
 from broker.dedup import DedupSnapshot
@@ -21,64 +19,11 @@ from broker.dispatcher import SubscriptionType
 from broker.errors import BrokerStatus
 from broker.publish_core import ProducerAnswer, PublishCore
 from broker.topic_records import cursor_path, dedup_path, managed_ledger_path
-from coordination.store import NoNodeError
+from sim.broker_calls import BrokerView, ConsumerLink, ProducerLink, Respond, read_versioned, write_versioned
 from sim.broker_log import LogEntry
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Send, SendReceipt
 
-if TYPE_CHECKING:
-    from sim.broker_links import Connection
-    from sim.broker_node import SimBroker
-    from sim.broker_subscription import SimSubscription
-
 LOAD_STEP_MS_MAX = 20.0  # ledger recovery and the like while loading
-
-Respond = Callable[..., None]
-
-
-@dataclass(slots=True)
-class ProducerLink:
-    connection: "Connection"
-    handle: int
-    producer_id: str
-
-
-@dataclass(slots=True)
-class ConsumerLink:
-    connection: "Connection"
-    handle: int
-    consumer_id: int
-    name: str
-
-
-def write_versioned(path: str, record: dict, expected_version: int | None,
-                    on_written: Callable[[], None] = lambda: None):
-    """`TopicStore._write_versioned` as a metadata call: create when there
-    is no version yet, else compare-and-set; returns the new version.
-    `on_written` runs where the write takes effect (for the checkers)."""
-    data = json.dumps(record, separators=(",", ":")).encode()
-
-    def write(store) -> int:
-        if expected_version is None:
-            store.create(path, data, make_parents=True)
-            version = 0
-        else:
-            version = store.set(path, data, expected_version).version
-        on_written()
-        return version
-
-    return write
-
-
-def read_versioned(path: str):
-    def read(store) -> tuple[dict, int] | None:
-        try:
-            data, stat = store.get(path)
-        except NoNodeError:
-            return None
-        return json.loads(data), stat.version
-
-    return read
-
 
 _PRODUCER_STATUS = {
     ProducerAnswer.OK: BrokerStatus.OK,
@@ -91,7 +36,7 @@ _PRODUCER_STATUS = {
 class SimPartition:
     """PartitionService's bookkeeping for one load (`instance`) of the partition."""
 
-    def __init__(self, broker: "SimBroker", instance: str, session_id: int) -> None:
+    def __init__(self, broker: BrokerView, instance: str, session_id: int) -> None:
         self.broker = broker
         self.instance = instance
         self.session_id = session_id  # the ZooKeeper session that claimed it
@@ -102,7 +47,7 @@ class SimPartition:
         self._first_offsets: list[int] = []
         self.next_offset = 0
         self.confirmed_offset = -1
-        self.subscription: "SimSubscription | None" = None
+        self.subscription: Any = None
         self._cursor_loaded: tuple[dict, int] | None = None
         self._creating: list[tuple[ConsumerLink, str, int, Respond]] | None = None  # subscribes waiting for the cursor's creation
         self.serving = False
@@ -158,7 +103,7 @@ class SimPartition:
             subscription = broker.subscription_class(self, SubscriptionType.parse(record["type"]), Cursor.from_record(record), version)
             subscription.write_now(lambda write_error: cursor_written(subscription, write_error))
 
-        def cursor_written(subscription: "SimSubscription", error: Exception | None) -> None:
+        def cursor_written(subscription: Any, error: Exception | None) -> None:
             if error is not None:
                 return failed(error)
             self._start_subscription(subscription)
@@ -262,7 +207,7 @@ class SimPartition:
 
     # --- the subscription -----------------------------------------------------------------------
 
-    def _start_subscription(self, subscription: "SimSubscription") -> None:
+    def _start_subscription(self, subscription: Any) -> None:
         self.subscription = subscription
         self.broker.checker.serving_started(self.instance, subscription.core.subscription_type)
 

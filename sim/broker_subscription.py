@@ -7,7 +7,7 @@ simulated log's entries, and a read of entries delivered again may fail
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from broker.cursor import Cursor
 from broker.dispatcher import Delivery, Dispatcher, EntryRef, SubscriptionType
@@ -15,10 +15,7 @@ from broker.errors import BadRequestError, BrokerStatus, ConsumerBusyError, Topi
 from broker.subscription_core import CursorWrite, SubscriptionCore
 from broker.topic_records import cursor_path
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Deliver
-from sim.broker_partition import ConsumerLink, Respond, write_versioned
-
-if TYPE_CHECKING:
-    from sim.broker_partition import SimPartition
+from sim.broker_calls import ConsumerLink, PartitionView, Respond, write_versioned
 
 READ_ENTRIES_MAX = 100  # entries per read, as broker/subscription.py
 READ_MS_MAX = 1.0  # a read of recent entries (the entry cache, or a bookie)
@@ -29,7 +26,7 @@ AckWaiter = tuple
 
 
 class SimSubscription:
-    def __init__(self, partition: "SimPartition", kind: SubscriptionType, cursor: Cursor, cursor_version: int | None) -> None:
+    def __init__(self, partition: PartitionView, kind: SubscriptionType, cursor: Cursor, cursor_version: int | None) -> None:
         self.partition = partition
         self.broker = partition.broker
         self.core: SubscriptionCore[AckWaiter] = self.broker.subscription_core_class(
