@@ -1,5 +1,6 @@
 """Ownership rules of a broker, pure: the dispatch lease that a broker's
-ZooKeeper session gives it, and which broker takes an unowned partition.
+ZooKeeper session gives it, which broker takes an unowned partition, and
+what a lookup answers given who owns the partition.
 
 The lease: a ZooKeeper reply to a request sent at t shows the broker's
 session alive at t, so it cannot have expired (and no other broker can own
@@ -13,7 +14,9 @@ before another could take its partitions over. The trio broker
 
 from __future__ import annotations
 
+import enum
 import hashlib
+from dataclasses import dataclass
 
 LEASE_FRACTION = 0.6  # of the session timeout a ZooKeeper reply lets subscriptions deliver for
 
@@ -49,4 +52,45 @@ def rendezvous_choice(partition: str, broker_ids: list[str]) -> str:
     return max(broker_ids, key=lambda broker_id: hashlib.blake2b(f"{broker_id}\0{partition}".encode(), digest_size=8).digest())
 
 
-__all__ = ["LEASE_FRACTION", "LeaseCore", "rendezvous_choice"]
+class Answer(enum.Enum):
+    SERVE = "serve"  # this broker's session owns it: load it (if it is not loaded) and serve it
+    CLAIM = "claim"  # nobody owns it and this broker is the one to take it: claim it, then decide again
+    ELSEWHERE = "elsewhere"  # another broker owns it: the client goes there
+    REDIRECT = "redirect"  # nobody owns it: the client asks that broker, with authority
+    RETRY = "retry"  # not decidable now (this broker's previous session still holds it, say): ask again
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    answer: Answer
+    broker_id: str | None = None  # for ELSEWHERE and REDIRECT
+    reason: str = ""  # for RETRY
+
+
+def decide_lookup(partition: str, broker_id: str, session_id: int, owner: tuple[str, int] | None, live: list[str], *,
+                  stopping: bool, authoritative: bool) -> Decision:
+    """What a broker answers a lookup of `partition`, given its owner
+    ((broker id, session) of the ownership node, or None) and the live
+    brokers. A broker that is stopping takes nothing; an unowned partition
+    goes to the broker rendezvous hashing picks, unless the lookup is
+    authoritative (that broker sent the client here)."""
+    if owner is not None:
+        owner_id, owner_session = owner
+        if owner_id == broker_id and owner_session == session_id:
+            return Decision(Answer.SERVE)
+        if owner_id == broker_id:
+            return Decision(Answer.RETRY, reason=f"{partition} is still held by this broker's previous session; retry")
+        return Decision(Answer.ELSEWHERE, owner_id)
+    if stopping:
+        others = sorted(other for other in live if other != broker_id)
+        if not others:
+            return Decision(Answer.RETRY, reason=f"broker {broker_id} is stopping and no other broker is live")
+        return Decision(Answer.REDIRECT, rendezvous_choice(partition, others))
+    if not authoritative and live:
+        chosen = rendezvous_choice(partition, sorted(live))
+        if chosen != broker_id:
+            return Decision(Answer.REDIRECT, chosen)
+    return Decision(Answer.CLAIM)
+
+
+__all__ = ["LEASE_FRACTION", "Answer", "Decision", "LeaseCore", "decide_lookup", "rendezvous_choice"]

@@ -52,7 +52,7 @@ from broker.managed_ledger import EntryCache, Position
 from broker.lease import Lease
 from broker.metrics import BrokerMetrics
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership
-from broker.ownership_core import rendezvous_choice
+from broker.ownership_core import Answer, decide_lookup
 from broker.protocol import (
     PROTOCOL_VERSION,
     REQUEST_ITEMS_MAX,
@@ -366,28 +366,23 @@ class BrokerServer:
             return self.info, False
         await self.partition_policies(partition)
         owner = await self.ownership.owner_of(partition)
-        if owner is not None:
-            if self.ownership.is_mine(owner):
+        live = {} if owner is not None else await self.ownership.live_brokers()
+        while True:
+            decision = decide_lookup(
+                partition, self.info.broker_id, self.store.session_id,
+                None if owner is None else (owner.info.broker_id, owner.session_id), sorted(live),
+                stopping=self.stopping, authoritative=authoritative,
+            )
+            if decision.answer is Answer.SERVE:
                 await self.serving(partition)
                 return self.info, False
-            if owner.info.broker_id == self.info.broker_id:
-                raise ServiceUnavailableError(f"{partition} is still held by this broker's previous session; retry")
-            return owner.info, False
-        live = await self.ownership.live_brokers()
-        if self.stopping:
-            others = sorted(broker_id for broker_id in live if broker_id != self.info.broker_id)
-            if not others:
-                raise ServiceUnavailableError(f"broker {self.info.broker_id} is stopping and no other broker is live")
-            return live[rendezvous_choice(partition, others)], True
-        if not authoritative and live:
-            chosen = rendezvous_choice(partition, sorted(live))
-            if chosen != self.info.broker_id:
-                return live[chosen], True
-        owner = await self.ownership.claim(partition)
-        if not self.ownership.is_mine(owner):
-            return owner.info, False
-        await self.serving(partition)
-        return self.info, False
+            if decision.answer is Answer.ELSEWHERE:
+                return owner.info, False
+            if decision.answer is Answer.REDIRECT:
+                return live[decision.broker_id], True
+            if decision.answer is Answer.RETRY:
+                raise ServiceUnavailableError(decision.reason)
+            owner = await self.ownership.claim(partition)  # then decide again, with its owner
 
     async def serving(self, partition: str) -> PartitionService:
         """The loaded partition, loading it if this broker owns it. The load

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from broker.errors import BrokerStatus
-from broker.ownership_core import LeaseCore
+from broker.ownership_core import Answer, LeaseCore, decide_lookup
 from broker.publish_core import PublishCore
 from broker.subscription_core import SubscriptionCore
 from broker.topic_records import owner_path
@@ -232,12 +232,14 @@ class SimBroker(LinkedNode):
             for on_ready in waiting:
                 on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
             return
-        owner, owner_session = result
-        if owner != self.name:
+        # Decided as a lookup of broker/server.py decides, with authority
+        # (the simulated clients try brokers in turn; no redirects).
+        decision = decide_lookup(PARTITION, self.name, session_id, result, [], stopping=False, authoritative=True)
+        if decision.answer is Answer.ELSEWHERE:
             for on_ready in waiting:
-                on_ready(None, BrokerStatus.NOT_OWNER, owner)
+                on_ready(None, BrokerStatus.NOT_OWNER, decision.broker_id)
             return
-        if owner_session != session_id or self.partition is not None or self._reconnecting:
+        if decision.answer is not Answer.SERVE or self.partition is not None or self._reconnecting:
             # This broker's previous session still holds it (or it moved on meanwhile).
             for on_ready in waiting:
                 on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
