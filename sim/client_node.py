@@ -23,23 +23,21 @@ from sim.world import World
 OnResponse = Callable[[Response | None], None]
 
 
-class SimClient(SimNode):
-    def __init__(self, name: str, world: World, network: Network, zk: ZkNode, checker: SimChecker, *,
-                 session_timeout_ms: int, request_timeout_ms: float) -> None:
-        super().__init__(name, world, network)
-        self.zk = zk
-        self.checker = checker
-        self.request_timeout_ms = request_timeout_ms
-        self.metadata = MetadataLink(self, zk, session_timeout_ms=session_timeout_ms, call_timeout_ms=request_timeout_ms)
-        self._requests: dict[int, tuple[str, OnResponse]] = {}
-        self._next_request_id = 1
-        self._core_timer_ms: float | None = None
+class BookieCalls:
+    """A simulated process's requests to bookies and its ledger metadata
+    calls, for any node that writes or reads ledgers (a client, a broker).
+    The node provides `world`, `after`, `send`, `metadata` (its ZooKeeper
+    link), `zk`, `ledger_checker` (the ledger simulation's checker) and
+    `request_timeout_ms`, and calls `_reset_bookie_calls` when it starts."""
 
-    def start(self) -> None:
-        super().start()
-        self._requests = {}
-        self._core_timer_ms = None
-        self.metadata.start()
+    # Request ids go on growing across restarts, so that an answer to a
+    # request of an earlier incarnation matches none.
+    _next_request_id = 1
+
+    def _reset_bookie_calls(self) -> None:
+        """A (re)start: nothing is pending."""
+        self._requests: dict[int, tuple[str, OnResponse]] = {}
+        self._core_timer_ms: float | None = None
 
     # --- bookies --------------------------------------------------------------------
 
@@ -82,10 +80,8 @@ class SimClient(SimNode):
         if pending is not None:
             pending[1](None)
 
-    def deliver(self, source: str, message: Any) -> None:
-        if isinstance(message, MetadataReply):
-            self.metadata.reply(message)
-            return
+    def bookie_answered(self, source: str, message: Any) -> None:
+        """An answer from a bookie (late or duplicate ones are dropped)."""
         pending = self._requests.get(message.request_id)
         if pending is None or pending[0] != source:
             return  # late (timed out) or a duplicate
@@ -129,7 +125,7 @@ class SimClient(SimNode):
             else:
                 on_result("failed", as_bk_error(error))
 
-        checker = self.checker
+        checker = self.ledger_checker
 
         def write(store) -> int:
             version = LedgerStore(store).write(metadata, expected_version)
@@ -159,6 +155,32 @@ class SimClient(SimNode):
             return
         self._core_timer_ms = None
         fire()
+
+
+class SimClient(BookieCalls, SimNode):
+    def __init__(self, name: str, world: World, network: Network, zk: ZkNode, checker: SimChecker, *,
+                 session_timeout_ms: int, request_timeout_ms: float) -> None:
+        super().__init__(name, world, network)
+        self.zk = zk
+        self.checker = checker
+        self.request_timeout_ms = request_timeout_ms
+        self.metadata = MetadataLink(self, zk, session_timeout_ms=session_timeout_ms, call_timeout_ms=request_timeout_ms)
+        self._reset_bookie_calls()
+
+    def start(self) -> None:
+        super().start()
+        self._reset_bookie_calls()
+        self.metadata.start()
+
+    @property
+    def ledger_checker(self) -> SimChecker:
+        return self.checker
+
+    def deliver(self, source: str, message: Any) -> None:
+        if isinstance(message, MetadataReply):
+            self.metadata.reply(message)
+        else:
+            self.bookie_answered(source, message)
 
 
 def answer_metadata_write(core, outcome: str, value: Any, now_ms: float) -> list:

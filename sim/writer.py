@@ -1,30 +1,21 @@
 """A simulated writer: creates ledgers and adds entries through the real
-`WriteCore`, carrying out its actions over the simulated network and
-ZooKeeper the way `LedgerHandle` does with trio; then closes the ledger (or
-abandons it open, as a crashed application would) and starts another."""
+`WriteCore` (carried out by `sim.write_driver`, as `LedgerHandle` does with
+trio); then closes the ledger (or abandons it open, as a crashed
+application would) and starts another."""
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
-from bookie.protocol.wire import AddFlag
 from ledger_client.errors import BKError, NotEnoughBookiesError
 from ledger_client.ledger_store import LedgerStore
 from ledger_client.metadata import LedgerMetadata, password_hash
 from ledger_client.placement import choose_ensemble
-from ledger_client.write_core import (
-    AddsCompleted,
-    AddsFailed,
-    Closed,
-    CloseFailed,
-    SendAdd,
-    WriteCore,
-    WriteMetadata,
-)
-from sim.client_node import SimClient, answer_metadata_write
+from ledger_client.write_core import WriteCore
+from sim.client_node import SimClient
 from sim.parameters import SimParameters
+from sim.write_driver import WriteDriver
 
 PASSWORD = b"quire-sim"
 MASTER_KEY = master_key(PASSWORD)
@@ -41,24 +32,25 @@ class SimWriter(SimClient):
         self.sequence = 0
         self.ledgers_created = 0
         self.entries_acked = 0
-        self.core: WriteCore | None = None
-        self._payloads: dict[int, bytes] = {}
+        self.driver: WriteDriver | None = None
         self.start()
 
     def start(self) -> None:
         super().start()
-        self.core = None
+        self.driver = None
         self.after(self.world.uniform(0, 10), self._next_ledger)
 
     def crash(self) -> None:
         super().crash()
-        self.core = None
+        if self.driver is not None:
+            self.driver.stopped = True
+        self.driver = None
         self.world.log(f"{self.name} crashed")
 
     # --- ledgers ----------------------------------------------------------------------
 
     def _next_ledger(self) -> None:
-        if not self.active or self.core is not None:
+        if not self.active or self.driver is not None:
             return
         parameters = self.parameters
         try:
@@ -91,118 +83,68 @@ class SimWriter(SimClient):
             self.after(RETRY_MS, self._next_ledger)
             return
         metadata, version = result
-        self.core = self.write_core_class(
+        core = self.write_core_class(
             metadata, version, DigestManager(metadata.ledger_id, DigestType.CRC32C, PASSWORD),
             bookies=self.writable_bookies(), rng=self.world.rng, add_timeout_ms=self.parameters.add_timeout_ms,
         )
+        driver = self.driver = WriteDriver(self, core, MASTER_KEY, on_completed=self._completed,
+                                           on_ended=lambda: self._done(driver), on_progress=self._pump)
         self.ledgers_created += 1
         self._entries_left = self.world.rng.randint(1, self.parameters.entries_per_ledger_max)
-        self._payloads = {}
         self._closing = False
         self.world.log(f"{self.name} writes ledger {metadata.ledger_id} on {list(metadata.last_ensemble[1])}")
         if self.parameters.add_gap_ms_mean > 0:
-            self._add_timer(self.core)
+            self._add_timer(driver)
         else:
             self._pump()
+
+    def _completed(self, entry_ids: list[int]) -> None:
+        self.entries_acked += len(entry_ids)
 
     def _pump(self) -> None:
         """Add while the window has room (adds back to back), then close once
         every entry is acknowledged. With gaps between adds, the add timer
         adds instead."""
-        core = self.core
-        if core is None or not self.active:
+        driver = self.driver
+        if driver is None or not self.active:
             return
         if self.parameters.add_gap_ms_mean == 0:
-            while self._entries_left > 0 and core.pending_count < self.parameters.add_window and self.core is core:
-                self._add_one(core)
-        self._maybe_close(core)
+            while self._entries_left > 0 and driver.core.pending_count < self.parameters.add_window and self.driver is driver:
+                self._add_one(driver)
+        self._maybe_close(driver)
 
-    def _add_timer(self, core: WriteCore) -> None:
-        if self.core is not core or not self.active:
+    def _add_timer(self, driver: WriteDriver) -> None:
+        if self.driver is not driver or not self.active:
             return
-        if core.pending_count < self.parameters.add_window:
-            self._add_one(core)
+        if driver.core.pending_count < self.parameters.add_window:
+            self._add_one(driver)
         if self._entries_left > 0:
-            self.after(self.world.exponential(self.parameters.add_gap_ms_mean), self._add_timer, core)
-        self._maybe_close(core)
+            self.after(self.world.exponential(self.parameters.add_gap_ms_mean), self._add_timer, driver)
+        self._maybe_close(driver)
 
-    def _add_one(self, core: WriteCore) -> None:
+    def _add_one(self, driver: WriteDriver) -> None:
         self.sequence += 1
         filler = self.world.rng.randbytes(self.world.rng.randrange(self.parameters.payload_bytes_max + 1))
         payload = f"{self.name}:{self.sequence}:".encode() + filler
         try:
-            entry_id, actions = core.add(payload, self.world.now_ms)
+            driver.add(payload)
         except BKError:
-            self._done(core)
+            self._done(driver)
             return
         self._entries_left -= 1
-        self._payloads[entry_id] = payload
-        self._execute(core, actions)
 
-    def _maybe_close(self, core: WriteCore) -> None:
-        if self.core is not core or self._entries_left > 0 or core.pending_count or self._closing:
+    def _maybe_close(self, driver: WriteDriver) -> None:
+        if self.driver is not driver or self._entries_left > 0 or driver.core.pending_count or self._closing:
             return
         self._closing = True
         if self.world.chance(ABANDON_PROBABILITY):
-            self.world.log(f"{self.name} abandons ledger {core.metadata.ledger_id} open")
-            self._done(core)
+            self.world.log(f"{self.name} abandons ledger {driver.ledger_id} open")
+            self._done(driver)
             return
-        self._execute(core, core.close(self.world.now_ms))
+        driver.close()
 
-    def _done(self, core: WriteCore) -> None:
-        if self.core is core:
-            self.core = None
+    def _done(self, driver: WriteDriver) -> None:
+        if self.driver is driver:
+            driver.stopped = True
+            self.driver = None
             self.after(self.world.uniform(0, 50), self._next_ledger)
-
-    # --- carrying out the core's actions -----------------------------------------------
-
-    def _execute(self, core: WriteCore, actions: list) -> None:
-        ledger_id = core.metadata.ledger_id
-        sends: list[SendAdd] = []
-        for action in actions:
-            kind = type(action)
-            if kind is SendAdd:
-                if (ledger_id, action.entry_id) not in self.checker.written:
-                    self.checker.entry_written(ledger_id, action.entry_id, action.entry, self._payloads[action.entry_id])
-                sends.append(action)
-            elif kind is WriteMetadata:
-                self.write_metadata(action, functools.partial(self._on_metadata, core))
-            elif kind is AddsCompleted:
-                for entry_id in action.entry_ids:
-                    self.checker.entry_acked(ledger_id, entry_id, self.name, core.metadata.write_set(entry_id))
-                self.entries_acked += len(action.entry_ids)
-            elif kind is AddsFailed:
-                self.world.log(f"{self.name} adds failed on ledger {ledger_id}: {type(action.error).__name__}")
-            elif kind is Closed or kind is CloseFailed:
-                self.world.log(f"{self.name} {kind.__name__} ledger {ledger_id}")
-            else:
-                raise AssertionError(f"unknown action {action!r}")
-        if sends:
-            self.send_add_batches(sends, AddFlag.NONE, MASTER_KEY, functools.partial(self._on_add_status, core))
-        if core.closed or core.error is not None:
-            return self._done(core)
-        self.arm_core_timer(core.next_deadline_ms(), functools.partial(self._tick, core))
-
-    def _on_add_status(self, core: WriteCore, bookie_id: str, entry_id: int, status: Any) -> None:
-        if self.core is not core:
-            return
-        core.bookies_changed(self.writable_bookies())
-        if status is None:
-            actions = core.bookie_failed(bookie_id, self.world.now_ms)
-        else:
-            actions = core.bookie_responded(bookie_id, entry_id, status, self.world.now_ms)
-        self._execute(core, actions)
-        self._pump()
-
-    def _on_metadata(self, core, outcome: str, value: Any) -> None:
-        if self.core is not core:
-            return
-        self._execute(core, answer_metadata_write(core, outcome, value, self.world.now_ms))
-        self._pump()
-
-    def _tick(self, core: WriteCore) -> None:
-        if self.core is not core:
-            return
-        core.bookies_changed(self.writable_bookies())
-        self._execute(core, core.tick(self.world.now_ms))
-        self._pump()
