@@ -235,10 +235,15 @@ class PublishCore(Generic[Link]):
 
     # --- stopping ----------------------------------------------------------------------------
 
-    def stop(self, reason: str) -> dict[str, Link]:
-        """Take no more batches; returns the producers to tell (and forgets them)."""
+    def stop(self, reason: str) -> None:
+        """Take no more batches (fenced or unloading). The producers stay
+        registered until the driver has told them to look the partition up
+        again (`forget_producers`)."""
         if self.stopped is None:
             self.stopped = reason
+
+    def forget_producers(self) -> dict[str, Link]:
+        """The producers, let go of (the driver tells each to look the partition up again)."""
         producers, self.producers = self.producers, {}
         return producers
 

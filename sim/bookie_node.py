@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 from bookie.ledger_storage import Checkpoint, LedgerStorage
-from bookie.protocol.wire import AddResponse, Request, Status
+from bookie.protocol.entry_format import parse_header
+from bookie.protocol.wire import AddBatchRequest, AddFlag, AddResponse, Request, Status
 from bookie.core_actions import AppendJournal, CoreLimits, DurableAdd, ListEntries, ReadEntries, Respond, StoreEntry
 from bookie.sim_storage import SimEntryIndex, SimEntryLog, SimJournal
 from bookie.startup_recovery import recover
@@ -68,6 +69,7 @@ class SimBookie(SimNode):
         self._tick_at_ms: float | None = None
         self._connections: dict[str, int] = {}
         self._connection_names: dict[int, str] = {}
+        self._recovery_adds: set[tuple[int, int, int]] = set()  # (connection, ledger, entry) of a broker's recovery adds
         self._next_connection_id = 1
         store = self.metadata.start()
         incarnation = self.incarnation
@@ -129,6 +131,14 @@ class SimBookie(SimNode):
             self._connection_names[connection_id] = source
             self._next_connection_id += 1
         request: Request = message
+        if type(request) is AddBatchRequest and source.startswith("broker"):
+            # A broker both writes its ledgers and recovers them: its
+            # recovery adds are not a writer's (see add_accepted).
+            adds = request.adds
+            for index in range(0, len(adds), 3):
+                if adds[index] & AddFlag.RECOVERY_ADD:
+                    header = parse_header(adds[index + 2])
+                    self._recovery_adds.add((connection_id, header.ledger_id, header.entry_id))
         self._execute(self.core.receive(connection_id, request, self.world.now_ms))
 
     def connection_lost(self, peer: str) -> None:
@@ -158,8 +168,15 @@ class SimBookie(SimNode):
                     self.after(fsync_ms, self._sync)
             elif kind is DurableAdd:
                 self._store(action.ledger_id, action.entry_id, action.data)
-                if self._connection_names.get(action.connection_id, "").startswith("writer"):
+                name = self._connection_names.get(action.connection_id, "")
+                if name.startswith("writer"):
                     self.checker.add_accepted(self.name, action.ledger_id, action.entry_id)
+                elif name.startswith("broker"):
+                    key = (action.connection_id, action.ledger_id, action.entry_id)
+                    if key in self._recovery_adds:
+                        self._recovery_adds.discard(key)
+                    else:
+                        self.checker.add_accepted(self.name, action.ledger_id, action.entry_id)
                 if action.batch is None:  # an ADD_BATCH is answered by a Respond after its last add
                     self._respond(action.connection_id, AddResponse(action.request_id, Status.OK, action.ledger_id, action.entry_id))
             elif kind is StoreEntry:

@@ -1,5 +1,6 @@
-"""What the simulated broker's drivers share: how they reach a client
-(its connection and its handle there), and their metadata calls for
+"""What the simulated broker's drivers share: the partition's log entries as
+the checkers see them, how they reach a client (its connection and its
+handle there), and their metadata calls for
 versioned records (as `TopicStore._write_versioned` does them with trio);
 and the narrow views a partition and a subscription have of their broker
 and partition (the simulated broker and partition are those)."""
@@ -13,6 +14,30 @@ from typing import Any, Callable, Protocol
 from coordination.store import NoNodeError
 from sim.broker_links import Connection
 from sim.world import World
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """An entry of the partition: a producer's batch at (ledger, entry)."""
+
+    ledger_id: int
+    entry_id: int  # within that ledger
+    producer_id: str
+    sequence_ids: tuple[int, ...]
+    keys: tuple[str | None, ...]
+    first_offset: int
+
+    @property
+    def message_count(self) -> int:
+        return len(self.sequence_ids)
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + len(self.sequence_ids) - 1
+
+    @property
+    def last_sequence_id(self) -> int:
+        return self.sequence_ids[-1]
+
 
 Respond = Callable[..., None]
 

@@ -4,6 +4,9 @@ violation the moment one shows:
 - exactly-once publishing: the log never holds one producer's sequence id
   twice, and every sequence id a producer was told is persisted (OK or
   DUPLICATE) is in the log;
+- the log is one chain: an offset never holds two messages (a new owner
+  that did not fence and close the previous owner's ledger would write
+  over offsets already acknowledged);
 - an acknowledgement answered as durable is never delivered again to the
   subscription, by any broker, after any crash or takeover, and stays in
   every cursor record written after it (unless the record's bound on
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
 from broker.dispatcher import SubscriptionType
-from sim.broker_log import LogEntry
+from sim.broker_calls import LogEntry
 from sim.checker import ViolationLog
 
 
@@ -45,6 +48,8 @@ class BrokerChecker(ViolationLog):
     def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__(clock)
         self.logged: dict[tuple[str, int], int] = {}  # (producer id, sequence id) -> offset
+        self.entries: set[tuple[int, int]] = set()  # (ledger id, entry id) of every entry reported
+        self.at_offset: dict[int, tuple[str, int]] = {}  # offset -> (producer id, sequence id) of its message
         self.log_offsets = 0  # messages in the log
         self.producer_acks = 0
         # Acknowledgements answered as durable: everything through
@@ -65,8 +70,21 @@ class BrokerChecker(ViolationLog):
     # --- publishing -----------------------------------------------------------------------
 
     def entry_persisted(self, entry: LogEntry) -> None:
+        """An entry is part of the partition's log: acknowledged to its
+        writer, or found in the chain by a broker loading the partition
+        (each may report it; it counts once)."""
+        position = (entry.ledger_id, entry.entry_id)
+        if position in self.entries:
+            return
+        self.entries.add(position)
         for index, sequence_id in enumerate(entry.sequence_ids):
             key = (entry.producer_id, sequence_id)
+            offset = entry.first_offset + index
+            holder = self.at_offset.setdefault(offset, key)
+            if holder != key:
+                self.violate("one message per offset",
+                             f"offset {offset} holds {holder[0]} sequence id {holder[1]} and {key[0]} sequence id {key[1]} "
+                             f"(entry {entry.ledger_id}:{entry.entry_id})")
             if key in self.logged:
                 self.violate(
                     "exactly-once publishing",
@@ -75,7 +93,7 @@ class BrokerChecker(ViolationLog):
                 )
             else:
                 self.logged[key] = entry.first_offset + index
-        self.log_offsets = entry.last_offset + 1
+        self.log_offsets = max(self.log_offsets, entry.last_offset + 1)
 
     def producer_acknowledged(self, producer_id: str, sequence_ids: Iterable[int], how: str) -> None:
         """A producer was told these are persisted (`how`: OK or DUPLICATE)."""

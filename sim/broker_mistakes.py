@@ -38,6 +38,10 @@ finds it. Production code never imports this module.
   after a crash goes on after a batch of its old process that is still
   being written; when that write fails, nobody sends those messages again:
   they are lost;
+- `open-without-recovery`: a new owner takes the previous owner's open
+  ledger for empty and closed, without fencing and recovering it: the
+  chain goes on from that ledger's first offset, over messages already
+  acknowledged there (and the previous owner may go on appending);
 - `acks-wait-on-unload`: when a partition is unloaded, the
   acknowledgements still waiting for a cursor write are never answered
   (`SubscriptionCore.close` hands them back to be answered TOPIC_FENCED), and the consumer's
@@ -48,6 +52,7 @@ from __future__ import annotations
 
 from broker.dedup import Dedup, DedupSnapshot
 from broker.dispatcher import Dispatcher
+from broker.managed_ledger_core import ManagedLedgerCore
 from broker.publish_core import PublishCore
 from broker.subscription_core import SubscriptionCore
 
@@ -115,10 +120,20 @@ class AcksWaitOnUnload(SubscriptionCore):
         return []  # nothing answers them any more
 
 
+class OpensWithoutRecovery(ManagedLedgerCore):
+    def record_read(self, found):
+        commands = super().record_read(found)
+        if commands and type(commands[0]).__name__ == "RecoverLedger":
+            # The mistake: the open ledger taken for empty, nobody fenced.
+            return self.ledger_recovered(commands[0].ledger_id, 0, 0, None, None, self.record.ledgers[-1].created_ms)
+        return commands
+
+
 # The mistakes that break a safety rule (each found by a checker), and those
 # that break liveness.
 BROKER_SAFETY_MISTAKES = ("dedup-judges-first-sequence-id", "dedup-snapshot-ahead", "dedup-replay-skipped", "ack-before-durable",
-                          "key-shared-overtakes-on-join", "dispatch-without-lease", "resume-after-last-persisted")
+                          "key-shared-overtakes-on-join", "dispatch-without-lease", "resume-after-last-persisted",
+                          "open-without-recovery")
 BROKER_LIVENESS_MISTAKES = ("acks-wait-on-unload", "resume-after-last-taken")
 
 BROKER_MISTAKES = {
@@ -131,4 +146,5 @@ BROKER_MISTAKES = {
     "resume-after-last-persisted": {"publish_core_class": ResumeAfterLastPersisted},
     "resume-after-last-taken": {"publish_core_class": ResumeAfterLastTaken},
     "acks-wait-on-unload": {"subscription_core_class": AcksWaitOnUnload},
+    "open-without-recovery": {"managed_ledger_core_class": OpensWithoutRecovery},
 }

@@ -13,7 +13,7 @@ from typing import Sequence
 
 from sim.broker_client import SimBrokerClient
 from sim.broker_links import Links
-from sim.broker_log import SimPartitionLog
+from sim.bookie_node import SimBookie
 from sim.broker_node import SimBroker
 from sim.broker_parameters import BrokerSimParameters
 from sim.metadata_node import ZK_NAME, ZkNode
@@ -26,13 +26,13 @@ QUICK_RESTART_MS_MAX = 20.0
 
 
 class BrokerNemesis(NemesisBase):
-    def __init__(self, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
-                 parameters: BrokerSimParameters, *, brokers: Sequence[SimBroker], clients: Sequence[SimBrokerClient]) -> None:
+    def __init__(self, world: World, network: Network, links: Links, zk: ZkNode, parameters: BrokerSimParameters, *,
+                 bookies: Sequence[SimBookie], brokers: Sequence[SimBroker], clients: Sequence[SimBrokerClient]) -> None:
         super().__init__(world, network, faults=parameters.faults, fault_interval_ms_mean=parameters.fault_interval_ms_mean)
         self.links = links
         self.zk = zk
-        self.log = log
         self.parameters = parameters
+        self.bookies = list(bookies)
         self.brokers = list(brokers)
         self.clients = list(clients)
 
@@ -41,7 +41,7 @@ class BrokerNemesis(NemesisBase):
         self._start_injecting()
 
     def _names(self) -> list[str]:
-        return [ZK_NAME] + [node.name for node in [*self.brokers, *self.clients]]
+        return [ZK_NAME] + [node.name for node in [*self.bookies, *self.brokers, *self.clients]]
 
     def _partition(self) -> None:
         self._partition_among(self._names())
@@ -89,8 +89,25 @@ class BrokerNemesis(NemesisBase):
         self._record("expire", f"{broker.name} cut off from ZooKeeper for {duration_ms:.0f} ms")
 
     def _storage_error(self) -> None:
-        failed = self.log.fail_writes()
-        self._record("storage_error", f"{failed} appends in flight at epoch {self.log.epoch} failed")
+        """A bookie goes: crashed (what it had not synced is lost) or paused,
+        and back after a while. The owner's ledger changes its ensemble, or
+        fails and the partition is loaded again."""
+        candidates = [bookie for bookie in self.bookies if bookie.up and not bookie.paused]
+        if not candidates:
+            return self._skip("storage_error", "every bookie is down")
+        bookie = self.world.rng.choice(candidates)
+        if self.world.chance(0.5):
+            bookie.crash()
+            self.world.after(self.world.uniform(1, DOWN_MS_MAX), self._restart_bookie, bookie)
+            self._record("storage_error", f"{bookie.name} crashed")
+        else:
+            bookie.pause()
+            self.world.after(self.world.uniform(1, self.parameters.session_timeout_ms), bookie.resume)
+            self._record("storage_error", f"{bookie.name} paused")
+
+    def _restart_bookie(self, bookie: SimBookie) -> None:
+        if not bookie.up:
+            bookie.restart()
 
     # --- the end of the safety phase -------------------------------------------------------------
 
@@ -101,6 +118,11 @@ class BrokerNemesis(NemesisBase):
         self._heal_network()
         self.links.break_probability = 0.0
         self.network.slow_message_probability = 0.0
+        for bookie in self.bookies:
+            if not bookie.up:
+                bookie.restart()
+            elif bookie.paused:
+                bookie.resume()
         for node in [*self.brokers, *self.clients]:
             if not node.up:
                 node.restart()

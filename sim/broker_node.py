@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from broker.errors import BrokerStatus
+from broker.managed_ledger_core import ManagedLedgerCore
 from broker.ownership_core import Answer, LeaseCore, decide_lookup
 from broker.publish_core import PublishCore
 from broker.subscription_core import SubscriptionCore
@@ -33,7 +34,6 @@ from broker.topic_records import owner_path
 from coordination.store import NodeExistsError, NoNodeError, SessionExpiredError
 from sim.broker_checker import BrokerChecker
 from sim.broker_links import Connection, LinkedNode, Links
-from sim.broker_log import SimPartitionLog
 from sim.broker_messages import (
     PARTITION,
     Ack,
@@ -49,6 +49,11 @@ from sim.broker_parameters import BrokerSimParameters
 from sim.broker_calls import ConsumerLink, ProducerLink
 from sim.broker_partition import SimPartition
 from sim.broker_subscription import SimSubscription
+from ledger_client.recovery_core import RecoveryCore
+from ledger_client.write_core import WriteCore
+from sim.bookie_node import LAYOUT
+from sim.checker import SimChecker
+from sim.client_node import BookieCalls
 from sim.metadata_node import MetadataLink, MetadataReply, ZkNode
 from sim.network import Network
 from sim.world import World
@@ -67,19 +72,28 @@ class _ConnectionState:
     consumers: dict[int, tuple[SimPartition, ConsumerLink]] = field(default_factory=dict)
 
 
-class SimBroker(LinkedNode):
-    def __init__(self, name: str, world: World, network: Network, links: Links, zk: ZkNode, log: SimPartitionLog,
-                 checker: BrokerChecker, parameters: BrokerSimParameters, *, owner_session: Callable[[], int | None],
+class SimBroker(BookieCalls, LinkedNode):
+    def __init__(self, name: str, world: World, network: Network, links: Links, zk: ZkNode, checker: BrokerChecker,
+                 ledger_checker: SimChecker, parameters: BrokerSimParameters, *, owner_session: Callable[[], int | None],
                  publish_core_class: type[PublishCore] = PublishCore,
-                 subscription_core_class: type[SubscriptionCore] = SubscriptionCore) -> None:
+                 subscription_core_class: type[SubscriptionCore] = SubscriptionCore,
+                 managed_ledger_core_class: type[ManagedLedgerCore] = ManagedLedgerCore,
+                 write_core_class: type[WriteCore] = WriteCore,
+                 recovery_core_class: type[RecoveryCore] = RecoveryCore) -> None:
         super().__init__(name, world, network, links)
-        self.log = log
+        self.zk = zk
         self.checker = checker
+        self.ledger_checker = ledger_checker  # what it writes to bookies, checked as the ledger simulation checks it
         self.parameters = parameters
+        self.request_timeout_ms = parameters.read_timeout_ms
+        self.policies = parameters.policies
         self._owner_session = owner_session  # the simulator's look at who owns the partition now
         # The real cores' classes (a planted mistake, from sim.broker_mistakes, replaces one).
         self.publish_core_class = publish_core_class
         self.subscription_core_class = subscription_core_class
+        self.managed_ledger_core_class = managed_ledger_core_class
+        self.write_core_class = write_core_class
+        self.recovery_core_class = recovery_core_class
         self.subscription_class = SimSubscription
         self.metadata = MetadataLink(self, zk, session_timeout_ms=parameters.session_timeout_ms,
                                      call_timeout_ms=parameters.session_timeout_ms)
@@ -92,6 +106,8 @@ class SimBroker(LinkedNode):
 
     def start(self) -> None:
         super().start()
+        self._reset_bookie_calls()
+        self._core_timers: dict[object, float] = {}
         store = self.metadata.start()
         store.auto_reconnect = False  # as kazoo: a new session only when the broker asks for one
         self.partition: SimPartition | None = None
@@ -110,7 +126,28 @@ class SimBroker(LinkedNode):
 
     def crash(self) -> None:
         super().crash()
+        if self.partition is not None:
+            self.partition.ledger.stop()
         self.partition = None
+
+    def arm_core_timer(self, deadline_ms: float | None, fire: Callable[[], None]) -> None:
+        """A ledger core's timer: one per driver (a fenced load's writer and
+        the next load's recovery may both be running)."""
+        driver = getattr(fire, "__self__", fire)
+        armed_ms = self._core_timers.get(driver)
+        if deadline_ms is None or (armed_ms is not None and armed_ms <= deadline_ms):
+            return
+        self._core_timers[driver] = deadline_ms
+        self.after(max(0.0, deadline_ms - self.world.now_ms), self._fire_core_timer, driver, deadline_ms, fire)
+
+    def _fire_core_timer(self, driver: object, deadline_ms: float, fire: Callable[[], None]) -> None:
+        if self._core_timers.get(driver) != deadline_ms:
+            return
+        del self._core_timers[driver]
+        fire()
+
+    def writable_bookies(self):
+        return self.zk.registered(LAYOUT.writable_bookies)
 
     def send_to(self, connection: Connection, message: Any) -> None:
         self.links.send(connection, self.name, message)
@@ -187,6 +224,8 @@ class SimBroker(LinkedNode):
     def deliver(self, source: str, message: Any) -> None:
         if isinstance(message, MetadataReply):
             self.metadata.reply(message)
+        else:
+            self.bookie_answered(source, message)
 
     # --- ownership and loading ------------------------------------------------------------------
 
@@ -260,7 +299,7 @@ class SimBroker(LinkedNode):
             for on_ready in waiting:
                 on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
             return
-        self.world.log(f"{partition.instance} serves the partition (epoch {partition.epoch}, {len(partition.entries)} entries)")
+        self.world.log(f"{partition.instance} serves the partition (ledger {partition.ledger.core.current_ledger_id}, {len(partition.entries)} entries)")
         for on_ready in waiting:
             on_ready(partition, BrokerStatus.OK, None)
 

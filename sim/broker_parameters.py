@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 
 from broker.dispatcher import SubscriptionType
+from broker.topic_records import TopicPolicies
 from sim.parameters import describe_parameters
 
 BROKER_FAULT_KINDS = (
@@ -20,7 +21,7 @@ BROKER_FAULT_KINDS = (
     "crash",  # a broker crashes (its memory is gone) and restarts
     "pause",  # a broker or a client stops, sometimes past its session timeout
     "expire",  # a broker's ZooKeeper session expires
-    "storage_error",  # the owner's appends in flight fail (bookies gone)
+    "storage_error",  # a bookie crashes (losing what it had not synced) or pauses, and comes back
     "client_crash",  # a producer or consumer crashes and restarts
 )
 RANGES_PERSISTED_SMALL = 3  # a cursor record bound that real runs reach
@@ -62,9 +63,18 @@ class BrokerSimParameters:
     latency_ms_min: float
     latency_ms_max: float
     slow_message_probability: float
-    append_ms_max: float
     session_timeout_ms: int
     safety_ms: int
+    # The partition's ledgers, on simulated bookies.
+    bookies: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    rollover_entries: int
+    fsync_ms_max: float
+    write_cache_bytes: int
+    add_timeout_ms: int
+    read_timeout_ms: int
     liveness_ms: int
 
     def describe(self) -> str:
@@ -73,6 +83,11 @@ class BrokerSimParameters:
     @property
     def kind(self) -> SubscriptionType:
         return SubscriptionType(self.subscription_type)
+
+    @property
+    def policies(self) -> TopicPolicies:
+        return TopicPolicies(ensemble_size=self.ensemble_size, write_quorum=self.write_quorum, ack_quorum=self.ack_quorum,
+                             rollover_entries=self.rollover_entries, rollover_min_time_ms=0)
 
 
 def choose_broker_parameters(seed: int, **overrides) -> BrokerSimParameters:
@@ -113,9 +128,18 @@ def choose_broker_parameters(seed: int, **overrides) -> BrokerSimParameters:
         latency_ms_min=0.05,
         latency_ms_max=rng.choice([0.5, 3.0, 20.0]),
         slow_message_probability=rng.choice([0.0, 0.01, 0.05]),
-        append_ms_max=rng.choice([1.0, 10.0, 50.0]),
         session_timeout_ms=rng.choice([2_000, 6_000]),
         safety_ms=rng.choice([5_000, 15_000]),
         liveness_ms=60_000,
+        # Drawn last, so that the draws above stay those of the seed.
+        bookies=(bookies := rng.randint(3, 5)),
+        ensemble_size=(ensemble_size := rng.randint(2, min(bookies - 1, 3))),
+        write_quorum=(write_quorum := rng.randint(max(1, ensemble_size - 1), ensemble_size)),
+        ack_quorum=rng.randint(max(1, write_quorum - 1), write_quorum),
+        rollover_entries=rng.choice([3, 20, 1_000_000]),
+        fsync_ms_max=rng.choice([1.0, 5.0, 20.0]),
+        write_cache_bytes=rng.choice([16 * 1024, 256 * 1024]),
+        add_timeout_ms=rng.choice([500, 2_000]),
+        read_timeout_ms=rng.choice([500, 2_000]),
     )
     return dataclasses.replace(chosen, **overrides)

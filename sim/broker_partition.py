@@ -18,12 +18,12 @@ from broker.dedup import DedupSnapshot
 from broker.dispatcher import SubscriptionType
 from broker.errors import BrokerStatus
 from broker.publish_core import ProducerAnswer, PublishCore
-from broker.topic_records import cursor_path, dedup_path, managed_ledger_path
+from broker.topic_records import cursor_path, dedup_path
 from sim.broker_calls import BrokerView, ConsumerLink, ProducerLink, Respond, read_versioned, write_versioned
-from sim.broker_log import LogEntry
+from sim.broker_calls import LogEntry
+from sim.broker_ledger import SimManagedLedger
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Send, SendReceipt
 
-LOAD_STEP_MS_MAX = 20.0  # ledger recovery and the like while loading
 
 _PRODUCER_STATUS = {
     ProducerAnswer.OK: BrokerStatus.OK,
@@ -42,10 +42,10 @@ class SimPartition:
         self.session_id = session_id  # the ZooKeeper session that claimed it
         self.publishing: PublishCore[ProducerLink] = broker.publish_core_class(
             instance, snapshot_entries=broker.parameters.dedup_snapshot_entries)
-        self.epoch = -1
-        self.entries: list[LogEntry] = []  # persisted, as this load knows them
+        self.ledger = SimManagedLedger(broker, broker.policies, on_fenced=self.fence,
+                                       on_persisted=broker.checker.entry_persisted)
+        self.entries: list[LogEntry] = []  # persisted, as this load knows them (the entry cache)
         self._first_offsets: list[int] = []
-        self.next_offset = 0
         self.confirmed_offset = -1
         self.subscription: Any = None
         self._cursor_loaded: tuple[dict, int] | None = None
@@ -56,25 +56,19 @@ class SimPartition:
     # --- loading ------------------------------------------------------------------------------
 
     def load(self, on_loaded: Callable[[str | None], None]) -> None:
-        """Open the log (fencing the previous owner), rebuild the
+        """Open the managed ledger (fencing the previous owner), rebuild the
         deduplication map, read the cursor; `on_loaded(None)` or the error."""
         broker = self.broker
 
-        def failed(error: Exception) -> None:
-            on_loaded(f"{type(error).__name__}: {error}")
+        def failed(error: Exception | str) -> None:
+            on_loaded(error if isinstance(error, str) else f"{type(error).__name__}: {error}")
 
-        # The managed ledger's record first (a broker whose session is gone
-        # fails here, before fencing anyone), then recovery of the log.
-        def record_read(result: Any, error: Exception | None) -> None:
+        def opened(error: str | None, entries: list[LogEntry]) -> None:
             if error is not None:
                 return failed(error)
-            broker.after(broker.world.uniform(0.1, LOAD_STEP_MS_MAX), log_open)
-
-        def log_open() -> None:
-            self.epoch, self.entries = broker.log.open()
+            self.entries = list(entries)
             self._first_offsets = [entry.first_offset for entry in self.entries]
-            self.next_offset = self.entries[-1].last_offset + 1 if self.entries else 0
-            self.confirmed_offset = self.next_offset - 1
+            self.confirmed_offset = self.ledger.core.confirmed_offset
             broker.zk_call(read_versioned(dedup_path(PARTITION)), dedup_read, "read dedup snapshot")
 
         def dedup_read(result: Any, error: Exception | None) -> None:
@@ -113,7 +107,7 @@ class SimPartition:
             self.serving = True
             on_loaded(None)
 
-        broker.zk_call(lambda store: store.exists(managed_ledger_path(PARTITION)), record_read, "read managed ledger")
+        self.ledger.open(opened)
 
     def _rebuild_dedup(self, stored: tuple[dict, int] | None) -> None:
         """As `PartitionService._rebuild_dedup`: the snapshot, then every entry after it."""
@@ -148,6 +142,10 @@ class SimPartition:
         self.publishing.remove_producer(link.producer_id, link)
 
     def publish(self, link: ProducerLink, send: Send) -> None:
+        """A producer's batch: judged by the core right before it goes to the
+        ledger (batches go in the order they came, waiting while the chain
+        changes, as broker/topic.py's appender takes them), answered once
+        persisted."""
         broker, publishing = self.broker, self.publishing
 
         def answer(status: BrokerStatus, first_offset: int = -1, detail: str = "") -> None:
@@ -158,19 +156,21 @@ class SimPartition:
         publishing.taken(producer_id)
         if not self.serving:
             return answer(BrokerStatus.TOPIC_FENCED, detail="partition unloaded")
-        judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id, stored_bytes=0, backlog_quota_bytes=None)
-        if judgement.status is not BrokerStatus.OK:
-            return answer(judgement.status, detail=judgement.detail)
-        publishing.pushed(producer_id, first_sequence_id, last_sequence_id)
-        first_offset = self.next_offset
-        self.next_offset += len(send.sequence_ids)
 
-        def done(entry: LogEntry | None) -> None:
-            # A completion reaches the broker as any event does: not at all
-            # after a crash, once it runs again after a pause.
-            broker.after(0, self._append_done, send, producer_id, entry, answer)
+        def admit() -> bool:
+            judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id, stored_bytes=0, backlog_quota_bytes=None)
+            if judgement.status is not BrokerStatus.OK:
+                answer(judgement.status, detail=judgement.detail)
+                return False
+            publishing.pushed(producer_id, first_sequence_id, last_sequence_id)
+            return True
 
-        broker.log.append(self.epoch, producer_id, send.sequence_ids, send.keys, first_offset, done)
+        def done(entry: LogEntry | None, pushed: bool) -> None:
+            if not pushed:
+                return answer(BrokerStatus.TOPIC_FENCED, detail="partition unloaded")
+            self._append_done(send, producer_id, entry, answer)
+
+        self.ledger.append(producer_id, send.sequence_ids, send.keys, admit, done)
 
     def _append_done(self, send: Send, producer_id: str, entry: LogEntry | None, answer: Respond) -> None:
         publishing = self.publishing
@@ -258,7 +258,8 @@ class SimPartition:
         broker = self.broker
         if self.subscription is not None:
             self.subscription.close()
-        for link in sorted(self.publishing.stop("unloaded").values(), key=lambda link: link.producer_id):
+        self.publishing.stop("unloaded")
+        for link in sorted(self.publishing.forget_producers().values(), key=lambda link: link.producer_id):
             broker.send_to(link.connection, Closed(link.handle, "partition moved"))
         if self._creating:
             for link, *_, respond in self._creating:

@@ -1,9 +1,10 @@
-"""One broker simulation from one seed: ZooKeeper, 2-3 brokers taking turns
-at owning one partition over the simulated log, producers and consumers of
-one durable subscription; a safety phase (faults on, invariants checked as
-events happen), then healing and a liveness phase: every message is
-published once, delivered, acknowledged, and the backlog reaches 0 within
-a bound."""
+"""One broker simulation from one seed: ZooKeeper, 3-5 bookies, 2-3 brokers
+taking turns at owning one partition (its chain of ledgers on the bookies,
+through the real managed ledger, write and recovery cores), producers and
+consumers of one durable subscription; a safety phase (faults on,
+invariants of the broker and of the ledgers checked as events happen),
+then healing and a liveness phase: every message is published once,
+delivered, acknowledged, and the backlog reaches 0 within a bound."""
 
 from __future__ import annotations
 
@@ -15,19 +16,21 @@ from coordination.store import NoNodeError
 from sim.broker_checker import BrokerChecker
 from sim.broker_consumer import SimConsumer, consumer_priorities
 from sim.broker_links import Links
-from sim.broker_log import SimPartitionLog
 from sim.broker_messages import PARTITION, SUBSCRIPTION
 from sim.broker_mistakes import BROKER_MISTAKES
 from sim.broker_nemesis import BrokerNemesis
 from sim.broker_node import OWNER_PATH, SimBroker
 from sim.broker_parameters import BrokerSimParameters, choose_broker_parameters
 from sim.broker_producer import SimProducer
+from sim.bookie_node import SimBookie
+from sim.checker import SimChecker
 from sim.metadata_node import ROOT, ZkNode
 from sim.network import Network
 from sim.runner import LIVENESS_STEP_MS, SimResult, run_phases
 from sim.world import World
 
 OBSERVER_SESSION_TIMEOUT_MS = 2**62  # the simulator's own look at ZooKeeper never expires
+DURABILITY_CHECK_MS = 500.0
 
 
 def run_broker_seed(seed: int, *, mistake: str | None = None, trace: bool = False, **overrides: Any) -> SimResult:
@@ -46,12 +49,14 @@ class BrokerSimRun:
         self.classes = classes  # the brokers'
         self.world = World(parameters.seed, trace=trace)
         self.checker = BrokerChecker(lambda: self.world.now_ms)
+        self.ledger_checker = SimChecker(lambda: self.world.now_ms)
+        self.ledger_checker.share_violations(self.checker)  # one verdict for the run
+        self.bookies: list[SimBookie] = []
         self.notes: list[str] = []
         self.brokers: list[SimBroker] = []
         self.producers: list[SimProducer] = []
         self.consumers: list[SimConsumer] = []
         self.links: Links | None = None
-        self.log: SimPartitionLog | None = None
         self.nemesis: BrokerNemesis | None = None
         self.liveness_ms_taken: float | None = None
 
@@ -62,10 +67,15 @@ class BrokerSimRun:
         zk = ZkNode(world, network)
         self._observer = zk.server.connect(OBSERVER_SESSION_TIMEOUT_MS, ROOT)
         links = self.links = Links(world, network)
-        log = self.log = SimPartitionLog(world, append_ms_max=parameters.append_ms_max, on_persisted=checker.entry_persisted)
+        self.bookies = [
+            SimBookie(f"bookie-{index}", world, network, zk, self.ledger_checker, fsync_ms_max=parameters.fsync_ms_max,
+                      write_cache_bytes=parameters.write_cache_bytes, session_timeout_ms=parameters.session_timeout_ms)
+            for index in range(parameters.bookies)
+        ]
         names = [f"broker-{index}" for index in range(parameters.brokers)]
         self.brokers = [
-            SimBroker(name, world, network, links, zk, log, checker, parameters, owner_session=self._owner_session, **self.classes)
+            SimBroker(name, world, network, links, zk, checker, self.ledger_checker, parameters,
+                      owner_session=self._owner_session, **self.classes)
             for name in names
         ]
         self.producers = [self.producer_class(f"producer-{index}", world, network, links, names, checker, parameters)
@@ -73,7 +83,7 @@ class BrokerSimRun:
         priorities = consumer_priorities(parameters.kind, parameters.consumers, world.rng)
         self.consumers = [SimConsumer(f"consumer-{index}", world, network, links, names, checker, parameters, priority=priority)
                           for index, priority in enumerate(priorities)]
-        self.nemesis = BrokerNemesis(world, network, links, zk, log, parameters, brokers=self.brokers,
+        self.nemesis = BrokerNemesis(world, network, links, zk, parameters, bookies=self.bookies, brokers=self.brokers,
                                      clients=self.producers + self.consumers)
 
     def _owner_session(self) -> int | None:
@@ -90,8 +100,15 @@ class BrokerSimRun:
     # --- the phases ------------------------------------------------------------------------------
 
     def safety(self) -> None:
+        world = self.world
+
+        def durability_check() -> None:
+            self.ledger_checker.check_durability(self.bookies, "a periodic check")
+            world.after(DURABILITY_CHECK_MS, durability_check)
+
         self.nemesis.start()
-        self.world.run_until(self.parameters.safety_ms, stop=lambda: not self.checker.ok)
+        world.after(DURABILITY_CHECK_MS, durability_check)
+        world.run_until(self.parameters.safety_ms, stop=lambda: not self.checker.ok)
 
     def liveness(self) -> None:
         world, checker = self.world, self.checker
@@ -139,9 +156,9 @@ class BrokerSimRun:
             "events": self.world.events_run,
             "messages": 0 if self.links is None else self.links.sent,
             "connection_breaks": 0 if self.links is None else self.links.breaks,
-            "entries": 0 if self.log is None else len(self.log.entries),
+            "entries": len(checker.entries),
             "log_messages": checker.log_offsets,
-            "epochs": 0 if self.log is None else self.log.epoch,
+            "ledgers": len(self.ledger_checker.metadata),
             "loads": sum(broker.loads for broker in self.brokers),
             "sessions_lost": sum(broker.sessions_lost for broker in self.brokers),
             "producer_acks": checker.producer_acks,

@@ -51,6 +51,10 @@ class ViolationLog:
     def ok(self) -> bool:
         return not self.violations
 
+    def share_violations(self, other: "ViolationLog") -> None:
+        """Report into `other`'s list: two checkers of one run, one verdict."""
+        self.violations = other.violations
+
 
 class SimChecker(ViolationLog):
     def __init__(self, clock) -> None:
