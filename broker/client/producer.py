@@ -261,12 +261,15 @@ class PartitionProducer:
             self._pending_message_slots.acquire_nowait()  # no scheduling point while there is room
         except trio.WouldBlock:
             await self._pending_message_slots.acquire()
+        # An explicit retry of a message no longer pending (at or below the
+        # last sequence id this producer used or was told was persisted) goes
+        # in a batch of its own, after what is being batched: the broker
+        # judges a batch by its highest sequence id, so a retry batched with
+        # a newer message would be taken as new and persisted twice.
+        retry = sequence_id is not None and sequence_id <= self.last_sequence_id
         if sequence_id is None:
             sequence_id = self.last_sequence_id + 1
-        elif sequence_id <= self.last_sequence_id:
-            # An explicit retry of a message no longer pending: send it on its
-            # own, after what is being batched; the broker drops it if it was
-            # persisted before.
+        elif retry:
             self._flush_building()
         self.last_sequence_id = max(self.last_sequence_id, sequence_id)
         future = SendFuture(sequence_id)
@@ -279,7 +282,7 @@ class PartitionProducer:
         building.bytes += len(data)
         options = self.options
         if (not options.batching or len(building.messages) >= options.batch_messages_max
-                or building.bytes >= options.batch_bytes_max or sequence_id < self.last_sequence_id):
+                or building.bytes >= options.batch_bytes_max or retry):
             self._flush_building()
         elif len(building.messages) == 1:
             self._flush_wakeup.set()

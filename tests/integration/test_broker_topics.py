@@ -67,6 +67,26 @@ async def test_keys_properties_codecs_and_batches_reach_the_consumer_intact(shar
         assert all(abs(m.publish_time_ms - time.time() * 1000) < 60_000 for m in messages)
 
 
+async def test_a_restarted_batching_producer_resends_its_last_message_and_it_is_stored_once(shared_cluster):
+    # The broker told the new producer that sequence id 0 is persisted; the
+    # application resends it anyway (its answer was lost) and sends a new
+    # one: the resend goes in a batch of its own, answered as a duplicate,
+    # and the subscription sees each message once.
+    async with client_of(shared_cluster) as client:
+        consumer = await client.subscribe("resend-batched", "check", initial_position="earliest")
+        first = await client.create_producer("resend-batched", "p", batching=True, batch_delay_ms=50)
+        await first.send(b"zero", sequence_id=0)
+        await first.close()
+        again = await client.create_producer("resend-batched", "p", batching=True, batch_delay_ms=50)
+        resent = await again.send_async(b"zero", sequence_id=0)
+        new = await again.send_async(b"one", sequence_id=1)
+        await resent.wait()
+        await new.wait()
+        messages = await receive(consumer, 2)
+        assert [(message.sequence_id, message.data) for message in messages] == [(0, b"zero"), (1, b"one")]
+        await nothing_more(consumer)
+
+
 async def test_a_partitioned_topic_sends_one_key_to_one_partition_always(shared_cluster):
     async with client_of(shared_cluster) as client:
         await client.create_topic("routed", partitions=4)
