@@ -39,7 +39,7 @@ def now_ms() -> float:
 
 
 @dataclass(eq=False)
-class _Connection:
+class ClientConnection:
     id: int
     stream: trio.SocketStream
     peer: str
@@ -63,7 +63,7 @@ class ClientConnections:
                              lambda peer: self._serve_connection(connection_id, stream, peer))
 
     async def _serve_connection(self, connection_id: int, stream: trio.SocketStream, peer: str) -> None:
-        connection = _Connection(connection_id, stream, peer, FrameOutput(stream))
+        connection = ClientConnection(connection_id, stream, peer, FrameOutput(stream))
         self.stats.connections_accepted += 1
         decoder = FrameDecoder(self.config.frame_bytes_max, REQUEST_ITEMS_MAX)
         reader = FrameReader(stream, decoder, self.frame_budget, self.config.frame_deadline_s)
@@ -92,7 +92,7 @@ class ClientConnections:
     def _count_protocol_error(self) -> None:
         self.stats.protocol_errors += 1
 
-    async def _handshake(self, connection: _Connection, reader: FrameReader) -> bool:
+    async def _handshake(self, connection: ClientConnection, reader: FrameReader) -> bool:
         with trio.fail_after(HANDSHAKE_TIMEOUT_S):
             while True:
                 for fields in reader.decoder.frames():
@@ -108,7 +108,7 @@ class ClientConnections:
                 if not await reader.receive():
                     return False
 
-    async def _read_requests(self, connection: _Connection, reader: FrameReader) -> bool:
+    async def _read_requests(self, connection: ClientConnection, reader: FrameReader) -> bool:
         """Read and handle requests until the client closes (True) or breaks
         the protocol or the connection (False). Errors stay here, so that
         the connection's nursery never has to carry them."""
@@ -117,7 +117,7 @@ class ClientConnections:
             return True
         return False
 
-    async def _read_loop(self, connection: _Connection, reader: FrameReader) -> None:
+    async def _read_loop(self, connection: ClientConnection, reader: FrameReader) -> None:
         core, execute, decoder = self.core, self._execute, reader.decoder
         output_max = self.config.connection_output_bytes_max
         journal_max = self.config.journal_queue_bytes_max
@@ -171,7 +171,7 @@ class ClientConnections:
             if not await reader.receive():
                 return
 
-    async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
+    async def _write_loop(self, connection: ClientConnection, cancel_scope: trio.CancelScope) -> None:
         try:
             await connection.output.run_writer()
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -145,7 +145,7 @@ def server_families(server) -> list[Metric]:
         CounterMetricFamily("quire_bookie_connections_refused", "Connections closed at once: too many open in all or from one address",
                             value=server.connection_limits.refused),
         _gauge("quire_bookie_frame_buffer_bytes", "Bytes reserved by large frames being received", server.frame_budget.reserved),
-        _gauge("quire_bookie_open_connections", "Client connections open now", len(server._connections)),
+        _gauge("quire_bookie_open_connections", "Client connections open now", server.open_connections),
         _gauge("quire_bookie_write_cache_bytes", "Entries in the write cache, both buffers",
                write_cache.active_bytes + write_cache.flushing_bytes),
         _gauge("quire_bookie_write_cache_max_bytes", "The write cache's bound", write_cache.bytes_max),

@@ -39,7 +39,7 @@ from bookie.journal import JournalNoRoomError
 from bookie.journal_thread import JournalThread
 from bookie.ledger_storage import Checkpoint, LedgerStorage
 from bookie.metrics import BookieMetrics
-from bookie.client_connections import ClientConnections, _Connection, now_ms
+from bookie.client_connections import ClientConnections, ClientConnection, now_ms
 from bookie.protocol.wire import (
     AddBatchResponse,
     AddResponse,
@@ -182,7 +182,7 @@ class BookieServer(ClientConnections):
         # disk).
         self.journal_failed: str | None = None
         self._journal_no_file = False
-        self._connections: dict[int, _Connection] = {}
+        self._connections: dict[int, ClientConnection] = {}
         self.connection_limits = ConnectionLimits(config.connections_max, config.connections_per_address_max)
         self.frame_budget = FrameBudget(config.frame_buffer_bytes_max)
         # Connections with responses queued since the last flush.
@@ -272,6 +272,10 @@ class BookieServer(ClientConnections):
             await self._checkpoint()
             service_nursery.cancel_scope.cancel()
         await trio.to_thread.run_sync(self._journal_thread.stop)
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
 
     def stop(self) -> None:
         if self._network_scope is not None:

@@ -228,6 +228,20 @@ class BrokerServer:
         return port
 
     @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    @property
+    def connections_refused(self) -> int:
+        """Closed at once: too many open in all or from one address."""
+        return self._connection_limits.refused
+
+    @property
+    def publish_batches_measured(self) -> int:
+        """Producer batches taken and not yet answered (counted with metrics on)."""
+        return sum(len(connection.publish_started_s) for connection in self._connections)
+
+    @property
     def default_policies(self) -> TopicPolicies:
         return self.config.default_policies
 
