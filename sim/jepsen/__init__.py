@@ -1,8 +1,12 @@
 """Jepsen-style testing of a real quire cluster: the history of operations a
 run records (history.py), the checker that judges it (checker.py) and the plot
 of its throughput and latency under faults (plot.py), the per-link proxies
-the nemesis partitions through (proxy.py) and the client processes (client.py)."""
+the nemesis partitions through (proxy.py) and the client processes (client.py);
+for the broker run, its client processes (broker_client.py) and checker
+(broker_checker.py). What the two runs' checkers share is in verdict.py,
+what their client processes share in client_process.py."""
 
+from sim.jepsen.broker_checker import BrokerAnomaly, BrokerCheckResult, check_broker
 from sim.jepsen.checker import Anomaly, CheckResult, check
 from sim.jepsen.history import (
     FaultWindow,
@@ -20,6 +24,8 @@ from sim.jepsen.proxy import LinkProxy, ProxyMesh, ProxyStats
 
 __all__ = [
     "Anomaly",
+    "BrokerAnomaly",
+    "BrokerCheckResult",
     "CheckResult",
     "FaultWindow",
     "HistoryFormatError",
@@ -30,6 +36,7 @@ __all__ = [
     "ProxyMesh",
     "ProxyStats",
     "check",
+    "check_broker",
     "fault_windows",
     "merge_histories",
     "pair_operations",

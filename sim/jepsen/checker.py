@@ -7,28 +7,34 @@ against a final read of its ledger; INCOMPLETE when some were not."""
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, Iterable
 
 from sim.jepsen.history import (
-    FAULT_START,
-    NEMESIS_PROCESS,
     HistoryFormatError,
     Operation,
     OperationPair,
+    integer_value,
     pair_operations,
 )
 
-ANOMALY_KINDS = ("lost", "duplicated", "reordered", "inconsistent", "unexpected", "unseen")
-# Unseen adds do not make a history invalid (with no final read of their
-# ledger there was nothing to check them against), but incomplete.
-INVALIDATING_KINDS = ("lost", "duplicated", "reordered", "inconsistent", "unexpected")
-SUMMARY_EXAMPLES_MAX = 5
+# The kinds and the summary's length, shared with the broker run's checker,
+# are still named here (noqa: they are not used, only re-exported).
+from sim.jepsen.verdict import (  # noqa: F401
+    ANOMALY_KINDS,
+    INVALIDATING_KINDS,
+    SUMMARY_EXAMPLES_MAX,
+    AnomalyText,
+    CheckResultBase,
+    count_faults,
+)
 
 
 @dataclass(frozen=True, slots=True)
-class Anomaly:
+class Anomaly(AnomalyText):
+    PLACES = (("ledger", "ledger {}"), ("entry", "entry {}"), ("payload", "payload {!r}"))
+
     kind: str
     detail: str
     ledger: int | None = None
@@ -36,27 +42,9 @@ class Anomaly:
     payload: str | None = None
     operation_indexes: tuple[int, ...] = ()  # the records that show it
 
-    def __str__(self) -> str:
-        where = []
-        if self.ledger is not None:
-            where.append(f"ledger {self.ledger}")
-        if self.entry is not None:
-            where.append(f"entry {self.entry}")
-        if self.payload is not None:
-            where.append(f"payload {self.payload!r}")
-        noun = "operation" if len(self.operation_indexes) == 1 else "operations"
-        operations = ", ".join(str(index) for index in self.operation_indexes)
-        return f"{' '.join(where) or '-'}: {self.detail} ({noun} {operations or '-'})"
-
 
 @dataclass(slots=True)
-class CheckResult:
-    lost: list[Anomaly] = field(default_factory=list)
-    unseen: list[Anomaly] = field(default_factory=list)
-    duplicated: list[Anomaly] = field(default_factory=list)
-    reordered: list[Anomaly] = field(default_factory=list)
-    inconsistent: list[Anomaly] = field(default_factory=list)
-    unexpected: list[Anomaly] = field(default_factory=list)
+class CheckResult(CheckResultBase[Anomaly]):
     adds_invoked: int = 0
     adds_ok: int = 0
     adds_fail: int = 0
@@ -69,49 +57,20 @@ class CheckResult:
     ledgers: int = 0
     ledgers_acked: int = 0  # ledgers with an acknowledged add
     ledgers_acked_final_read: int = 0  # ... of them, read whole after healing
-    faults_by_kind: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def valid(self) -> bool:
-        """No anomaly found (which says little unless `complete` too)."""
-        return not any(getattr(self, kind) for kind in INVALIDATING_KINDS)
 
     @property
     def complete(self) -> bool:
         """Every acknowledged add was checked against a final read."""
         return not self.unseen and self.ledgers_acked_final_read == self.ledgers_acked
 
-    @property
-    def verdict(self) -> str:
-        """VALID, INVALID (an anomaly), or INCOMPLETE (no anomaly, but some
-        acknowledged adds were never checked)."""
-        if not self.valid:
-            return "INVALID"
-        return "VALID" if self.complete else "INCOMPLETE"
-
-    def anomalies(self, kind: str) -> list[Anomaly]:
-        if kind not in ANOMALY_KINDS:
-            raise ValueError(f"kind must be one of {', '.join(ANOMALY_KINDS)}, got {kind!r}")
-        return getattr(self, kind)
-
-    def summary(self, examples_max: int = SUMMARY_EXAMPLES_MAX) -> str:
-        faults = ", ".join(f"{kind} {count}" for kind, count in sorted(self.faults_by_kind.items())) or "none"
-        lines = [
-            self.verdict,
+    def count_lines(self) -> list[str]:
+        return [
             f"adds: {self.adds_invoked} invoked, {self.adds_ok} ok, {self.adds_fail} fail, "
             f"{self.adds_info} info ({self.adds_info_read} of them read, {self.adds_fail_read} failed adds read)",
             f"reads: {self.reads_ok} ok ({self.reads_final} final); recoveries: {self.recoveries_ok} ok; "
             f"ledgers: {self.ledgers}, {self.ledgers_acked} with acknowledged adds, "
-            f"{self.ledgers_acked_final_read} of them read whole after healing; faults: {faults}",
-            "anomalies: " + ", ".join(f"{kind} {len(getattr(self, kind))}" for kind in ANOMALY_KINDS),
+            f"{self.ledgers_acked_final_read} of them read whole after healing; faults: {self.faults_text()}",
         ]
-        for kind in ANOMALY_KINDS:
-            found = getattr(self, kind)
-            for anomaly in found[:examples_max]:
-                lines.append(f"  {kind}: {anomaly}")
-            if len(found) > examples_max:
-                lines.append(f"  {kind}: ... and {len(found) - examples_max} more")
-        return "\n".join(lines)
 
 
 @dataclass(slots=True)
@@ -168,10 +127,7 @@ class _Checker:
     # --- gathering ------------------------------------------------------------------
 
     def gather(self, operations: list[Operation]) -> None:
-        for operation in operations:
-            if operation.process == NEMESIS_PROCESS and operation.f == FAULT_START:
-                fault = str(operation.value.get("fault", "unknown"))
-                self.result.faults_by_kind[fault] = self.result.faults_by_kind.get(fault, 0) + 1
+        self.result.faults_by_kind = count_faults(operations)
         pairs = pair_operations(operations)
         # Adds first: a read may come before the completion of the add it
         # sees, and telling phantom data from real needs every add invoked.
@@ -184,12 +140,12 @@ class _Checker:
             elif pair.invoke.f in ("recover", "close") and pair.outcome == "ok":
                 completion = pair.completion
                 self.result.recoveries_ok += pair.invoke.f == "recover"
-                ledger = _integer(completion, "ledger")
+                ledger = integer_value(completion, "ledger")
                 self.ledgers.add(ledger)
-                claim = _ClosedClaim(_integer(completion, "last_entry"), completion.index, pair.invoke.f)
+                claim = _ClosedClaim(integer_value(completion, "last_entry"), completion.index, pair.invoke.f)
                 self.closed_claims.setdefault(ledger, []).append(claim)
             elif pair.invoke.f == "create" and pair.outcome == "ok":
-                self.ledgers.add(_integer(pair.completion, "ledger"))
+                self.ledgers.add(integer_value(pair.completion, "ledger"))
         self.result.ledgers = len(self.ledgers)
         self.check_acknowledgement_order(pairs)
 
@@ -210,11 +166,11 @@ class _Checker:
         self.adds[payload] = add
         self.result.adds_invoked += 1
         if "ledger" in invoke.value:
-            self.ledgers.add(_integer(invoke, "ledger"))
+            self.ledgers.add(integer_value(invoke, "ledger"))
         if pair.outcome == "ok":
             self.result.adds_ok += 1
-            add.ledger = _integer(pair.completion, "ledger")
-            add.entry = _integer(pair.completion, "entry")
+            add.ledger = integer_value(pair.completion, "ledger")
+            add.entry = integer_value(pair.completion, "entry")
             add.completion_index = pair.completion.index
             self.ledgers.add(add.ledger)
         elif pair.outcome == "fail":
@@ -224,8 +180,8 @@ class _Checker:
 
     def gather_read(self, completion: Operation) -> None:
         self.result.reads_ok += 1
-        ledger = _integer(completion, "ledger")
-        last_entry = _integer(completion, "last_entry")
+        ledger = integer_value(completion, "ledger")
+        last_entry = integer_value(completion, "last_entry")
         closed = completion.value.get("closed") is True
         entries = _entries(completion)
         self.ledgers.add(ledger)
@@ -450,13 +406,6 @@ class _Checker:
             self.report("unseen", "acknowledged, but no final read of its ledger", operation_indexes=(add.completion_index,), **where)
 
 
-def _integer(operation: Operation, key: str) -> int:
-    value = operation.value.get(key)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise HistoryFormatError(f"operation {operation.index}: {operation.type} {operation.f} needs an integer {key}, got {value!r}")
-    return value
-
-
 def _entries(operation: Operation) -> list[tuple[int, str]]:
     raw = operation.value.get("entries")
     if not isinstance(raw, list):
@@ -490,3 +439,4 @@ def check(operations: Iterable[Operation]) -> CheckResult:
     checker.gather(list(operations))
     checker.judge()
     return checker.result
+

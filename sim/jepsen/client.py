@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import random
-import signal
 import sys
 
 import trio
@@ -23,6 +22,12 @@ from coordination.zk_store import KazooMetadataStore
 from ledger_client import BookKeeper
 from ledger_client.errors import BKError
 from ledger_client.metadata import LedgerState
+from sim.jepsen.client_process import (
+    client_parser,
+    error_text,
+    role_nursery,
+    run_client,
+)
 from sim.jepsen.history import HistoryWriter
 
 PASSWORD = b"jepsen"
@@ -39,10 +44,6 @@ SESSION_MARKER_INTERVAL_S = 0.5
 log = logging.getLogger("quire.jepsen.client")
 
 
-def _error_text(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"[:300]
-
-
 async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: argparse.Namespace) -> None:
     rng = random.Random(f"{options.seed}-{name}")
     sequence = 0
@@ -55,7 +56,7 @@ async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: arg
                 )
         except (BKError, MetadataError, trio.TooSlowError) as error:
             # The ledger may exist (a create that timed out): indeterminate.
-            history.append(name, "info", "create", {"error": _error_text(error)})
+            history.append(name, "info", "create", {"error": error_text(error)})
             await trio.sleep(RETRY_DELAY_S)
             continue
         ledger_id = handle.ledger_id
@@ -67,7 +68,7 @@ async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: arg
             else:
                 # Failed adds may still be in the ledger (recovery keeps what
                 # reached an ack quorum): indeterminate.
-                history.append(name, "info", "add", {"op_id": op_id, "ledger": ledger_id, "payload": payload, "error": _error_text(pending.error)})
+                history.append(name, "info", "add", {"op_id": op_id, "ledger": ledger_id, "payload": payload, "error": error_text(pending.error)})
 
         for _ in range(rng.randint(1, options.entries_per_ledger_max)):
             sequence += 1
@@ -78,7 +79,7 @@ async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: arg
                     payload.encode(), on_done=lambda pending, op_id=sequence, payload=payload: completed(pending, op_id, payload)
                 )
             except BKError as error:
-                history.append(name, "info", "add", {"op_id": sequence, "ledger": ledger_id, "payload": payload, "error": _error_text(error)})
+                history.append(name, "info", "add", {"op_id": sequence, "ledger": ledger_id, "payload": payload, "error": error_text(error)})
                 break
             if options.add_gap_ms:
                 await trio.sleep(rng.uniform(0, 2 * options.add_gap_ms) / 1000)
@@ -88,7 +89,7 @@ async def writer(bk: BookKeeper, history: HistoryWriter, name: str, options: arg
                 await handle.close()
         except (BKError, trio.TooSlowError) as error:
             # The compare-and-set may have landed: indeterminate.
-            history.append(name, "info", "close", {"ledger": ledger_id, "error": _error_text(error)})
+            history.append(name, "info", "close", {"ledger": ledger_id, "error": error_text(error)})
             continue
         history.append(name, "ok", "close", {"ledger": ledger_id, "last_entry": handle.last_add_confirmed})
 
@@ -105,7 +106,7 @@ async def _read(bk: BookKeeper, history: HistoryWriter, name: str, ledger_id: in
                 async for entry in handle.read(0, last_entry_id):
                     entries.append([entry.entry_id, bytes(entry.data).decode()])
     except (BKError, MetadataError, trio.TooSlowError) as error:
-        history.append(name, "fail", "read", {"ledger": ledger_id, "error": _error_text(error)})
+        history.append(name, "fail", "read", {"ledger": ledger_id, "error": error_text(error)})
         return False
     value = {"ledger": ledger_id, "closed": handle.is_closed, "last_entry": last_entry_id, "entries": entries}
     if final:
@@ -122,7 +123,7 @@ async def _recover(bk: BookKeeper, history: HistoryWriter, name: str, ledger_id:
         with trio.fail_after(CALL_DEADLINE_S):
             handle = await bk.open_ledger(ledger_id, PASSWORD, recovery=True)
     except (BKError, MetadataError, trio.TooSlowError) as error:
-        history.append(name, "fail", "recover", {"ledger": ledger_id, "error": _error_text(error)})
+        history.append(name, "fail", "recover", {"ledger": ledger_id, "error": error_text(error)})
         return False
     history.append(name, "ok", "recover", {"ledger": ledger_id, "last_entry": handle.last_add_confirmed})
     return True
@@ -209,28 +210,17 @@ async def main_async(options: argparse.Namespace) -> None:
             store, address_map=json.loads(options.address_map), pending_adds_max=options.window,
             add_timeout_ms=options.add_timeout_ms,
         ) as bk:
-            async with trio.open_nursery() as nursery:
+            async with role_nursery() as nursery:
                 nursery.start_soon(keep_session_marker, store, options.name)
-                async def stop_on_signal() -> None:
-                    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                        async for _ in signals:
-                            nursery.cancel_scope.cancel()
-
-                nursery.start_soon(stop_on_signal)
                 await ROLES[options.role](bk, history, options.name, options)
-                nursery.cancel_scope.cancel()
 
 
 def parse_arguments(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m sim.jepsen.client")
-    parser.add_argument("role", choices=sorted(ROLES))
-    parser.add_argument("--name", required=True)
+    parser = client_parser("python -m sim.jepsen.client", ROLES)
     parser.add_argument("--zk", required=True)
     parser.add_argument("--root", default="/quire")
     parser.add_argument("--history", required=True)
-    parser.add_argument("--start-monotonic", type=float, required=True)
     parser.add_argument("--address-map", default="{}", help="JSON: registered bookie address -> address to dial")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--ensemble-size", type=int, default=3)
     parser.add_argument("--write-quorum", type=int, default=3)
     parser.add_argument("--ack-quorum", type=int, default=2)
@@ -243,10 +233,7 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parse_arguments(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s %(levelname)s [{options.name}] %(name)s: %(message)s")
-    trio.run(main_async, options)
-    return 0
+    return run_client(parse_arguments, main_async, argv)
 
 
 if __name__ == "__main__":

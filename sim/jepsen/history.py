@@ -192,31 +192,33 @@ class OperationPair:
         return self.completion.time_ms - self.invoke.time_ms
 
 
-def _pairing_key(operation: Operation) -> tuple[str, Any]:
-    # A writer pipelines its adds, which carry an op_id; every other
-    # operation of a process is alone in flight, so the process names it.
-    if operation.f == "add":
-        op_id = operation.value.get("op_id")
-        if op_id is None:
-            raise HistoryFormatError(f"operation {operation.index}: an add without an op_id")
-        return (operation.process, op_id)
-    return (operation.process, None)
+def _pairing_key(operation: Operation, op_ids_required: bool) -> tuple[str, Any]:
+    # An operation with an op_id is named by it: a writer pipelines its adds,
+    # and a broker run's client has several operations of a kind in flight.
+    # One without is alone in flight in its process, which names it.
+    op_id = operation.value.get("op_id")
+    if op_id is None and (op_ids_required or operation.f == "add"):
+        raise HistoryFormatError(f"operation {operation.index}: {operation.type} {operation.f} without an op_id")
+    return (operation.process, op_id)
 
 
-def pair_operations(operations: Iterable[Operation]) -> list[OperationPair]:
-    """Matches every client invoke with its completion, in invoke order.
-    Nemesis records are not client operations and are skipped."""
+def pair_operations(operations: Iterable[Operation], *, op_ids_required: bool = False) -> list[OperationPair]:
+    """Matches every client invoke with its completion, in invoke order; an
+    invoke never completed pairs with None. Adds always carry an op_id; with
+    `op_ids_required` (the broker run) every client operation must. Nemesis
+    records are not client operations and are skipped."""
     pairs: list[OperationPair | None] = []
     outstanding: dict[tuple[str, Any], tuple[int, Operation]] = {}
     for operation in operations:
         if operation.process == NEMESIS_PROCESS:
             continue
-        key = _pairing_key(operation)
+        key = _pairing_key(operation, op_ids_required)
         if operation.type == "invoke":
             if key in outstanding:
                 earlier = outstanding[key][1]
+                same_op_id = "" if key[1] is None else f" with op_id {key[1]!r}"
                 raise HistoryFormatError(
-                    f"operation {operation.index}: {operation.process} invokes {operation.f} while "
+                    f"operation {operation.index}: {operation.process} invokes {operation.f}{same_op_id} while "
                     f"operation {earlier.index} ({earlier.f}) is still outstanding"
                 )
             outstanding[key] = (len(pairs), operation)
@@ -237,6 +239,15 @@ def pair_operations(operations: Iterable[Operation]) -> list[OperationPair]:
         pairs[position] = OperationPair(invoke, None)
     assert all(pair is not None for pair in pairs)
     return pairs  # type: ignore[return-value]
+
+
+def integer_value(operation: Operation, key: str) -> int:
+    """The integer at `key` of an operation's value, for a checker; anything
+    else there is the recorder's mistake (HistoryFormatError)."""
+    value = operation.value.get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise HistoryFormatError(f"operation {operation.index}: {operation.type} {operation.f} needs an integer {key}, got {value!r}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

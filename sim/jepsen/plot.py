@@ -1,5 +1,6 @@
-"""The picture of a Jepsen-style run: adds per second and add latency (p50,
-p99) over time, with the nemesis's fault windows shaded, saved as a PNG."""
+"""The picture of a Jepsen-style run: the writes per second and their latency
+(p50, p99) over time, with the nemesis's fault windows shaded, saved as a
+PNG. The writes are the ledger run's adds, or the broker run's produces."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ FAULT_WIDTH_S_MIN = 0.1
 
 @dataclass(frozen=True, slots=True)
 class Throughput:
-    """Adds completed per one-second bucket; bucket k covers [k, k+1) s."""
+    """Writes completed per one-second bucket; bucket k covers [k, k+1) s."""
 
     seconds: list[int]
     ok_per_second: list[int]
@@ -38,8 +39,8 @@ class Throughput:
 
 @dataclass(frozen=True, slots=True)
 class Latency:
-    """Latency of acknowledged adds, by the bucket of their invoke; only
-    buckets with at least one add appear."""
+    """Latency of acknowledged writes, by the bucket of their invoke; only
+    buckets with at least one write appear."""
 
     seconds: list[int]
     latency_ms_p50: list[float]
@@ -50,15 +51,16 @@ def _bucket(time_ms: float) -> int:
     return int(time_ms // BUCKET_MS)
 
 
-def add_throughput(operations: Iterable[Operation]) -> Throughput:
-    """Counts add completions by the second they completed in; adds the run
-    cut short have no completion time and are not counted."""
+def add_throughput(operations: Iterable[Operation], operation_name: str = "add") -> Throughput:
+    """Counts the completions of the writes (operations named
+    `operation_name`) by the second they completed in; writes the run cut
+    short have no completion time and are not counted."""
     ok: dict[int, int] = {}
     failed: dict[int, int] = {}
     last_bucket = -1
     for operation in operations:
         last_bucket = max(last_bucket, _bucket(operation.time_ms))
-        if operation.f != "add" or operation.type == "invoke":
+        if operation.f != operation_name or operation.type == "invoke":
             continue
         counts = ok if operation.type == "ok" else failed
         bucket = _bucket(operation.time_ms)
@@ -71,15 +73,16 @@ def add_throughput(operations: Iterable[Operation]) -> Throughput:
 
 def _percentile(sorted_values: list[float], fraction: float) -> float:
     # Nearest rank: the smallest value with at least `fraction` of the values
-    # at or below it, so p99 is a latency some add actually had.
+    # at or below it, so p99 is a latency some write actually had.
     rank = max(1, math.ceil(fraction * len(sorted_values)))
     return sorted_values[rank - 1]
 
 
-def add_latency(operations: Iterable[Operation]) -> Latency:
+def add_latency(operations: Iterable[Operation], operation_name: str = "add") -> Latency:
     by_bucket: dict[int, list[float]] = {}
-    for pair in pair_operations(operations):
-        if pair.invoke.f == "add" and pair.outcome == "ok":
+    writes = [operation for operation in operations if operation.f == operation_name]
+    for pair in pair_operations(writes):
+        if pair.outcome == "ok":
             by_bucket.setdefault(_bucket(pair.invoke.time_ms), []).append(pair.latency_ms)
     seconds = sorted(by_bucket)
     p50, p99 = [], []
@@ -90,8 +93,11 @@ def add_latency(operations: Iterable[Operation]) -> Latency:
     return Latency(seconds, p50, p99)
 
 
-def plot_history(operations: Iterable[Operation], path_png: str | Path, *, title: str) -> None:
-    """Draws the run into a PNG at `path_png`."""
+def plot_history(operations: Iterable[Operation], path_png: str | Path, *, title: str, operation_name: str = "add",
+                 noun: str = "adds") -> None:
+    """Draws the run into a PNG at `path_png`: the writes are the operations
+    named `operation_name`, called `noun` in the labels (the broker run's
+    are "produce" operations, "messages")."""
     # matplotlib is imported here, and through Figure rather than pyplot, so
     # that importing sim.jepsen needs neither matplotlib's start-up time nor a
     # display, and no global backend is switched under the caller.
@@ -100,8 +106,8 @@ def plot_history(operations: Iterable[Operation], path_png: str | Path, *, title
     from matplotlib.patches import Patch
 
     operations = list(operations)
-    throughput = add_throughput(operations)
-    latency = add_latency(operations)
+    throughput = add_throughput(operations, operation_name)
+    latency = add_latency(operations, operation_name)
     windows = fault_windows(operations)
     end_ms = max((operation.time_ms for operation in operations), default=0.0)
 
@@ -112,9 +118,9 @@ def plot_history(operations: Iterable[Operation], path_png: str | Path, *, title
 
     # A bucket's count is drawn across the second it covers.
     step_x = [*throughput.seconds, len(throughput.seconds)]
-    throughput_axes.plot(step_x, [*throughput.ok_per_second, 0], drawstyle="steps-post", color="tab:green", label="acknowledged adds")
-    throughput_axes.plot(step_x, [*throughput.failed_per_second, 0], drawstyle="steps-post", color="tab:red", linestyle="--", label="failed or indeterminate adds")
-    throughput_axes.set_ylabel("adds per second")
+    throughput_axes.plot(step_x, [*throughput.ok_per_second, 0], drawstyle="steps-post", color="tab:green", label=f"acknowledged {noun}")
+    throughput_axes.plot(step_x, [*throughput.failed_per_second, 0], drawstyle="steps-post", color="tab:red", linestyle="--", label=f"failed or indeterminate {noun}")
+    throughput_axes.set_ylabel(f"{noun} per second")
     throughput_axes.set_ylim(bottom=0)
 
     middle_x = [second + 0.5 for second in latency.seconds]
@@ -124,7 +130,7 @@ def plot_history(operations: Iterable[Operation], path_png: str | Path, *, title
     if not latency.seconds:
         # An empty log axis has no range of its own to autoscale to.
         latency_axes.set_ylim(1, 1000)
-    latency_axes.set_ylabel("add latency (ms)")
+    latency_axes.set_ylabel(f"{operation_name} latency (ms)")
     latency_axes.set_xlabel("time since start (s)")
     latency_axes.set_xlim(0, max(end_ms / 1000.0, 1.0))
 

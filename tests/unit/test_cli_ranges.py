@@ -19,13 +19,14 @@ from quire import cli, cli_ranges, cli_reference
 from quire.cli import build_parser, main
 from quire.cli_parsing import EXIT_USAGE, Bounded, HostPorts, Listeners
 from quire.export_commands import spark_setting
+from quire.jepsen_commands import nemesis_faults
 
 # Nothing listens there: a command that got as far as ZooKeeper would fail
 # with "could not reach ZooKeeper", not with the range's message.
 DEAD_ZOOKEEPER = "127.0.0.1:1"
 ERROR_LINE = re.compile(r"^quire(?: [a-z-]+)*: error: ")
 # Types of arguments that hold no number.
-NOT_NUMBERS = (None, str, Path, spark_setting)
+NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults)
 # Words in an argument's name that say it is a number: such an argument
 # without a range would be a number nobody bounds.
 NUMBER_WORDS = ("port", "count", "size", "bytes", "_ms", "seed", "jobs", "timeout", "interval", "partitions", "window",

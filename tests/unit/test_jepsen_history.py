@@ -178,6 +178,23 @@ def test_a_second_invoke_while_one_is_outstanding_raises():
         pair_operations(operations)
 
 
+def test_any_operation_with_an_op_id_pairs_by_it_and_the_broker_run_requires_one():
+    # A broker run's consumer has two receives of one session in flight;
+    # they complete in the other order.
+    operations = [
+        operation(0, 0, "consumer-0", "invoke", "receive", {"op_id": "1.0", "session": "s"}),
+        operation(1, 1, "consumer-0", "invoke", "receive", {"op_id": "1.1", "session": "s"}),
+        operation(2, 5, "consumer-0", "ok", "receive", {"op_id": "1.1", "offset": 0}),
+        operation(3, 9, "consumer-0", "fail", "receive", {"op_id": "1.0", "error": "idle"}),
+    ]
+    pairs = pair_operations(operations, op_ids_required=True)
+    assert [(pair.invoke.index, pair.completion.index) for pair in pairs] == [(0, 3), (1, 2)]
+    without = [operation(0, 0, "consumer-0", "invoke", "subscribe", {"session": "s"})]
+    assert pair_operations(without)[0].outcome == "info"
+    with pytest.raises(HistoryFormatError, match="operation 0: invoke subscribe without an op_id"):
+        pair_operations(without, op_ids_required=True)
+
+
 def nemesis(index: int, time_ms: float, f: str, fault: str, targets: list[str], fault_id: int) -> Operation:
     return operation(index, time_ms, "nemesis", "info", f, {"fault": fault, "targets": targets, "fault_id": fault_id})
 

@@ -53,6 +53,23 @@ def test_latency_percentiles_are_per_second_of_invoke_for_acknowledged_adds():
     assert latency.latency_ms_p99 == [99, 40]
 
 
+def test_the_broker_run_s_writes_are_its_produces():
+    # A producer's two sends, pipelined (one acknowledged, one never
+    # answered), and a consumer's receive that is no write at all.
+    operations = [
+        Operation(0, 100, "producer-0", "invoke", "produce", {"op_id": "1.0", "seq": 0}),
+        Operation(1, 150, "producer-0", "invoke", "produce", {"op_id": "1.1", "seq": 1}),
+        Operation(2, 300, "consumer-0", "invoke", "receive", {"op_id": "1.0", "session": "s"}),
+        Operation(3, 400, "producer-0", "ok", "produce", {"op_id": "1.0", "offset": 0}),
+        Operation(4, 1200, "consumer-0", "ok", "receive", {"op_id": "1.0", "session": "s", "offset": 0}),
+    ]
+    throughput = add_throughput(operations, "produce")
+    assert (throughput.seconds, throughput.ok_per_second, throughput.failed_per_second) == ([0, 1], [1, 0], [0, 0])
+    assert add_latency(operations, "produce").latency_ms_p50 == [300]
+    # Counted as adds, there are none.
+    assert add_throughput(operations).ok_per_second == [0, 0] and add_latency(operations).seconds == []
+
+
 def simulated_run(seed: int) -> list[Operation]:
     """Twenty seconds of two pipelining writers with a kill, a partition,
     a session expiry and a pause that never heals."""

@@ -11,7 +11,8 @@ import pytest
 from quire.jepsen_commands import jepsen
 from sim.jepsen import runner
 from sim.jepsen.checker import Anomaly, CheckResult
-from sim.jepsen.runner import JepsenReport, ephemeral_owners, live_sessions
+from sim.jepsen.runner import ephemeral_owners, live_sessions
+from tests.jepsen_support import report_for
 
 # What ZooKeeper 3.x answers `dump` with (taken from a real server): a bookie
 # and a writer with an ephemeral znode each, and one more session without any.
@@ -51,12 +52,6 @@ def test_live_sessions_are_the_session_trackers():
     assert "/quire/jepsen/sessions/writer-0" not in ephemeral_owners(expired)
 
 
-def report_with(result: CheckResult, tmp_path) -> JepsenReport:
-    summary = tmp_path / "summary.txt"
-    summary.write_text(result.summary())
-    return JepsenReport(tmp_path, result, 10, 1.0, {}, 0, summary, tmp_path / "plot.png", tmp_path / "history.jsonl")
-
-
 @pytest.mark.parametrize(
     "result, status",
     [
@@ -68,7 +63,7 @@ def report_with(result: CheckResult, tmp_path) -> JepsenReport:
     ],
 )
 def test_quire_jepsen_exits_zero_only_for_a_valid_verdict(result, status, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner, "run_jepsen", lambda *args, **kwargs: report_with(result, tmp_path))
+    monkeypatch.setattr(runner, "run_jepsen", lambda *args, **kwargs: report_for(result, tmp_path))
     arguments = argparse.Namespace(duration=1, writers=1, readers=1, bookies=5, seed=0, work_dir=tmp_path / "run")
     assert jepsen(arguments) == status
     assert capsys.readouterr().out.startswith(result.verdict + "\n")
