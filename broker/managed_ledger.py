@@ -156,10 +156,14 @@ class ManagedLedger:
                 await self._delete(command)
                 return []
             if kind is Writable:
-                self.rollover_due = trio.Event()
+                if command.new_ledger:
+                    # The rollover loop waits on this event: wake it (it finds
+                    # nothing due) before it waits on a fresh one.
+                    due, self.rollover_due = self.rollover_due, trio.Event()
+                    due.set()
+                    if not self._opening:
+                        log.info("partition %s rolled over to ledger %d", self.partition, command.ledger_id)
                 self._wake_appenders()
-                if not self._opening:
-                    log.info("partition %s rolled over to ledger %d", self.partition, command.ledger_id)
                 return []
             if kind is Fenced:
                 self._fenced(command.error)
@@ -168,6 +172,8 @@ class ManagedLedger:
                 self._wake_appenders()
                 return []
         except (BKError, MetadataError) as error:
+            if core.closed_requested:
+                log.warning("partition %s: closing its ledger failed (the next owner recovers it): %s", self.partition, error)
             return core.fail(f"{type(command).__name__} failed: {error}")
         raise AssertionError(f"unknown command {command!r}")
 
@@ -266,7 +272,7 @@ class ManagedLedger:
                 error = pending.error
                 if error is not None:
                     self._after_add_failed(handle.ledger_id, error)
-                    on_done(None, first_offset, core.fenced)
+                    on_done(None, first_offset, self._failure(handle.ledger_id, error))
                     return
                 self._persisted(handle, pending.entry_id, first_offset, message_count, data)
                 on_done(Position(handle.ledger_id, pending.entry_id), first_offset, None)
@@ -277,13 +283,23 @@ class ManagedLedger:
                 handle.submit_add_nowait(data, on_done=done)
             except BKError as error:
                 self._after_add_failed(handle.ledger_id, error)
-                raise core.fenced from None
+                raise self._failure(handle.ledger_id, error) from None
             return first_offset
 
     def _after_add_failed(self, ledger_id: int, error: BKError) -> None:
+        """Carry out what the core decides (a completion callback cannot
+        wait: the commands it gives here, Fenced or ClosedDone, do not)."""
         for command in self.core.add_failed(ledger_id, str(error)):
             if type(command) is Fenced:
                 self._fenced(command.error)
+            elif type(command) is ClosedDone:
+                self._wake_appenders()
+            else:
+                raise AssertionError(f"an add failure asked for {command!r}")
+
+    def _failure(self, ledger_id: int, error: BKError) -> BrokerError:
+        """The error an append that failed is answered with."""
+        return self.core.fenced or TopicFencedError(f"partition {self.partition}: ledger {ledger_id} failed while closing: {error}")
 
     def _persisted(self, handle: LedgerHandle, entry_id: int, first_offset: int, message_count: int, data: bytes) -> None:
         header, _ = decode_entry(data)

@@ -128,9 +128,11 @@ class DeleteLedgers:
 
 @dataclass(frozen=True, slots=True)
 class Writable:
-    """Appends go to `ledger_id` now (after opening or a rollover)."""
+    """Appends go to `ledger_id` now: after opening, a rollover
+    (`new_ledger`) or a trim."""
 
     ledger_id: int
+    new_ledger: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +189,10 @@ class ManagedLedgerCore:
         if allowed is None or to not in allowed:
             raise AssertionError(f"managed ledger {self.partition}: {event} in state {self.state.value} (to {to.value})")
         self.state = to
+
+    # FENCED (any failure) and CLOSED (a close given up, or nothing to close)
+    # are reachable from every state, outside the table: `_fence`, `fail`
+    # and `close` set them.
 
     def _fence(self, reason: str) -> list[Command]:
         if self.state is State.FENCED:
@@ -269,8 +275,9 @@ class ManagedLedgerCore:
             self.open_index = OpenLedgerIndex(self.open_index_points_max)
             return self._writable("record_written")
         if self.state is State.TRIMMING:
+            # Appends go on first; the ledgers left out are deleted after.
             trimmed, self._trimmed = self._trimmed, ()
-            return [DeleteLedgers(trimmed)] + self._writable("record_written")
+            return self._writable("record_written", new_ledger=False) + [DeleteLedgers(trimmed)]
         self._step("record_written", State.CLOSED)
         return [ClosedDone(True)]
 
@@ -288,12 +295,12 @@ class ManagedLedgerCore:
             commands.append(DeleteLedgers((pending.ledgers[-1].ledger_id,), orphans=True))
         return commands + self.fail(f"writing its ledgers failed: {reason}")
 
-    def _writable(self, event: str) -> list[Command]:
+    def _writable(self, event: str, *, new_ledger: bool = True) -> list[Command]:
         if self._close_requested:
             self._step(event, State.CLOSING)
             return [CloseLedger(self.current_ledger_id)]
         self._step(event, State.WRITABLE)
-        return [Writable(self.current_ledger_id)]
+        return [Writable(self.current_ledger_id, new_ledger)]
 
     # --- appending ----------------------------------------------------------------------------
 
@@ -305,6 +312,11 @@ class ManagedLedgerCore:
     def busy(self) -> bool:
         """Appends wait (the chain is opening or changing)."""
         return self.fenced is None and self.state not in (State.WRITABLE, State.CLOSED) and not self._closing
+
+    @property
+    def closed_requested(self) -> bool:
+        """A graceful close was asked for (it may be under way or done)."""
+        return self._closing
 
     @property
     def _closing(self) -> bool:
@@ -371,6 +383,8 @@ class ManagedLedgerCore:
         closed = info.closed(state.entries, state.messages, state.bytes, now_ms)
         if self.state is State.CLOSING_LEDGER:
             self.record = ManagedLedgerRecord(self.record.ledgers[:-1] + (closed,))
+            # Its bytes are the closed ledger's now: counted once.
+            self.open_state = OpenLedgerState(0, 0, 0, float(now_ms), None)
             self._step("ledger_closed", State.CREATING_LEDGER)
             return [CreateLedger(self.policies)]
         self._pending_record = ManagedLedgerRecord(self.record.ledgers[:-1] + (closed,))

@@ -12,14 +12,11 @@ reads no clock. The deduplication map itself is `broker.dedup.Dedup`.
 from __future__ import annotations
 
 import enum
-import logging
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from broker.dedup import Dedup, DedupSnapshot, Verdict
 from broker.errors import BrokerStatus
-
-log = logging.getLogger(__name__)
 
 DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplication map
 
@@ -39,13 +36,17 @@ class ProducerAnswer(enum.Enum):
 class Judgement:
     """What a batch gets: `status` OK means take it (append it, then call
     `pushed` right before it goes to the ledger); any other status is the
-    answer, and the batch is dropped."""
+    answer, and the batch is dropped. `deduplicated`: whether deduplication
+    judged it, which `pushed`, `persisted` and `failed` are told again (the
+    policy may change while the batch is being written)."""
 
     status: BrokerStatus
     detail: str = ""
+    deduplicated: bool = False
 
 
 TAKE = Judgement(BrokerStatus.OK)
+TAKE_DEDUPLICATED = Judgement(BrokerStatus.OK, deduplicated=True)
 
 
 class PublishCore(Generic[Link]):
@@ -68,6 +69,7 @@ class PublishCore(Generic[Link]):
         self.snapshot_version: int | None = None  # of the stored snapshot (None: none stored)
         self.last_position: tuple[int, int] | None = None  # (ledger id, entry id) of the last entry persisted
         self.replayed_entries = 0
+        self.snapshot_problem: str | None = None  # why the stored snapshot was unreadable (every entry is replayed)
 
     # --- loading ---------------------------------------------------------------------------
 
@@ -76,12 +78,13 @@ class PublishCore(Generic[Link]):
         the position it covers: every entry after it must be `replayed`. An
         unreadable snapshot counts as none (every entry is replayed)."""
         snapshot = None
+        self.snapshot_problem = None
         if stored is not None:
             record, self.snapshot_version = stored
             try:
                 snapshot = DedupSnapshot.from_record(record)
             except (ValueError, KeyError, TypeError) as error:
-                log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name, error)
+                self.snapshot_problem = str(error)  # the driver says so
         self.dedup = self.dedup_class.from_snapshot(snapshot)
         return None if snapshot is None else (snapshot.ledger_id, snapshot.entry_id)
 
@@ -170,19 +173,20 @@ class PublishCore(Generic[Link]):
             return Judgement(BrokerStatus.DUPLICATE, f"sequence id {sequence_id} of {producer_id!r} was persisted before")
         if verdict is Verdict.IN_FLIGHT:
             return Judgement(BrokerStatus.RETRY, f"sequence id {sequence_id} of {producer_id!r} is being written")
-        return TAKE
+        return TAKE_DEDUPLICATED
 
-    def pushed(self, producer_id: str, first_sequence_id: int, last_sequence_id: int) -> None:
+    def pushed(self, producer_id: str, first_sequence_id: int, last_sequence_id: int, judgement: Judgement) -> None:
         """A judged batch goes to the ledger now (no scheduling point between
         `judge` and this, other than the appender's own)."""
-        if self.deduplication:
+        if judgement.deduplicated:
             self.dedup.pushed(producer_id, self.judged_sequence_id(first_sequence_id, last_sequence_id))
 
-    def persisted(self, producer_id: str, first_sequence_id: int, last_sequence_id: int, position: tuple[int, int]) -> bool:
+    def persisted(self, producer_id: str, first_sequence_id: int, last_sequence_id: int, position: tuple[int, int],
+                  judgement: Judgement) -> bool:
         """A pushed batch is durable at `position` (in append order). True
         when a snapshot of the map is due: write `next_snapshot()`."""
         self.last_position = position
-        if not self.deduplication:
+        if not judgement.deduplicated:
             return False
         self.dedup.persisted(producer_id, self.judged_sequence_id(first_sequence_id, last_sequence_id))
         self._entries_since_snapshot += 1
@@ -192,9 +196,9 @@ class PublishCore(Generic[Link]):
         self._snapshot_pending = self.dedup.snapshot(*position)
         return True
 
-    def failed(self, producer_id: str) -> None:
+    def failed(self, producer_id: str, judgement: Judgement) -> None:
         """A pushed batch failed (the partition is fenced by it)."""
-        if self.deduplication:
+        if judgement.deduplicated:
             self.dedup.failed(producer_id)
 
     # --- snapshots ---------------------------------------------------------------------------
@@ -252,4 +256,4 @@ class PublishCore(Generic[Link]):
         return self.dedup.producer_count
 
 
-__all__ = ["DEDUP_SNAPSHOT_ENTRIES", "TAKE", "Judgement", "ProducerAnswer", "PublishCore"]
+__all__ = ["DEDUP_SNAPSHOT_ENTRIES", "TAKE", "TAKE_DEDUPLICATED", "Judgement", "ProducerAnswer", "PublishCore"]

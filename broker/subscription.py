@@ -199,21 +199,23 @@ class Subscription:
         """Carry out a cursor write the core asked for, and answer the
         acknowledgements it covers (or, if it failed, every one waiting)."""
         partition = self.partition
+        failure: BrokerError = TopicFencedError(f"subscription {self.name} of {partition.name}: cursor write did not finish")
+        written = False
         try:
-            try:
-                version = await partition.topic_store.write_cursor(partition.name, self.name, write.record, write.expected_version)
-            except NodeExistsError:
-                if write.expected_version is None:
-                    raise
-                raise TopicFencedError(f"subscription {self.name} of {partition.name}: cursor created by another broker") from None
-            except MetadataError as error:
-                raise TopicFencedError(f"subscription {self.name} of {partition.name}: cursor write failed: {error}") from None
-        except BaseException as error:
-            failure = error if isinstance(error, BrokerError) else TopicFencedError(
-                f"subscription {self.name} of {partition.name}: cursor write did not finish")
-            for waiter in self.core.cursor_write_failed(write):
-                waiter.answer(failure)
-            raise
+            version = await partition.topic_store.write_cursor(partition.name, self.name, write.record, write.expected_version)
+            written = True
+        except NodeExistsError:
+            if write.expected_version is None:
+                raise
+            failure = TopicFencedError(f"subscription {self.name} of {partition.name}: cursor created by another broker")
+            raise failure from None
+        except MetadataError as error:
+            failure = TopicFencedError(f"subscription {self.name} of {partition.name}: cursor write failed: {error}")
+            raise failure from None
+        finally:
+            if not written:  # failed, or cancelled (the partition unloads)
+                for waiter in self.core.cursor_write_failed(write):
+                    waiter.answer(failure)
         for waiter in self.core.cursor_written(write, version):
             waiter.answer()
 

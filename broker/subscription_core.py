@@ -89,6 +89,7 @@ class SubscriptionCore(Generic[Waiter]):
         self._changes = 0  # changes made to the cursor
         self._persisted = 0  # changes durable
         self._writing: CursorWrite | None = None
+        self.write_failed = False
         self._waiting: list[tuple[int, Waiter]] = []  # (change, waiter), in change order
 
     # --- consumers ---------------------------------------------------------------------------
@@ -128,7 +129,7 @@ class SubscriptionCore(Generic[Waiter]):
         last persisted). Raises BadRequestError (nothing taken) or
         TopicFencedError (closing). The waiter is answered once a write
         covering what was taken is durable (`answer_now` when nothing needs one)."""
-        if self.closed:
+        if self.closed or self.write_failed:
             raise TopicFencedError(f"subscription {self.name} is being unloaded: acknowledge again once reconnected")
         if any(offset > confirmed_offset for offset in offsets):
             raise BadRequestError(f"acknowledgement of an offset beyond the last message ({confirmed_offset})")
@@ -228,6 +229,7 @@ class SubscriptionCore(Generic[Waiter]):
         may have the cursor). Returns every waiter, to answer with the error."""
         assert self._writing is write, "a cursor write failed that was not in flight"
         self._writing = None
+        self.write_failed = True  # another owner may have the cursor: nothing more is taken
         waiting, self._waiting = self._waiting, []
         return [waiter for _, waiter in waiting]
 

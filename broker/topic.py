@@ -187,6 +187,9 @@ class PartitionService:
         """The deduplication map: its snapshot, then every entry after it."""
         publishing = self.publishing
         covered = publishing.restore(await self.topic_store.read_dedup(self.name))
+        if publishing.snapshot_problem is not None:
+            log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name,
+                      publishing.snapshot_problem)
         managed_ledger = self.managed_ledger
         if covered is not None and managed_ledger.has_entry(Position(*covered)):
             position = managed_ledger.readable_position(Position(covered[0], covered[1] + 1))
@@ -419,11 +422,12 @@ class PartitionService:
         def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
             self._batch_finished_for(producer_id)
             if error is not None:
-                publishing.failed(producer_id)
+                publishing.failed(producer_id, judgement)
                 batch.answer(error.status, str(error))
                 return
             assert position is not None
-            if publishing.persisted(producer_id, first_sequence_id, last_sequence_id, (position.ledger_id, position.entry_id)):
+            if publishing.persisted(producer_id, first_sequence_id, last_sequence_id, (position.ledger_id, position.entry_id),
+                                    judgement):
                 self._snapshot_wakeup.set()
             self.stats.messages_in += send.message_count
             self.stats.bytes_in += len(send.body)
@@ -435,7 +439,7 @@ class PartitionService:
         def pushed() -> None:
             # Called by the managed ledger right before it hands the entry
             # to the ledger, with no scheduling point in between.
-            publishing.pushed(producer_id, first_sequence_id, last_sequence_id)
+            publishing.pushed(producer_id, first_sequence_id, last_sequence_id, judgement)
 
         try:
             await self.managed_ledger.append(make_entry, send.message_count, done, pushed)
@@ -461,13 +465,15 @@ class PartitionService:
         """Write the snapshots the core hands out, one after the other."""
         publishing = self.publishing
         while snapshot is not None:
+            written = False
             try:
                 version = await self.topic_store.write_dedup(self.name, snapshot.to_record(), publishing.snapshot_version)
-            except BaseException as error:
-                publishing.snapshot_failed(snapshot)
-                if isinstance(error, MetadataError):
-                    raise TopicFencedError(f"partition {self.name}: deduplication snapshot write failed: {error}") from None
-                raise
+                written = True
+            except MetadataError as error:
+                raise TopicFencedError(f"partition {self.name}: deduplication snapshot write failed: {error}") from None
+            finally:
+                if not written:  # failed, or cancelled (the partition unloads)
+                    publishing.snapshot_failed(snapshot)
             snapshot = publishing.snapshot_written(snapshot, version)
 
     # --- subscriptions -----------------------------------------------------------------------

@@ -17,7 +17,7 @@ from broker.cursor import Cursor
 from broker.dedup import DedupSnapshot
 from broker.dispatcher import SubscriptionType
 from broker.errors import BrokerStatus
-from broker.publish_core import ProducerAnswer, PublishCore
+from broker.publish_core import Judgement, ProducerAnswer, PublishCore
 from broker.topic_records import cursor_path, dedup_path
 from sim.broker_calls import BrokerView, ConsumerLink, ProducerLink, Respond, read_versioned, write_versioned
 from sim.broker_calls import LogEntry
@@ -157,31 +157,35 @@ class SimPartition:
         if not self.serving:
             return answer(BrokerStatus.TOPIC_FENCED, detail="partition unloaded")
 
+        judged: list[Judgement] = []
+
         def admit() -> bool:
             judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id, stored_bytes=0, backlog_quota_bytes=None)
             if judgement.status is not BrokerStatus.OK:
                 answer(judgement.status, detail=judgement.detail)
                 return False
-            publishing.pushed(producer_id, first_sequence_id, last_sequence_id)
+            publishing.pushed(producer_id, first_sequence_id, last_sequence_id, judgement)
+            judged.append(judgement)
             return True
 
         def done(entry: LogEntry | None, pushed: bool) -> None:
             if not pushed:
                 return answer(BrokerStatus.TOPIC_FENCED, detail="partition unloaded")
-            self._append_done(send, producer_id, entry, answer)
+            self._append_done(send, producer_id, judged[0], entry, answer)
 
         self.ledger.append(producer_id, send.sequence_ids, send.keys, admit, done)
 
-    def _append_done(self, send: Send, producer_id: str, entry: LogEntry | None, answer: Respond) -> None:
+    def _append_done(self, send: Send, producer_id: str, judgement: Judgement, entry: LogEntry | None, answer: Respond) -> None:
         publishing = self.publishing
         if entry is None:
-            publishing.failed(producer_id)
+            publishing.failed(producer_id, judgement)
             self.fence("an append failed")
             return answer(BrokerStatus.TOPIC_FENCED, detail="append failed")
         self.entries.append(entry)
         self._first_offsets.append(entry.first_offset)
         self.confirmed_offset = entry.last_offset
-        if publishing.persisted(producer_id, send.first_sequence_id, send.last_sequence_id, (entry.ledger_id, entry.entry_id)):
+        if publishing.persisted(producer_id, send.first_sequence_id, send.last_sequence_id, (entry.ledger_id, entry.entry_id),
+                                judgement):
             self._write_snapshot(publishing.next_snapshot())
         answer(BrokerStatus.OK, entry.first_offset)
         if self.subscription is not None:

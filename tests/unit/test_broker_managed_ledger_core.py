@@ -55,7 +55,9 @@ def test_appends_take_offsets_in_order_and_the_full_ledger_rolls_over():
     assert append(core, 4) is True  # three entries: full
     assert core.rollover(2_500) == [CloseLedger(10)]
     assert core.next_append(2_500) is None  # appends wait while the chain changes
+    assert core.stored_bytes == 300
     assert core.ledger_closed(2_600) == [CreateLedger(POLICIES)]
+    assert core.stored_bytes == 300  # the closed ledger's bytes, counted once
     (write,) = core.ledger_created(11, 2_700)
     assert write.record.ledgers[0] == LedgerInfo(10, 0, 1_000, 3, 7, 300, 2_600)
     assert write.record.ledgers[1] == LedgerInfo(11, 7, 2_700)
@@ -119,7 +121,7 @@ def test_trimming_writes_the_record_then_deletes_the_ledgers():
     (write,) = core.trim(held_from_offset=None, now_ms=500)
     assert [info.ledger_id for info in write.record.ledgers] == [3]
     assert core.next_append(500) is None
-    assert core.record_written(6, 500) == [DeleteLedgers((1, 2)), Writable(3)]
+    assert core.record_written(6, 500) == [Writable(3, new_ledger=False), DeleteLedgers((1, 2))]
     assert core.first_offset == 2
 
 
@@ -149,3 +151,16 @@ def test_positions_of_the_chain():
     assert core.entries_holding(3) == (10, 1, 1)
     assert core.entries_holding(4) is None  # not written yet
     assert core.readable_position(Position(99, 0)) == Position(10, 0)  # a ledger no longer in the chain
+
+
+def test_an_add_failing_during_the_close_gives_the_close_up():
+    # The previous owner fences the ledger while this one unloads: the
+    # close is given up (the next owner recovers the ledger), and appends
+    # are refused as closed.
+    core = opened()
+    append(core, 1)
+    assert core.close() == [CloseLedger(10)]
+    assert core.add_failed(10, "fenced") == [ClosedDone(False)]
+    assert core.state is State.CLOSED
+    with pytest.raises(TopicFencedError, match="closed"):
+        core.next_append(3_000)

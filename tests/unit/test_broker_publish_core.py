@@ -7,7 +7,7 @@ at a graceful unload)."""
 from __future__ import annotations
 
 from broker.errors import BrokerStatus
-from broker.publish_core import ProducerAnswer, PublishCore
+from broker.publish_core import TAKE, TAKE_DEDUPLICATED, ProducerAnswer, PublishCore
 
 
 def test_a_reconnecting_producer_waits_for_its_earlier_batches():
@@ -16,10 +16,10 @@ def test_a_reconnecting_producer_waits_for_its_earlier_batches():
     assert core.add_producer("a", "link-2") == (ProducerAnswer.BUSY, -1)
     core.taken("a")
     assert core.judge("a", 0, 4, stored_bytes=0, backlog_quota_bytes=None).status is BrokerStatus.OK
-    core.pushed("a", 0, 4)
+    core.pushed("a", 0, 4, TAKE_DEDUPLICATED)
     core.remove_producer("a", "link-1")  # its connection broke, the batch is still being written
     assert core.add_producer("a", "link-2") == (ProducerAnswer.WAIT, -1)
-    core.persisted("a", 0, 4, (7, 0))
+    core.persisted("a", 0, 4, (7, 0), TAKE_DEDUPLICATED)
     assert core.finished("a") is True
     assert core.add_producer("a", "link-2") == (ProducerAnswer.OK, 4)
 
@@ -29,9 +29,9 @@ def test_what_a_batch_gets():
     judge = lambda first, last, **kw: core.judge("a", first, last, stored_bytes=kw.get("stored", 0),
                                                    backlog_quota_bytes=kw.get("quota"))
     assert judge(0, 2).status is BrokerStatus.OK
-    core.pushed("a", 0, 2)
+    core.pushed("a", 0, 2, TAKE_DEDUPLICATED)
     assert judge(0, 2).status is BrokerStatus.RETRY  # still being written
-    core.persisted("a", 0, 2, (1, 0))
+    core.persisted("a", 0, 2, (1, 0), TAKE_DEDUPLICATED)
     assert judge(1, 2).status is BrokerStatus.DUPLICATE  # judged by its last sequence id
     assert judge(3, 3, stored=100, quota=100).status is BrokerStatus.PARTITION_OVERFLOW
     core.deduplication = False
@@ -45,8 +45,8 @@ def test_snapshots_are_due_every_n_entries_and_written_one_at_a_time():
     core = PublishCore("p", snapshot_entries=2)
     assert core.restore(None) is None
     for sequence_id in range(4):
-        core.pushed("a", sequence_id, sequence_id)
-        due = core.persisted("a", sequence_id, sequence_id, (1, sequence_id))
+        core.pushed("a", sequence_id, sequence_id, TAKE_DEDUPLICATED)
+        due = core.persisted("a", sequence_id, sequence_id, (1, sequence_id), TAKE_DEDUPLICATED)
         assert due is (sequence_id % 2 == 1)
         if sequence_id == 1:
             first = core.next_snapshot()
@@ -69,3 +69,23 @@ def test_a_new_owner_restores_replays_and_writes_what_it_starts_from():
     assert core.snapshot_version == 4  # the write is a compare-and-set against the stored version
     unreadable = PublishCore("q")
     assert unreadable.restore(({"ledger_id": "x"}, 0)) is None  # every entry is replayed instead
+
+
+def test_a_batch_keeps_the_deduplication_policy_it_was_judged_under():
+    # The policy changes while batches are being written: each batch is
+    # finished as it was judged, so the map never hears of a batch it did
+    # not see pushed, and never keeps one in flight.
+    core = PublishCore("p", deduplication=False)
+    plain = core.judge("a", 0, 0, stored_bytes=0, backlog_quota_bytes=None)
+    assert plain == TAKE
+    core.pushed("a", 0, 0, plain)
+    core.deduplication = True
+    deduplicated = core.judge("a", 1, 1, stored_bytes=0, backlog_quota_bytes=None)
+    assert deduplicated == TAKE_DEDUPLICATED
+    core.pushed("a", 1, 1, deduplicated)
+    core.persisted("a", 0, 0, (1, 0), plain)  # no assertion: the map never saw it pushed
+    core.deduplication = False
+    core.persisted("a", 1, 1, (1, 1), deduplicated)
+    assert core.last_persisted("a") == 1
+    core.deduplication = True
+    assert core.judge("a", 2, 2, stored_bytes=0, backlog_quota_bytes=None) == TAKE_DEDUPLICATED  # nothing left in flight

@@ -88,19 +88,27 @@ def test_acknowledgements_are_answered_once_a_write_covering_them_is_durable():
     assert core.next_write() is None and not core.unwritten
 
 
-def test_a_failed_write_answers_every_waiter_and_closing_answers_the_rest():
+def test_a_failed_write_answers_every_waiter_and_takes_nothing_more():
+    # Another owner may have the cursor now: what waited is answered with
+    # the error, and later acknowledgements are refused at once.
     core = make_core(SubscriptionType.FAILOVER, durable=True)
     core.acknowledge([0], False, 10, "a")
     write = core.next_write()
     core.acknowledge([1], False, 10, "b")
     assert core.cursor_write_failed(write) == ["a", "b"]
-    core.acknowledge([2], False, 10, "c")
-    core.stop()  # a graceful unload: no more acknowledgements, what was taken may be written
+    with pytest.raises(TopicFencedError):
+        core.acknowledge([2], False, 10, "c")
+
+
+def test_a_graceful_unload_writes_what_was_taken_and_closing_answers_the_rest():
+    core = make_core(SubscriptionType.EXCLUSIVE, durable=True)
+    core.acknowledge([0], False, 10, "a")
+    core.stop()  # no more acknowledgements; what was taken may still be written
     with pytest.raises(TopicFencedError):
         core.acknowledge([3], False, 10, "d")
     assert core.next_write() is None  # the unload writes once, itself
     final = core.force_write()
-    assert core.cursor_written(final, 5) == ["c"]
+    assert core.cursor_written(final, 5) == ["a"]
     assert core.close() == []
 
 
