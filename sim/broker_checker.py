@@ -48,7 +48,7 @@ class BrokerChecker(ViolationLog):
     def __init__(self, clock: Callable[[], float]) -> None:
         super().__init__(clock)
         self.logged: dict[tuple[str, int], int] = {}  # (producer id, sequence id) -> offset
-        self.entries: set[tuple[int, int]] = set()  # (ledger id, entry id) of every entry reported
+        self.entries: dict[tuple[int, int], LogEntry] = {}  # (ledger id, entry id) -> every entry reported
         self.at_offset: dict[int, tuple[str, int]] = {}  # offset -> (producer id, sequence id) of its message
         self.log_offsets = 0  # messages in the log
         self.producer_acks = 0
@@ -74,9 +74,13 @@ class BrokerChecker(ViolationLog):
         writer, or found in the chain by a broker loading the partition
         (each may report it; it counts once)."""
         position = (entry.ledger_id, entry.entry_id)
-        if position in self.entries:
+        known = self.entries.get(position)
+        if known is not None:
+            if known != entry:
+                self.violate("an entry never changes",
+                             f"entry {entry.ledger_id}:{entry.entry_id} was {known} and is now {entry}")
             return
-        self.entries.add(position)
+        self.entries[position] = entry
         for index, sequence_id in enumerate(entry.sequence_ids):
             key = (entry.producer_id, sequence_id)
             offset = entry.first_offset + index

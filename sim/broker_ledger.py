@@ -88,6 +88,7 @@ class SimManagedLedger:
         self._waiting: collections.deque[Callable[[], None]] = collections.deque()  # appends waiting for Writable
         self._in_flight: dict[int, tuple[LogEntry, OnAppended]] = {}  # entry id of the open ledger -> its append
         self._closing_ledger = False
+        self._on_closed: Callable[[], None] | None = None
         self.stopped = False  # the broker let the load go (crash): nothing more is carried out
 
     @property
@@ -176,6 +177,9 @@ class SimManagedLedger:
                 self._open_done(str(command.error), [])
         elif kind is ClosedDone:
             self._fail_waiting()
+            on_closed, self._on_closed = self._on_closed, None
+            if on_closed is not None:
+                on_closed()
         else:
             raise AssertionError(f"unknown command {command!r}")
 
@@ -426,8 +430,11 @@ class SimManagedLedger:
     def _fail_waiting(self) -> None:
         self._resume_waiting()  # each is refused: the core takes no more appends
 
-    def close(self) -> None:
-        """A graceful unload: close the open ledger and record it closed."""
+    def close(self, on_closed: Callable[[], None]) -> None:
+        """A graceful unload: close the open ledger and record it closed
+        (after a change of the chain under way); `on_closed()` once done or
+        given up (the next owner recovers the ledger)."""
+        self._on_closed = on_closed
         self._run(self.core.close())
 
     def stop(self) -> None:

@@ -88,6 +88,14 @@ class BrokerNemesis(NemesisBase):
         self._block_for([(broker.name, ZK_NAME), (ZK_NAME, broker.name)], duration_ms)
         self._record("expire", f"{broker.name} cut off from ZooKeeper for {duration_ms:.0f} ms")
 
+    def _unload(self) -> None:
+        """The owner unloads the partition gracefully (an operator's unload,
+        a rebalance or a shutdown): another broker may take it at once."""
+        for broker in self.brokers:
+            if broker.up and not broker.paused and broker.unload_gracefully():
+                return self._record("unload", broker.name)
+        self._skip("unload", "no broker serves the partition")
+
     def _storage_error(self) -> None:
         """A bookie goes: crashed (what it had not synced is lost) or paused,
         and back after a while. The owner's ledger changes its ensemble, or

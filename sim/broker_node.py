@@ -303,6 +303,15 @@ class SimBroker(BookieCalls, LinkedNode):
         for on_ready in waiting:
             on_ready(partition, BrokerStatus.OK, None)
 
+    def unload_gracefully(self) -> bool:
+        """Give the partition up gracefully (an operator's unload or a
+        shutdown); False when it serves none."""
+        partition = self.partition
+        if partition is None or partition.fenced is not None or not partition.serving:
+            return False
+        partition.unload_gracefully()
+        return True
+
     def unload(self, partition: SimPartition) -> None:
         """A load was fenced: tell its clients, forget it, give the ownership up."""
         if self.partition is partition:
@@ -363,7 +372,7 @@ class SimBroker(BookieCalls, LinkedNode):
         elif kind is Ack:
             found = state.consumers.get(message.handle)
             subscription = None if found is None else found[0].subscription
-            if subscription is None or subscription.closed or found[0].fenced is not None:
+            if subscription is None or subscription.closed or found[0].fenced is not None or not found[0].serving:
                 self.send_to(connection, Response(message.request_id, BrokerStatus.TOPIC_FENCED, "subscribe again"))
                 return
             subscription.acknowledge(

@@ -23,6 +23,7 @@ BROKER_FAULT_KINDS = (
     "expire",  # a broker's ZooKeeper session expires
     "storage_error",  # a bookie crashes (losing what it had not synced) or pauses, and comes back
     "client_crash",  # a producer or consumer crashes and restarts
+    "unload",  # the owner unloads the partition gracefully (an operator's unload, a rebalance, a shutdown)
 )
 RANGES_PERSISTED_SMALL = 3  # a cursor record bound that real runs reach
 
@@ -93,7 +94,7 @@ class BrokerSimParameters:
 def choose_broker_parameters(seed: int, **overrides) -> BrokerSimParameters:
     """Every parameter of a broker run, from its seed alone (overrides for tests)."""
     rng = random.Random(f"broker-parameters-{seed}")
-    faults = tuple(kind for kind in BROKER_FAULT_KINDS if rng.random() < 0.6)
+    faults = tuple(kind for kind in BROKER_FAULT_KINDS[:-1] if rng.random() < 0.6)
     kind = rng.choice([kind.value for kind in SubscriptionType])
     ordered = kind in (SubscriptionType.EXCLUSIVE.value, SubscriptionType.FAILOVER.value)
     ack_timeout_ms = rng.choice([0.0, 300.0, 2_000.0])
@@ -142,4 +143,6 @@ def choose_broker_parameters(seed: int, **overrides) -> BrokerSimParameters:
         add_timeout_ms=rng.choice([500, 2_000]),
         read_timeout_ms=rng.choice([500, 2_000]),
     )
+    if rng.random() < 0.6:  # the last kind, drawn last (the draws above stay those of the seed)
+        chosen = dataclasses.replace(chosen, faults=faults + ("unload",))
     return dataclasses.replace(chosen, **overrides)

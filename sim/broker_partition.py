@@ -25,6 +25,8 @@ from sim.broker_ledger import SimManagedLedger
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Send, SendReceipt
 
 
+UNLOAD_WRITES_MS = 10_000.0  # UNLOAD_WRITES_S of broker/topic.py: a graceful unload's writes wait at most this long
+
 _PRODUCER_STATUS = {
     ProducerAnswer.OK: BrokerStatus.OK,
     ProducerAnswer.BUSY: BrokerStatus.PRODUCER_BUSY,
@@ -256,6 +258,36 @@ class SimPartition:
         self.publishing.stop(reason)
         self.broker.world.log(f"{self.instance} fenced: {reason}")
         self.broker.unload(self)
+
+    def unload_gracefully(self) -> None:
+        """An operator's unload, a rebalance or a shutdown
+        (`PartitionService.unload` when not fenced): appends taken finish and
+        the ledger is closed and recorded, the acknowledgements taken are
+        written, the deduplication map is snapshotted; then the broker lets
+        the partition go."""
+        if self.fenced is not None or not self.serving:
+            return
+        self.serving = False
+        self.publishing.stop("unloading")
+        self.broker.world.log(f"{self.instance} unloads gracefully")
+
+        def ledger_closed() -> None:
+            if self.subscription is not None:
+                self.subscription.finish(snapshot)
+            else:
+                snapshot()
+
+        def snapshot() -> None:
+            self._write_snapshot(self.publishing.final_snapshot(), done, lambda error: done())
+
+        def done() -> None:
+            self.fence("unloaded gracefully")
+
+        def too_long() -> None:
+            self.fence(f"unloading took more than {UNLOAD_WRITES_MS:.0f} ms: stopped waiting")
+
+        self.broker.after(UNLOAD_WRITES_MS, too_long)
+        self.ledger.close(ledger_closed)
 
     def close_clients(self) -> None:
         """Unloading: tell every producer and consumer to look the partition up again."""

@@ -35,6 +35,8 @@ class SimSubscription:
         )
         self.consumers: dict[int, ConsumerLink] = {}
         self._read_index: int | None = None
+        self._closed = False  # unloaded: what still waited was answered
+        self._finishing: Any = None  # a graceful unload's next step, once the write in flight is done
         self._dispatch_scheduled = False
         self._reading = False
 
@@ -113,7 +115,7 @@ class SimSubscription:
         checker, ranges_max = self.broker.checker, self.broker.parameters.cursor_ranges_max
 
         def written(result: Any, error: Exception | None) -> None:
-            if self.closed and on_failed is None:
+            if self._closed and on_failed is None:
                 return  # unloaded meanwhile: what waited was answered then
             if error is not None:
                 for _, _, respond in self.core.cursor_write_failed(write):
@@ -122,6 +124,7 @@ class SimSubscription:
                     return on_failed(error)
                 return self.partition.fence(f"cursor write failed: {type(error).__name__}")
             self._answer(self.core.cursor_written(write, result), write.record)
+            self._finish_step()
             then()
 
         store_write = write_versioned(cursor_path(PARTITION, SUBSCRIPTION), write.record, write.expected_version,
@@ -134,10 +137,29 @@ class SimSubscription:
             self.broker.checker.ack_answered(offsets, cumulative, record)
             respond(BrokerStatus.OK)
 
+    def finish(self, then: Any) -> None:
+        """A graceful unload (`Subscription.finish(write=True)`): no more
+        acknowledgements or deliveries; what was taken is written (after
+        a write in flight), then `then()`."""
+        self.core.stop()
+        self._finishing = then
+        self._finish_step()
+
+    def _finish_step(self) -> None:
+        then = self._finishing
+        if then is None or self.core.writing:
+            return
+        self._finishing = None
+        if self.core.unwritten:
+            self._write(self.core.force_write(), then, lambda error: then())
+        else:
+            then()
+
     def close(self) -> None:
         """Unloaded. The acknowledgements still waiting for a write are
         answered TOPIC_FENCED, so that the client sends them again to the
         next owner (`SubscriptionCore.close`)."""
+        self._closed = True
         for _, _, respond in self.core.close():
             respond(BrokerStatus.TOPIC_FENCED)
         for link in sorted(self.consumers.values(), key=lambda link: link.consumer_id):
