@@ -233,7 +233,7 @@ def test_a_resend_answered_as_stored_before_is_no_duplicate():
 
 
 def test_redelivering_an_unacknowledged_message_is_allowed():
-    # The first session takes the message and leaves without acknowledging
+    # One consumer session takes the message and leaves without acknowledging
     # it; the next session gets it again.
     history = one_producer(1)
     history.subscribe("consumer", "sub-exclusive", "exclusive", "first")
