@@ -240,6 +240,7 @@ class SimManagedLedger:
                 broker, core, MASTER_KEY, on_completed=lambda entry_ids: self._completed(driver, entry_ids),
                 on_failed=lambda entry_ids, error: self._failed(driver, entry_ids, error),
                 on_ended=lambda: self._writer_ended(driver), on_progress=self._close_when_drained,
+                on_close_failed=lambda error: self._close_failed(driver, error),
             )
             self._in_flight = {}
             self._closing_ledger = False
@@ -426,6 +427,15 @@ class SimManagedLedger:
             if self._waiting:  # busy again: the rest waits behind it
                 self._waiting.extend(waiting)
                 return
+
+    def _close_failed(self, writer: WriteDriver, error: BKError) -> None:
+        """The close of the open ledger could not be recorded in its
+        metadata (`LedgerHandle.close` raises then): fence, and the next
+        owner recovers the ledger."""
+        if writer is not self.writer or writer.stopped:
+            return
+        writer.stopped = True
+        self._run(self.core.fail(f"closing ledger {writer.ledger_id} failed: {type(error).__name__}"))
 
     def _fail_waiting(self) -> None:
         self._resume_waiting()  # each is refused: the core takes no more appends

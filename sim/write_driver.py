@@ -22,10 +22,13 @@ def _ignore(*_: Any) -> None:
 
 class WriteDriver:
     def __init__(self, client: BookieCalls, core: WriteCore, master_key: bytes, *, on_completed: Listener = _ignore,
-                 on_failed: Listener = _ignore, on_ended: Listener = _ignore, on_progress: Listener = _ignore) -> None:
+                 on_failed: Listener = _ignore, on_ended: Listener = _ignore, on_progress: Listener = _ignore,
+                 on_close_failed: Listener = _ignore) -> None:
         """`on_completed(entry_ids)` in entry order; `on_failed(entry_ids,
         error)`; `on_ended()` once the core is closed or failed;
-        `on_progress()` after every event (the writer adds more)."""
+        `on_close_failed(error)` when a close could not be written (as
+        `LedgerHandle.close` raises it); `on_progress()` after every event
+        (the writer adds more)."""
         self.client = client
         self.core = core
         self.master_key = master_key
@@ -33,6 +36,7 @@ class WriteDriver:
         self.on_failed = on_failed
         self.on_ended = on_ended
         self.on_progress = on_progress
+        self.on_close_failed = on_close_failed
         self.payloads: dict[int, bytes] = {}
         self.stopped = False  # its owner let it go (crashed, or done with it): answers change nothing
 
@@ -72,6 +76,8 @@ class WriteDriver:
                 self.on_failed(action.entry_ids, action.error)
             elif kind is Closed or kind is CloseFailed:
                 client.world.log(f"{client.name} {kind.__name__} ledger {ledger_id}")
+                if kind is CloseFailed:
+                    self.on_close_failed(action.error)
             else:
                 raise AssertionError(f"unknown action {action!r}")
         if sends:
