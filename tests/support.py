@@ -21,6 +21,32 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_port_run(count: int, *, tries_max: int = 200) -> int:
+    """The first of `count` consecutive TCP ports on 127.0.0.1 that nothing
+    uses at the time of the call (a launcher that numbers its processes'
+    ports from a base needs them all: the ports after one `free_port` gave
+    may be the ephemeral ports of other connections). Chosen below the
+    kernel's ephemeral range, where connections do not take ports."""
+    import random
+
+    rng = random.Random()
+    for _ in range(tries_max):
+        base = rng.randrange(20_000, 30_000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise AssertionError(f"no run of {count} free ports found in {tries_max} tries")
+
+
 def wait_until(condition: Callable[[], T], *, deadline_s: float, what: str, poll_s: float = 0.02) -> T:
     """Poll `condition` until it returns something truthy; fail the test with
     `what` once `deadline_s` has passed. Exceptions from `condition` count as

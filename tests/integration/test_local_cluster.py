@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from quire.local_cluster import ClusterState, process_alive
-from tests.support import free_port, wait_until
+from tests.support import free_port, free_port_run, wait_until
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,9 @@ def children(pid: int) -> list[int]:
 
 def test_cluster_up_status_simpletest_down_leaves_nothing_running(tmp_path):
     data_dir = tmp_path / "cluster"
-    zk_port, bookie_port, broker_port = free_port(), free_port(), free_port()
+    # Bookie i and broker i listen on their base port + i: each base starts a
+    # run of free ports, not just one.
+    zk_port, bookie_port, broker_port = free_port(), free_port_run(3), free_port_run(1)
     # No metrics endpoints: their default ports (8000 and up) may be taken on
     # a shared machine; tests/integration/test_metrics.py covers them.
     ports = ("--zk-port", zk_port, "--bookie-base-port", bookie_port, "--broker-base-port", broker_port, "--metrics-base-port", 0)
