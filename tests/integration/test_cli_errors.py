@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from tests.integration.bookie_processes import BookieProcess
-from tests.support import free_port
+from tests.support import free_port, free_port_run
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 EXIT_USAGE = 2
@@ -224,7 +224,7 @@ def test_damaged_cluster_state_file(tmp_path, busy_port, command, contents):
     (tmp_path / "cluster.json").write_text(contents)
     # status and down can only report the damage; up may refuse for another
     # reason (the busy port) once it copes with the file.
-    extra = ["--zk-port", busy_port, "--bookie-base-port", free_port()] if command == "up" else []
+    extra = ["--zk-port", busy_port, "--bookie-base-port", free_port_run(3)] if command == "up" else []
     key_words = ["cluster.json"] if command != "up" else []
     error_line(quire("cluster", command, "--data-dir", tmp_path, *extra), f"quire cluster {command}: error: ", *key_words)
 
@@ -233,18 +233,18 @@ def test_cluster_data_directory_that_cannot_be_created(tmp_path, busy_port):
     (tmp_path / "afile").write_text("not a directory\n")
     data_dir = tmp_path / "afile" / "cluster"
     error_line(
-        quire("cluster", "up", "--data-dir", data_dir, "--zk-port", busy_port, "--bookie-base-port", free_port()),
+        quire("cluster", "up", "--data-dir", data_dir, "--zk-port", busy_port, "--bookie-base-port", free_port_run(3)),
         "quire cluster up: error: ", str(data_dir),
     )
 
 
 def test_cluster_up_with_a_negative_broker_count(tmp_path, busy_port):
-    result = quire("cluster", "up", "--data-dir", tmp_path, "--brokers", "-1", "--zk-port", busy_port, "--bookie-base-port", free_port())
+    result = quire("cluster", "up", "--data-dir", tmp_path, "--brokers", "-1", "--zk-port", busy_port, "--bookie-base-port", free_port_run(3))
     error_line(result, "quire cluster up: error: ", "--brokers")
 
 
 def test_cluster_up_with_a_busy_broker_port(tmp_path, busy_port):
-    result = quire("cluster", "up", "--data-dir", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port(),
+    result = quire("cluster", "up", "--data-dir", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port_run(3),
                    "--broker-base-port", busy_port)
     error_line(result, "quire cluster up: error: ", str(busy_port))
 
@@ -358,8 +358,8 @@ def test_cluster_up_with_a_busy_bookie_port(tmp_path, busy_port):
 
 
 def test_cluster_up_with_a_busy_metrics_port(tmp_path, busy_port):
-    result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port(),
-                                    "--broker-base-port", free_port(), "--metrics-base-port", busy_port))
+    result = quire(*process_command("cluster up", tmp_path, "--zk-port", free_port(), "--bookie-base-port", free_port_run(3),
+                                    "--broker-base-port", free_port_run(1), "--metrics-base-port", busy_port))
     only_line(result, "quire cluster up: error: ", str(busy_port), "in use")
 
 
@@ -367,8 +367,8 @@ def test_cluster_up_with_a_file_where_the_logs_go(tmp_path):
     data_dir = tmp_path / "cluster"
     data_dir.mkdir()
     (data_dir / "logs").write_text("not a directory")
-    result = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", free_port(), "--bookie-base-port", free_port(),
-                   "--broker-base-port", free_port(), "--metrics-base-port", 0)
+    result = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", free_port(), "--bookie-base-port", free_port_run(3),
+                   "--broker-base-port", free_port_run(1), "--metrics-base-port", 0)
     only_line(result, "quire cluster up: error: ", "cannot start zookeeper", str(data_dir / "logs"))
 
 
