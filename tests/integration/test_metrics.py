@@ -32,7 +32,7 @@ from tests.integration.bookie_processes import BookieFactory, BookieProcess, boo
 from tests.integration.broker_processes import brokers  # noqa: F401 (fixture)
 from tests.integration.processes import print_logs
 from tests.integration.test_bookie_durability import KEY, PipelinedWriter
-from tests.support import free_port, raw_exchange, wait_until, wait_until_async
+from tests.support import free_port, free_port_run, raw_exchange, wait_until, wait_until_async
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 ENTRIES = 200
@@ -276,27 +276,6 @@ def test_autorecovery_run_logs_its_role_and_name_as_json(zk_hosts, zk_root, tmp_
     assert {(record["role"], record["id"]) for record in records} == {("autorecovery", "recoverer-1")}
 
 
-def consecutive_free_ports(count: int) -> int:
-    """A base port with `count` free ports from it (for cluster up's metrics)."""
-    for _ in range(50):
-        base = free_port()
-        if base + count > 65535:
-            continue
-        sockets = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
-    raise AssertionError("no run of free ports")
-
-
 def quire(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "quire", *map(str, arguments)], cwd=REPOSITORY,
                           capture_output=True, text=True, timeout=timeout)
@@ -307,7 +286,7 @@ def test_cluster_up_gives_every_process_a_metrics_port(tmp_path):
     # One run of free ports for all of them: ports picked one by one can
     # collide (a free port can be handed out twice, and each base is the
     # first of a run).
-    zk_port = consecutive_free_ports(1 + 3 + 1 + 4)
+    zk_port = free_port_run(1 + 3 + 1 + 4)
     bookie_base, broker_base, metrics_base = zk_port + 1, zk_port + 4, zk_port + 5
     up = quire("cluster", "up", "--data-dir", data_dir, "--zk-port", zk_port, "--bookie-base-port", bookie_base,
                "--broker-base-port", broker_base, "--metrics-base-port", metrics_base)
