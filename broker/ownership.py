@@ -222,10 +222,13 @@ class Ownership:
     def is_mine(self, owner: Owner) -> bool:
         return owner.info.broker_id == self.info.broker_id and owner.session_id == self.store.session_id
 
-    async def release(self, partition: str) -> None:
-        """Give the partition up, if this session still holds it."""
+    async def release(self, partition: str, session_id: int | None = None) -> None:
+        """Give the partition up, if `session_id` (default: this broker's
+        current session) still holds it."""
         owner = await self.owner_of(partition)
-        if owner is not None and self.is_mine(owner):
+        if session_id is None:
+            session_id = self.store.session_id
+        if owner is not None and owner.info.broker_id == self.info.broker_id and owner.session_id == session_id:
             try:
                 await self.store.delete(owner_path(partition))
             except NoNodeError:

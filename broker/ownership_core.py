@@ -1,6 +1,9 @@
 """Ownership rules of a broker, pure: the dispatch lease that a broker's
-ZooKeeper session gives it, which broker takes an unowned partition, and
-what a lookup answers given who owns the partition.
+ZooKeeper session gives it, which broker takes an unowned partition, what
+a lookup answers given who owns the partition, and what a broker does with
+the partitions it holds (`OwnershipCore`: loading only in its current
+session, stopping everything when the session goes, the order of a
+hand-over).
 
 The lease: a ZooKeeper reply to a request sent at t shows the broker's
 session alive at t, so it cannot have expired (and no other broker can own
@@ -8,8 +11,9 @@ this broker's partitions) before t plus the session timeout. Subscriptions
 deliver only within the lease, with a margin (`LEASE_FRACTION` of the
 timeout): a broker cut off from ZooKeeper, or paused, stops delivering
 before another could take its partitions over. The trio broker
-(broker/lease.py, BrokerServer._lease_loop) and the simulator
-(sim/broker_node.py) both keep their lease with `LeaseCore`.
+(broker/lease.py, broker/server.py) and the simulator (sim/broker_node.py)
+both keep their lease with `LeaseCore` and their partitions with
+`OwnershipCore`.
 """
 
 from __future__ import annotations
@@ -93,4 +97,188 @@ def decide_lookup(partition: str, broker_id: str, session_id: int, owner: tuple[
     return Decision(Answer.CLAIM)
 
 
-__all__ = ["LEASE_FRACTION", "Answer", "Decision", "LeaseCore", "decide_lookup", "rendezvous_choice"]
+# --- what a broker holds, and the order of a hand-over -----------------------------------
+
+
+class Held(enum.Enum):
+    LOADING = "loading"
+    SERVING = "serving"
+    UNLOADING = "unloading"  # stopping: the partition's writes finish (graceful) or are abandoned (fenced)
+    RELEASING = "releasing"  # stopped: the ownership node is being deleted
+
+
+class Access(enum.Enum):
+    SERVE = "serve"  # loaded: serve the request
+    WAIT = "wait"  # loading: wait for the load to end, then ask again
+    ABSENT = "absent"  # not held: look the owner up (and claim it, as `decide_lookup` says)
+    MOVING = "moving"  # being given up, or no session to own it with: the client looks it up again later
+
+
+@dataclass(frozen=True, slots=True)
+class StartLoad:
+    """Load the partition, owned by `session_id`; then `loaded`."""
+
+    partition: str
+    session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class StopPartition:
+    """Unload the partition (gracefully, or fenced: nothing more is
+    written); then `stopped`."""
+
+    partition: str
+    graceful: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Delete the ownership node if `session_id` still holds it; then `released`."""
+
+    partition: str
+    session_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class CloseClients:
+    """Tell the partition's producers and consumers to look it up again."""
+
+    partition: str
+
+
+@dataclass(frozen=True, slots=True)
+class Register:
+    """A new session: register the broker again (its node went with the old one)."""
+
+
+OwnershipCommand = StartLoad | StopPartition | Release | CloseClients | Register
+
+
+@dataclass(slots=True)
+class _Holding:
+    held: Held
+    session_id: int  # the session that claimed it
+    doomed: bool = False  # its session was lost while it loaded: unload it once loaded
+
+
+class OwnershipCore:
+    """The partitions a broker holds and what it does with them.
+
+    Rules:
+    - a partition is loaded only by the session that owns its node, and only
+      while that session is the broker's current one;
+    - the session lost, every partition is stopped at once, fenced, without
+      waiting for a new session: its nodes are gone, and another broker may
+      be loading the partitions already (a load in progress is stopped as
+      soon as it ends);
+    - a hand-over goes: stop (writes finish or are abandoned), then release
+      the node, then tell the clients, so that the lookup they make finds
+      the partition free or taken by its next owner; a partition being
+      handed over is neither served nor claimed again until its node is
+      released (a release arriving after a new claim would delete the new
+      node);
+    - a broker that is stopping takes nothing.
+    """
+
+    def __init__(self, session_id: int | None = None, *, lease: LeaseCore | None = None) -> None:
+        self.session_id = session_id  # None: no session (lost, and no new one yet)
+        self.lease = lease  # lapses with the session: nothing is delivered until a new one renews it
+        self.stopping = False
+        self.holdings: dict[str, _Holding] = {}
+
+    def access(self, partition: str) -> Access:
+        holding = self.holdings.get(partition)
+        if holding is None:
+            return Access.MOVING if self.session_id is None or self.stopping else Access.ABSENT
+        if holding.held is Held.SERVING and not holding.doomed:
+            return Access.SERVE
+        if holding.held is Held.LOADING and not holding.doomed:
+            return Access.WAIT
+        return Access.MOVING
+
+    def held(self, partition: str) -> Held | None:
+        holding = self.holdings.get(partition)
+        return None if holding is None else holding.held
+
+    def claimed(self, partition: str, session_id: int) -> list[OwnershipCommand]:
+        """This broker's `session_id` owns the partition's node: load it,
+        unless it is held already, the session is no longer current, or
+        the broker is stopping."""
+        if partition in self.holdings or session_id != self.session_id or self.stopping:
+            return []
+        self.holdings[partition] = _Holding(Held.LOADING, session_id)
+        return [StartLoad(partition, session_id)]
+
+    def loaded(self, partition: str, ok: bool) -> list[OwnershipCommand]:
+        holding = self.holdings.get(partition)
+        assert holding is not None and holding.held is Held.LOADING, f"{partition} loaded while not loading"
+        if not ok:
+            holding.held = Held.UNLOADING
+            return self.stopped(partition)
+        holding.held = Held.SERVING
+        if holding.doomed:
+            return self.unload(partition, graceful=False)
+        return []
+
+    def unload(self, partition: str, *, graceful: bool) -> list[OwnershipCommand]:
+        """Give a partition up (graceful: an operator's unload, a rebalance,
+        a shutdown; else fenced: a write failed, or the session went)."""
+        holding = self.holdings.get(partition)
+        if holding is None:
+            return []
+        if holding.held is Held.LOADING:
+            holding.doomed = True
+            return []
+        if holding.held is not Held.SERVING:
+            return []
+        holding.held = Held.UNLOADING
+        return [StopPartition(partition, graceful and not holding.doomed)]
+
+    def stopped(self, partition: str) -> list[OwnershipCommand]:
+        """The partition has stopped writing: release its node, if the
+        session that claimed it is still current (else it went with it)."""
+        holding = self.holdings.get(partition)
+        assert holding is not None and holding.held is Held.UNLOADING, f"{partition} stopped while not unloading"
+        if holding.session_id == self.session_id:
+            holding.held = Held.RELEASING
+            return [Release(partition, holding.session_id)]
+        return self.released(partition)
+
+    def released(self, partition: str) -> list[OwnershipCommand]:
+        """The node is deleted (or the release failed: it goes with the session)."""
+        self.holdings.pop(partition, None)
+        return [CloseClients(partition)]
+
+    def session_lost(self) -> list[OwnershipCommand]:
+        if self.lease is not None:
+            self.lease.lost()
+        if self.session_id is None:
+            return []
+        self.session_id = None
+        commands: list[OwnershipCommand] = []
+        for partition in sorted(self.holdings):
+            commands += self.unload(partition, graceful=False)
+        return commands
+
+    def session_started(self, session_id: int) -> list[OwnershipCommand]:
+        """A new session (after a loss): whatever the old one held is being
+        stopped; register again."""
+        if session_id == self.session_id:
+            return []
+        commands = self.session_lost()
+        self.session_id = session_id
+        return [*commands, Register()]
+
+    def stop(self) -> list[OwnershipCommand]:
+        """The broker shuts down: take nothing more, unload everything gracefully."""
+        self.stopping = True
+        commands: list[OwnershipCommand] = []
+        for partition in sorted(self.holdings):
+            commands += self.unload(partition, graceful=True)
+        return commands
+
+
+__all__ = [
+    "LEASE_FRACTION", "Access", "Answer", "CloseClients", "Decision", "Held", "LeaseCore", "OwnershipCommand",
+    "OwnershipCore", "Register", "Release", "StartLoad", "StopPartition", "decide_lookup", "rendezvous_choice",
+]

@@ -43,7 +43,6 @@ from broker.errors import (
     BrokerError,
     BrokerStatus,
     ConsumerBusyError,
-    NotOwnerError,
     ServiceUnavailableError,
     TopicFencedError,
     TopicNotFoundError,
@@ -52,7 +51,7 @@ from broker.managed_ledger import EntryCache, Position
 from broker.lease import Lease
 from broker.metrics import BrokerMetrics
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership
-from broker.ownership_core import Answer, decide_lookup
+from broker.ownership_core import Access, Answer, decide_lookup
 from broker.protocol import (
     PROTOCOL_VERSION,
     REQUEST_ITEMS_MAX,
@@ -82,7 +81,8 @@ from broker.protocol import (
 )
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT, PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink
-from broker.topic import BrokerContext, PartitionService, PartitionStats, ProducerLink
+from broker.hosting import PartitionHosting
+from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
 from broker.topic_store import TopicStore
 from coordination.async_store import AsyncMetadataStore
@@ -93,8 +93,6 @@ from ledger_client import BKError, BookKeeper
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
-LOAD_TIMEOUT_S = 60.0
-UNLOAD_TIMEOUT_S = 15.0
 LEASE_RENEWALS = 5  # renewals per session timeout
 
 
@@ -185,22 +183,21 @@ class BrokerServer:
         """`metrics`: where to count producer batches (None: nothing is measured)."""
         self.config = config
         self.metrics = metrics
-        # Counts of the partitions no longer served here, so that the totals never go back.
-        self.retired_stats = PartitionStats()
         self.bookkeeper = bookkeeper
         self.store = store
         self.topic_store = TopicStore(store)
         self.info = self._broker_info(config.port)
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
-            bookkeeper, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes), self._request_unload,
+            bookkeeper, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes),
+            lambda service, error: self.hosting.request_unload(service, error),
             retention_check_interval_s=config.retention_check_interval_s, lease=Lease(config.session_timeout_ms),
         )
+        self.hosting = PartitionHosting(self.context, store, self.ownership, partition_policies=self.partition_policies,
+                                        close_clients=self._close_clients)
+        self.partitions = self.hosting.partitions  # loaded here: serving, or being unloaded
+        self.retired_stats = self.hosting.retired_stats
         self.admin = AdminHandler(self)
-        self.partitions: dict[str, PartitionService] = {}
-        self._loading: dict[str, trio.Event] = {}
-        self._load_errors: dict[str, str] = {}  # why a partition's last load failed
-        self._unloading: set[str] = set()
         self._connections: set[_Connection] = set()
         self.protocol_errors = 0  # connections closed for breaking the protocol
         self.connections_timed_out = 0  # closed after two keep-alive intervals of silence
@@ -267,8 +264,7 @@ class BrokerServer:
                                detail=self.ownership.problem)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            nursery.start_soon(self._session_loop, generation)
-            nursery.start_soon(self._session_lost_loop)
+            await nursery.start(self.hosting.run, generation)
             nursery.start_soon(self._lease_loop)
             nursery.start_soon(self._keepalive_loop)
             await nursery.start(self._serve)
@@ -285,10 +281,7 @@ class BrokerServer:
         look their partitions up again), then close every connection."""
         self.stopping = True
         await self.ownership.unregister()
-        with trio.move_on_after(UNLOAD_TIMEOUT_S):
-            async with trio.open_nursery() as nursery:
-                for service in list(self.partitions.values()):
-                    nursery.start_soon(self._unload, service)
+        await self.hosting.stop()
         self._serving_scope.cancel()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
@@ -310,34 +303,6 @@ class BrokerServer:
             except MetadataError:
                 pass
             await trio.sleep(timeout_s / LEASE_RENEWALS)
-
-    async def _session_lost_loop(self) -> None:
-        """The ZooKeeper session expired: the ownership nodes are gone now,
-        and another broker may take the partitions at once; stop serving
-        them before anything else (no waiting for a new session)."""
-        losses = self.store.session_losses
-        while True:
-            losses = await self.store.wait_session_lost(losses)
-            if self.stopping:
-                return
-            log.warning("ZooKeeper session expired: unloading %d partitions", len(self.partitions))
-            for service in list(self.partitions.values()):
-                service.fence(TopicFencedError(f"broker {self.info.broker_id} lost its ZooKeeper session"))
-
-    async def _session_loop(self, generation: int) -> None:
-        """A new ZooKeeper session means the old one expired: every ownership
-        node went with it, so every partition is given up at once (another
-        broker may already be fencing it), and the broker registers again
-        (trying again while ZooKeeper fails it)."""
-        while True:
-            generation = await self.store.wait_session_change(generation)
-            log.warning("ZooKeeper session replaced: unloading %d partitions", len(self.partitions))
-            for service in list(self.partitions.values()):
-                service.fence(TopicFencedError(f"broker {self.info.broker_id} lost its ZooKeeper session"))
-            try:
-                await self.ownership.register_with_retries()
-            except MetadataError as error:
-                log.error("cannot register again after a session loss: %s", error)
 
     # --- ownership and loading ---------------------------------------------------------------
 
@@ -375,8 +340,7 @@ class BrokerServer:
         """The broker serving `partition` (taking it if it is unowned and this
         broker is the one to take it); the flag says "redirect": ask that
         broker, with authority."""
-        service = self.partitions.get(partition)
-        if service is not None and service.fenced is None and not service.closing:
+        if self.hosting.core.access(partition) is Access.SERVE:
             return self.info, False
         await self.partition_policies(partition)
         owner = await self.ownership.owner_of(partition)
@@ -399,98 +363,11 @@ class BrokerServer:
             owner = await self.ownership.claim(partition)  # then decide again, with its owner
 
     async def serving(self, partition: str) -> PartitionService:
-        """The loaded partition, loading it if this broker owns it. The load
-        runs in a task of the broker, not of the request: a client that
-        gives up or goes away never cuts a load (or its metadata writes)
-        short."""
-        while True:
-            service = self.partitions.get(partition)
-            if service is not None:
-                if service.fenced is not None or service.closing:
-                    raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
-                return service
-            if partition in self._unloading:
-                raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
-            loading = self._loading.get(partition)
-            if loading is None:
-                owner = await self.ownership.owner_of(partition)
-                if owner is None or not self.ownership.is_mine(owner) or self.stopping:
-                    raise NotOwnerError(f"broker {self.info.broker_id} does not own {partition}")
-                loading = self._loading.get(partition)
-                if loading is None and partition not in self.partitions and partition not in self._unloading:
-                    loading = self._loading[partition] = trio.Event()
-                    assert self._nursery is not None
-                    self._nursery.start_soon(self._load, partition, loading)
-                if loading is None:
-                    continue
-            await loading.wait()
-            if partition not in self.partitions:
-                raise ServiceUnavailableError(f"loading {partition} failed: {self._load_errors.get(partition, '?')}; retry")
-
-    async def _load(self, partition: str, done: trio.Event) -> None:
-        try:
-            topic, index, policies = await self.partition_policies(partition)
-            service = PartitionService(self.context, partition, topic, index, policies)
-            with trio.fail_after(LOAD_TIMEOUT_S):
-                await service.load()
-            assert self._nursery is not None
-            await self._nursery.start(service.run)
-            self.partitions[partition] = service
-            self._load_errors.pop(partition, None)
-            log.info("broker %s now serves %s", self.info.broker_id, partition)
-        except (BKError, MetadataError, BrokerError, trio.TooSlowError) as error:
-            log.warning("loading %s failed: %s", partition, error)
-            self._load_errors[partition] = str(error)
-            try:
-                await self.ownership.release(partition)
-            except MetadataError as release_error:
-                log.warning("releasing %s: %s (its node goes with the session)", partition, release_error)
-        finally:
-            del self._loading[partition]
-            done.set()
-
-    def _request_unload(self, service: PartitionService, error: BrokerError) -> None:
-        if self._nursery is not None and service.name not in self._unloading:
-            self._nursery.start_soon(self._unload, service)
-
-    async def _unload(self, service: PartitionService, *, delete: bool = False) -> None:
-        """Unload (or, with `delete`, delete) a partition. Ownership is
-        given up only once the partition has stopped writing, and clients
-        are told to look it up again only after that, so that the lookup
-        they make finds it free (or already taken by another broker)."""
-        if service.name in self._unloading:
-            return
-        self._unloading.add(service.name)
-        try:
-            try:
-                await service.unload()
-            except (BrokerError, BKError, MetadataError) as error:
-                log.warning("unloading %s: %s", service.name, error)
-            if delete:
-                # Records first: a partition whose records are gone is gone,
-                # and ledgers left behind are only space; the other way
-                # round, a failure would leave records naming deleted ledgers.
-                await self.topic_store.delete_partition_records(service.name)
-                await service.managed_ledger.delete()
-            if self.partitions.get(service.name) is service:
-                del self.partitions[service.name]
-                for name in ("messages_in", "bytes_in", "messages_out"):
-                    setattr(self.retired_stats, name, getattr(self.retired_stats, name) + getattr(service.stats, name))
-            try:
-                await self.ownership.release(service.name)
-            except MetadataError as error:
-                log.warning("releasing %s: %s (its node goes with the session)", service.name, error)
-            self._close_clients(service)
-            log.info("broker %s %s %s", self.info.broker_id, "deleted" if delete else "unloaded", service.name)
-        finally:
-            self._unloading.discard(service.name)
+        """The loaded partition, loading it if this broker owns it."""
+        return await self.hosting.serving(partition)
 
     async def unload_partition(self, partition: str) -> bool:
-        service = self.partitions.get(partition)
-        if service is None:
-            return False
-        await self._in_broker_task(self._unload, service)
-        return True
+        return await self.hosting.unload(partition)
 
     async def delete_partition(self, partition: str, *, force: bool) -> None:
         """Delete a partition this broker owns: its ledgers, cursors and
@@ -499,27 +376,8 @@ class BrokerServer:
         busy = len(service.producers) + sum(len(subscription.consumers) for subscription in service.subscriptions.values())
         if busy and not force:
             raise ConsumerBusyError(f"{partition} has {busy} producers and consumers connected (force to delete anyway)")
-        await self._in_broker_task(self._unload, service, delete=True)
-
-    async def _in_broker_task(self, function, *args, **kwargs) -> None:
-        """Run `function` as a task of the broker and wait for it: a request
-        that is cancelled stops waiting, the work goes on."""
-        done = trio.Event()
-        failure: list[BaseException] = []
-
-        async def run() -> None:
-            try:
-                await function(*args, **kwargs)
-            except Exception as error:
-                failure.append(error)
-            finally:
-                done.set()
-
-        assert self._nursery is not None
-        self._nursery.start_soon(run)
-        await done.wait()
-        if failure:
-            raise failure[0]
+        if not await self.hosting.unload(partition, delete=True):
+            raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
 
     def _close_consumers(self, service: PartitionService, subscription_name: str) -> None:
         for connection in list(self._connections):

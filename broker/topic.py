@@ -21,7 +21,6 @@ import trio
 
 from framing.codec import describe
 from broker.cursor import Cursor
-from broker.dedup import DedupSnapshot
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
     BadRequestError,
@@ -38,6 +37,8 @@ from broker.managed_ledger import EntryCache, ManagedLedger, Position
 from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
+from broker import partition_core
+from broker.partition_core import PartitionCore
 from broker.publish_core import DEDUP_SNAPSHOT_ENTRIES, ProducerAnswer, PublishCore
 from broker.subscription import ConsumerLink, Subscription
 from broker.subscription_core import SubscriptionCore
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 
 PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
 PRODUCER_EARLIER_BATCHES_WAIT_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
+LIFECYCLE_COMMANDS_MAX = 8  # the partition core's commands waiting to be carried out (a few at a time, by its rules)
 UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
@@ -147,8 +149,10 @@ class PartitionService:
         self.closing = False
         self._nursery: trio.Nursery | None = None
         self._subscribe_lock = trio.Lock()
-        self._snapshot_wakeup = trio.Event()
-        self._snapshot_lock = trio.Lock()  # one snapshot write at a time
+        self.lifecycle = PartitionCore(name, self.publishing, self.managed_ledger.core)
+        self._lifecycle_commands: collections.deque[partition_core.Command] = collections.deque()
+        self._lifecycle_wakeup = trio.Event()
+        self._stopped = trio.Event()
         self._batch_finished = trio.Event()
         self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
@@ -157,9 +161,70 @@ class PartitionService:
 
     async def load(self) -> None:
         """Open the managed ledger (fencing the previous owner), rebuild the
-        deduplication map and load the durable cursors."""
-        await self.managed_ledger.open()
-        await self._rebuild_dedup()
+        deduplication map and load the durable cursors, in the order
+        `PartitionCore` gives."""
+        commands = collections.deque(self.lifecycle.load())
+        while not self.lifecycle.serving:
+            assert commands, f"partition {self.name}: the load stopped at {self.lifecycle.phase.value}"
+            commands.extend(await self._carry_out(commands.popleft()))
+        log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot)",
+                 self.name, self.publishing.producer_count, self.publishing.replayed_entries)
+
+    @property
+    def producers(self) -> dict[str, ProducerLink]:
+        return self.publishing.producers
+
+    async def _carry_out(self, command: partition_core.Command) -> list[partition_core.Command]:
+        """One of the partition core's commands; returns what it says next."""
+        core = self.lifecycle
+        if isinstance(command, partition_core.WriteSnapshot):
+            snapshot = command.snapshot
+            try:
+                version = await self.topic_store.write_dedup(self.name, snapshot.to_record(), self.publishing.snapshot_version)
+            except MetadataError as error:
+                return core.snapshot_failed(snapshot, str(error))
+            return core.snapshot_written(snapshot, version)
+        if isinstance(command, partition_core.ReadEntries):
+            entries = await self.managed_ledger.read(command.position, command.count)
+            return core.entries_read([(entry.position, entry.header.producer_id, entry.header.last_sequence_id) for entry in entries])
+        if isinstance(command, partition_core.OpenLedger):
+            await self.managed_ledger.open()
+            return core.ledger_opened()
+        if isinstance(command, partition_core.ReadSnapshot):
+            commands = core.snapshot_read(await self.topic_store.read_dedup(self.name))
+            if self.publishing.snapshot_problem is not None:
+                log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name,
+                          self.publishing.snapshot_problem)
+            return commands
+        if isinstance(command, partition_core.ReadCursors):
+            return core.cursors_read(await self._load_cursors())
+        if isinstance(command, partition_core.WriteCursor):
+            await self.subscriptions[command.name].write_cursor()
+            return core.cursor_written(command.name)
+        if isinstance(command, partition_core.LoadFailed):
+            raise TopicFencedError(f"partition {self.name}: {command.reason}")
+        if isinstance(command, partition_core.Fence):
+            self.fence(TopicFencedError(f"partition {self.name}: {command.reason}"))
+            return []
+        if isinstance(command, partition_core.CloseLedger):
+            try:
+                await self.managed_ledger.close()
+            except (BrokerError, BKError, MetadataError) as error:
+                log.warning("partition %s: closing its ledger failed (the next owner recovers it): %s", self.name, error)
+            return core.ledger_closed()
+        if isinstance(command, partition_core.FinishSubscriptions):
+            for subscription in list(self.subscriptions.values()):
+                await subscription.finish(write=command.write)
+            return core.subscriptions_finished()
+        if isinstance(command, partition_core.Stopped):
+            self._stopped.set()
+            return []
+        assert isinstance(command, partition_core.Serve), f"unknown command {command!r}"
+        return []
+
+    async def _load_cursors(self) -> list[str]:
+        """Make the durable subscriptions from their cursors (an unreadable
+        one is left alone); their names."""
         for subscription_name, (record, version) in (await self.topic_store.read_cursors(self.name)).items():
             try:
                 cursor = Cursor.from_record(record)
@@ -172,52 +237,25 @@ class PartitionService:
                 cursor_version=version, core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
             )
             subscription.skip_to(self.managed_ledger.first_offset)
-            # Written once now, before anything is dispatched: the version
-            # moves on, so that a write the previous owner still had in
-            # flight can no longer land (it would answer acknowledgements
-            # this owner does not know of).
-            await subscription.write_cursor()
             self.subscriptions[subscription_name] = subscription
+        return list(self.subscriptions)
 
-    @property
-    def producers(self) -> dict[str, ProducerLink]:
-        return self.publishing.producers
+    def _lifecycle(self, commands: list[partition_core.Command]) -> None:
+        """Commands of the partition core while it serves or unloads: carried
+        out in order by `_lifecycle_loop` (the core issues a few at a time:
+        one snapshot write, an unload's steps)."""
+        if commands:
+            self._lifecycle_commands.extend(commands)
+            assert len(self._lifecycle_commands) <= LIFECYCLE_COMMANDS_MAX, "the partition core issued too many commands"
+            self._lifecycle_wakeup.set()
 
-    async def _rebuild_dedup(self) -> None:
-        """The deduplication map: its snapshot, then every entry after it."""
-        publishing = self.publishing
-        covered = publishing.restore(await self.topic_store.read_dedup(self.name))
-        if publishing.snapshot_problem is not None:
-            log.error("partition %s: deduplication snapshot unreadable, rebuilding from every entry: %s", self.name,
-                      publishing.snapshot_problem)
-        managed_ledger = self.managed_ledger
-        if covered is not None and managed_ledger.has_entry(Position(*covered)):
-            position = managed_ledger.readable_position(Position(covered[0], covered[1] + 1))
-        else:
-            position = managed_ledger.first_position() or managed_ledger.end_position()
-        while managed_ledger.has_entry(position):
-            entries = await managed_ledger.read(position, 1000)
-            for entry in entries:
-                publishing.replayed(entry.header.producer_id, entry.header.last_sequence_id)
-                position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
-            position = managed_ledger.readable_position(position)
-        last = self._entry_before(position)
-        await self._write_snapshot(publishing.loaded(None if last is None else (last.ledger_id, last.entry_id)))
-        log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot)",
-                 self.name, publishing.producer_count, publishing.replayed_entries)
-
-    def _entry_before(self, position: Position) -> Position | None:
-        """The last entry stored before `position` (the end of the chain)."""
-        if position.entry_id > 0:
-            return Position(position.ledger_id, position.entry_id - 1)
-        ledgers = self.managed_ledger.record.ledgers
-        for index, info in enumerate(ledgers):
-            if info.ledger_id == position.ledger_id:
-                for earlier in reversed(ledgers[:index]):
-                    if earlier.entries:
-                        return Position(earlier.ledger_id, earlier.entries - 1)
-                return None
-        return None
+    async def _lifecycle_loop(self) -> None:
+        commands = self._lifecycle_commands
+        while True:
+            while commands:
+                self._lifecycle(await self._carry_out(commands.popleft()))
+            await self._lifecycle_wakeup.wait()
+            self._lifecycle_wakeup = trio.Event()
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -228,7 +266,7 @@ class PartitionService:
                 nursery.start_soon(self._housekeeping_loop)
                 nursery.start_soon(self._rollover_loop)
                 nursery.start_soon(self._append_loop, self._publish_queue_receive)
-                nursery.start_soon(self._snapshot_loop)
+                nursery.start_soon(self._lifecycle_loop)
                 task_status.started()
         finally:
             self._stop_publishing()
@@ -273,30 +311,21 @@ class PartitionService:
         log.warning("partition %s fenced: %s", self.name, error)
         self.context.request_unload(self, error)
 
-    async def unload(self) -> None:
-        """Stop serving. Gracefully unless fenced: appends taken finish,
-        acknowledgements taken are made durable (and answered), the
-        deduplication map is written, the ledger is closed. Fenced: nothing
-        more is written, and acknowledgements still waiting are answered
-        with an error (the client sends them again to the next owner)."""
+    async def unload(self, *, graceful: bool) -> None:
+        """Stop serving, in the order `PartitionCore` gives. Graceful: appends
+        taken finish, acknowledgements taken are made durable (and
+        answered), the deduplication map is written, the ledger is closed.
+        Fenced: nothing more is written, and acknowledgements still waiting
+        are answered with an error (the client sends them again to the next
+        owner)."""
         self.closing = True
-        self.publishing.stop("unloading")
-        graceful = self.fenced is None
+        self._lifecycle(self.lifecycle.unload(graceful=graceful and self.fenced is None))
         with trio.move_on_after(UNLOAD_WRITES_S) as deadline:
-            if graceful:
-                await self.managed_ledger.close()
-            for subscription in list(self.subscriptions.values()):
-                await subscription.finish(write=graceful)
-            if graceful:
-                try:
-                    async with self._snapshot_lock:
-                        await self._write_snapshot(self.publishing.final_snapshot())
-                except BrokerError as error:
-                    log.warning("partition %s: %s (the next owner replays more entries)", self.name, error)
+            await self._stopped.wait()
         if deadline.cancelled_caught:
             log.warning("partition %s: unloading took more than %.0fs; stopped waiting", self.name, UNLOAD_WRITES_S)
-            for subscription in self.subscriptions.values():
-                await subscription.finish(write=False)
+            for command in self.lifecycle.timed_out():
+                await self._carry_out(command)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -428,7 +457,7 @@ class PartitionService:
             assert position is not None
             if publishing.persisted(producer_id, first_sequence_id, last_sequence_id, (position.ledger_id, position.entry_id),
                                     judgement):
-                self._snapshot_wakeup.set()
+                self._lifecycle(self.lifecycle.persisted())
             self.stats.messages_in += send.message_count
             self.stats.bytes_in += len(send.body)
             link.messages_in += send.message_count
@@ -447,34 +476,6 @@ class PartitionService:
             batch.answer(error.status, str(error))
             return False
         return True
-
-    # --- deduplication snapshots -------------------------------------------------------------
-
-    async def _snapshot_loop(self) -> None:
-        while True:
-            await self._snapshot_wakeup.wait()
-            self._snapshot_wakeup = trio.Event()
-            try:
-                async with self._snapshot_lock:
-                    await self._write_snapshot(self.publishing.next_snapshot())
-            except BrokerError as error:
-                self.fence(error)
-                return
-
-    async def _write_snapshot(self, snapshot: DedupSnapshot | None) -> None:
-        """Write the snapshots the core hands out, one after the other."""
-        publishing = self.publishing
-        while snapshot is not None:
-            written = False
-            try:
-                version = await self.topic_store.write_dedup(self.name, snapshot.to_record(), publishing.snapshot_version)
-                written = True
-            except MetadataError as error:
-                raise TopicFencedError(f"partition {self.name}: deduplication snapshot write failed: {error}") from None
-            finally:
-                if not written:  # failed, or cancelled (the partition unloads)
-                    publishing.snapshot_failed(snapshot)
-            snapshot = publishing.snapshot_written(snapshot, version)
 
     # --- subscriptions -----------------------------------------------------------------------
 

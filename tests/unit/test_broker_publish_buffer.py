@@ -225,7 +225,7 @@ async def test_a_partition_that_stops_with_batches_queued_answers_them_and_gives
             await harness.settle()
             assert harness.buffer.batches == 4 and harness.receipts == []
             harness.service.fence(TopicFencedError("lost the ledger"))
-            await harness.service.unload()
+            await harness.service.unload(graceful=True)
             await harness.settle()
         assert harness.statuses() == ["TOPIC_FENCED"] * 3
         assert harness.buffer.bytes == 0 and harness.buffer.batches == 0
