@@ -158,7 +158,9 @@ OwnershipCommand = StartLoad | StopPartition | Release | CloseClients | Register
 class _Holding:
     held: Held
     session_id: int  # the session that claimed it
-    doomed: bool = False  # its session was lost while it loaded: unload it once loaded
+    # Unloaded while it loaded: unload it once loaded (True: gracefully;
+    # False: fenced, its session was lost or it fenced itself).
+    stop_when_loaded: bool | None = None
 
 
 class OwnershipCore:
@@ -190,9 +192,9 @@ class OwnershipCore:
         holding = self.holdings.get(partition)
         if holding is None:
             return Access.MOVING if self.session_id is None or self.stopping else Access.ABSENT
-        if holding.held is Held.SERVING and not holding.doomed:
+        if holding.held is Held.SERVING:
             return Access.SERVE
-        if holding.held is Held.LOADING and not holding.doomed:
+        if holding.held is Held.LOADING and holding.stop_when_loaded is None:
             return Access.WAIT
         return Access.MOVING
 
@@ -216,8 +218,8 @@ class OwnershipCore:
             holding.held = Held.UNLOADING
             return self.stopped(partition)
         holding.held = Held.SERVING
-        if holding.doomed:
-            return self.unload(partition, graceful=False)
+        if holding.stop_when_loaded is not None:
+            return self.unload(partition, graceful=holding.stop_when_loaded)
         return []
 
     def unload(self, partition: str, *, graceful: bool) -> list[OwnershipCommand]:
@@ -227,12 +229,12 @@ class OwnershipCore:
         if holding is None:
             return []
         if holding.held is Held.LOADING:
-            holding.doomed = True
+            holding.stop_when_loaded = graceful and holding.stop_when_loaded is not False
             return []
         if holding.held is not Held.SERVING:
             return []
         holding.held = Held.UNLOADING
-        return [StopPartition(partition, graceful and not holding.doomed)]
+        return [StopPartition(partition, graceful)]
 
     def stopped(self, partition: str) -> list[OwnershipCommand]:
         """The partition has stopped writing: release its node, if the
@@ -250,11 +252,11 @@ class OwnershipCore:
         return [CloseClients(partition)]
 
     def session_lost(self) -> list[OwnershipCommand]:
-        if self.lease is not None:
-            self.lease.lost()
         if self.session_id is None:
             return []
         self.session_id = None
+        if self.lease is not None:
+            self.lease.lost()
         commands: list[OwnershipCommand] = []
         for partition in sorted(self.holdings):
             commands += self.unload(partition, graceful=False)
@@ -263,10 +265,10 @@ class OwnershipCore:
     def session_started(self, session_id: int) -> list[OwnershipCommand]:
         """A new session (after a loss): whatever the old one held is being
         stopped; register again."""
-        if session_id == self.session_id:
-            return []
-        commands = self.session_lost()
+        commands = self.session_lost() if session_id != self.session_id else []
         self.session_id = session_id
+        # Also when it is the session this core already knew of: the
+        # registration may have been made in the session before it.
         return [*commands, Register()]
 
     def stop(self) -> list[OwnershipCommand]:

@@ -131,7 +131,9 @@ class FinishSubscriptions:
 
 @dataclass(frozen=True, slots=True)
 class Stopped:
-    """The unload is done (`graceful` when everything was written)."""
+    """The unload is done. `graceful`: the ledger was closed and the
+    acknowledgements taken were written (a final snapshot that failed costs
+    the next owner only a longer replay)."""
 
     graceful: bool
 
@@ -153,6 +155,7 @@ class PartitionCore:
         self.replay_entries_per_read = replay_entries_per_read
         self.phase = Phase.NEW
         self.graceful = True
+        self.snapshot_covered: tuple[int, int] | None = None  # (ledger id, entry id) the stored snapshot covers
         self._last_replayed: Position | None = None  # the last entry the deduplication map knows of
         self._cursors_to_write: list[str] = []
         self._snapshot_in_flight: DedupSnapshot | None = None
@@ -182,7 +185,8 @@ class PartitionCore:
     # --- loading ----------------------------------------------------------------------------
 
     def load(self) -> list[Command]:
-        self._expect("load", Phase.NEW)
+        if self.phase is not Phase.NEW:
+            raise AssertionError(f"partition {self.name}: load while {self.phase.value} (a partition is loaded once)")
         self.phase = Phase.OPENING
         return [OpenLedger()]
 
@@ -198,7 +202,7 @@ class PartitionCore:
         entry is no longer in the chain (or there is no snapshot)."""
         if not self._expect("snapshot_read", Phase.READING_SNAPSHOT):
             return []
-        covered = self.publishing.restore(stored)
+        covered = self.snapshot_covered = self.publishing.restore(stored)
         ledger = self.ledger
         if covered is not None and ledger.has_entry(Position(*covered)):
             self._last_replayed = Position(*covered)

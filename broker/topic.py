@@ -167,8 +167,8 @@ class PartitionService:
         while not self.lifecycle.serving:
             assert commands, f"partition {self.name}: the load stopped at {self.lifecycle.phase.value}"
             commands.extend(await self._carry_out(commands.popleft()))
-        log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot)",
-                 self.name, self.publishing.producer_count, self.publishing.replayed_entries)
+        log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot at %s)",
+                 self.name, self.publishing.producer_count, self.publishing.replayed_entries, self.lifecycle.snapshot_covered)
 
     @property
     def producers(self) -> dict[str, ProducerLink]:

@@ -27,7 +27,19 @@ from typing import Any, Callable
 
 from broker.errors import BrokerStatus
 from broker.managed_ledger_core import ManagedLedgerCore
-from broker.ownership_core import Answer, LeaseCore, decide_lookup
+from broker.ownership_core import (
+    Access,
+    Answer,
+    CloseClients,
+    LeaseCore,
+    OwnershipCommand,
+    OwnershipCore,
+    Register,
+    Release,
+    StartLoad,
+    StopPartition,
+    decide_lookup,
+)
 from broker.publish_core import PublishCore
 from broker.subscription_core import SubscriptionCore
 from broker.topic_records import owner_path
@@ -110,16 +122,13 @@ class SimBroker(BookieCalls, LinkedNode):
         self._core_timers: dict[object, float] = {}
         store = self.metadata.start()
         store.auto_reconnect = False  # as kazoo: a new session only when the broker asks for one
-        self.partition: SimPartition | None = None
+        self.partition: SimPartition | None = None  # held: loading, serving or being handed over
         self._claiming: list[OnServing] | None = None
-        # Releases of the ownership on their way: a claim waits for them, or
-        # a release arriving after it would delete the node it found.
-        # (broker/server.py, likewise, loads no partition it is unloading.)
-        self._releasing = 0
         self._waiting_load: list[OnServing] = []
         self._reconnecting = False
         self.lease = LeaseCore(self.parameters.session_timeout_ms)
         self.lease.renewed(self.world.now_ms, self.world.now_ms)  # a session just made
+        self.ownership = OwnershipCore(store.session_id, lease=self.lease)
         self._connections: dict[int, _ConnectionState] = {}
         self.after(self.parameters.session_timeout_ms / 3, self._check_session)
         self.world.log(f"{self.name} started (session {store.session_id})")
@@ -199,8 +208,7 @@ class SimBroker(BookieCalls, LinkedNode):
         self._reconnecting = True
         self.sessions_lost += 1
         self.world.log(f"{self.name} lost its ZooKeeper session")
-        if self.partition is not None:
-            self.partition.fence("the ZooKeeper session expired")
+        self._carry_out(self.ownership.session_lost())
         self._reconnect()
 
     def _reconnect(self) -> None:
@@ -216,6 +224,7 @@ class SimBroker(BookieCalls, LinkedNode):
                 self.after(RECONNECT_RETRY_MS, self._reconnect)
                 return
             self._reconnecting = False
+            self._carry_out(self.ownership.session_started(result))
             self._renew_lease(sent_ms)
             self.world.log(f"{self.name} has a new session {result}")
 
@@ -229,23 +238,40 @@ class SimBroker(BookieCalls, LinkedNode):
 
     # --- ownership and loading ------------------------------------------------------------------
 
+    def _carry_out(self, commands: list[OwnershipCommand]) -> None:
+        """The ownership core's commands (as broker/hosting.py carries them out with trio)."""
+        for command in commands:
+            if isinstance(command, StartLoad):
+                self._start_load(command.session_id)
+            elif isinstance(command, StopPartition):
+                partition = self.partition
+                assert partition is not None
+                partition.unload(command.graceful, lambda: self._carry_out(self.ownership.stopped(PARTITION)))
+            elif isinstance(command, Release):
+                self._release(command.session_id)
+            elif isinstance(command, CloseClients):
+                self._let_go()
+            else:
+                # A new session: the trio broker registers again; the
+                # simulated clients try brokers in turn, without a registry.
+                assert isinstance(command, Register), f"unknown command {command!r}"
+
     def _serve(self, on_ready: OnServing) -> None:
         """The loaded partition, claiming and loading it if nobody owns it
-        (the lookup and `serving` of broker/server.py)."""
-        partition = self.partition
-        if partition is not None and partition.fenced is None:
-            if partition.serving:
-                return on_ready(partition, BrokerStatus.OK, None)
+        (the lookup and `serving` of broker/server.py and broker/hosting.py)."""
+        access = self.ownership.access(PARTITION)
+        if access is Access.SERVE:
+            return on_ready(self.partition, BrokerStatus.OK, None)
+        if access is Access.WAIT:
             self._waiting_load.append(on_ready)
             return
-        if self._reconnecting:
+        if access is Access.MOVING:
             return on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
         if self._claiming is not None:
             self._claiming.append(on_ready)
             return
         self._claiming = [on_ready]
-        if not self._releasing:
-            self._claim()
+        self._claim()
 
     def _claim(self) -> None:
         name = self.name
@@ -278,54 +304,57 @@ class SimBroker(BookieCalls, LinkedNode):
             for on_ready in waiting:
                 on_ready(None, BrokerStatus.NOT_OWNER, decision.broker_id)
             return
-        if decision.answer is not Answer.SERVE or self.partition is not None or self._reconnecting:
-            # This broker's previous session still holds it (or it moved on meanwhile).
+        commands = self.ownership.claimed(PARTITION, session_id) if decision.answer is Answer.SERVE else []
+        if not commands:
+            # This broker's previous session still holds it, or the
+            # partition is held already, or the session changed meanwhile.
             for on_ready in waiting:
                 on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
             return
+        self._waiting_load = waiting
+        self._carry_out(commands)
+
+    def _start_load(self, session_id: int) -> None:
         self.loads += 1
         partition = self.partition = SimPartition(self, f"{self.name}/{self.incarnation}.{self.loads}", session_id)
-        self._waiting_load = waiting
         self.world.log(f"{partition.instance} loading")
         partition.load(lambda load_error: self._loaded(partition, load_error))
 
     def _loaded(self, partition: SimPartition, error: str | None) -> None:
-        if partition is not self.partition:
-            return  # unloaded meanwhile; those waiting were answered then
+        assert partition is self.partition
         waiting, self._waiting_load = self._waiting_load, []
         if error is not None:
             self.world.log(f"{partition.instance} loading failed: {error}")
-            partition.fence(f"loading failed: {error}")
-            for on_ready in waiting:
-                on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
-            return
-        self.world.log(f"{partition.instance} serves the partition (ledger {partition.ledger.core.current_ledger_id}, {len(partition.entries)} entries)")
+        else:
+            self.world.log(f"{partition.instance} serves the partition (ledger {partition.ledger.core.current_ledger_id}, "
+                           f"{len(partition.entries)} entries)")
+        self._carry_out(self.ownership.loaded(PARTITION, error is None))
         for on_ready in waiting:
-            on_ready(partition, BrokerStatus.OK, None)
+            self._serve(on_ready)
 
     def unload_gracefully(self) -> bool:
         """Give the partition up gracefully (an operator's unload or a
         shutdown); False when it serves none."""
-        partition = self.partition
-        if partition is None or partition.fenced is not None or not partition.serving:
+        if self.ownership.access(PARTITION) is not Access.SERVE:
             return False
-        partition.unload_gracefully()
+        self._carry_out(self.ownership.unload(PARTITION, graceful=True))
         return True
 
-    def unload(self, partition: SimPartition) -> None:
-        """A load was fenced: tell its clients, forget it, give the ownership up."""
-        if self.partition is partition:
-            self.partition = None
-            waiting, self._waiting_load = self._waiting_load, []
-            for on_ready in waiting:
-                on_ready(None, BrokerStatus.SERVICE_UNAVAILABLE, None)
+    def partition_fenced(self, partition: SimPartition) -> None:
+        """A load fenced itself: unload it, fenced."""
+        if partition is self.partition:
+            self._carry_out(self.ownership.unload(PARTITION, graceful=False))
+
+    def _let_go(self) -> None:
+        """Handed over: tell its clients, forget it."""
+        partition, self.partition = self.partition, None
+        assert partition is not None
         partition.close_clients()
         for state in self._connections.values():
             for handles in (state.producers, state.consumers):
                 for handle in [handle for handle, (owner, _) in handles.items() if owner is partition]:
                     del handles[handle]
-        if not self._reconnecting:
-            self._release(partition.session_id)
+        self.world.log(f"{partition.instance} let go of")
 
     def _release(self, session_id: int) -> None:
         name = self.name
@@ -338,13 +367,7 @@ class SimBroker(BookieCalls, LinkedNode):
             if data.decode() == name and stat.ephemeral_owner == session_id:
                 store.delete(OWNER_PATH, stat.version)
 
-        def released(result: Any, error: Exception | None) -> None:
-            self._releasing -= 1
-            if not self._releasing and self._claiming is not None:
-                self._claim()
-
-        self._releasing += 1
-        self.zk_call(release, released, "release the partition")
+        self.zk_call(release, lambda result, error: self._carry_out(self.ownership.released(PARTITION)), "release the partition")
 
     # --- requests -------------------------------------------------------------------------------
 

@@ -1,11 +1,9 @@
 """One simulated broker's load of the partition: a driver of the real
-`PublishCore` (producers, deduplication, snapshots) and, through
+`PartitionCore` (the order of its load and unload, its deduplication
+snapshots) and `PublishCore` (producers, deduplication) and, through
 `sim.broker_subscription`, of the real `SubscriptionCore`, as
-`broker/topic.py` drives them with trio, over the simulated log and
-metadata store. Loading opens (fences) the log, rebuilds the deduplication
-map from its snapshot and the entries after it, and reads the durable
-cursor; publishing asks the core, appends and answers once persisted. Any
-failed write fences the load: the broker unloads it.
+`broker/topic.py` drives them with trio, over the simulated managed ledger
+and metadata store. Any failed write fences the load: the broker unloads it.
 """
 
 from __future__ import annotations
@@ -13,16 +11,18 @@ from __future__ import annotations
 import bisect
 from typing import Any, Callable
 
+from broker import partition_core
 from broker.cursor import Cursor
-from broker.dedup import DedupSnapshot
 from broker.dispatcher import SubscriptionType
 from broker.errors import BrokerStatus
+from broker.partition_core import PartitionCore
 from broker.publish_core import Judgement, ProducerAnswer, PublishCore
 from broker.topic_records import cursor_path, dedup_path
 from sim.broker_calls import BrokerView, ConsumerLink, ProducerLink, Respond, read_versioned, write_versioned
 from sim.broker_calls import LogEntry
 from sim.broker_ledger import SimManagedLedger
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Send, SendReceipt
+from broker.entry_cache import Position
 
 
 UNLOAD_WRITES_MS = 10_000.0  # UNLOAD_WRITES_S of broker/topic.py: a graceful unload's writes wait at most this long
@@ -46,84 +46,109 @@ class SimPartition:
             instance, snapshot_entries=broker.parameters.dedup_snapshot_entries)
         self.ledger = SimManagedLedger(broker, broker.policies, on_fenced=self.fence,
                                        on_persisted=broker.checker.entry_persisted)
+        self.lifecycle = PartitionCore(instance, self.publishing, self.ledger.core)
         self.entries: list[LogEntry] = []  # persisted, as this load knows them (the entry cache)
         self._first_offsets: list[int] = []
+        self._entry_index: dict[tuple[int, int], int] = {}
         self.confirmed_offset = -1
         self.subscription: Any = None
-        self._cursor_loaded: tuple[dict, int] | None = None
+        self._loaded_subscription: Any = None  # made from the stored cursor, started once the load is done
         self._creating: list[tuple[ConsumerLink, str, int, Respond]] | None = None  # subscribes waiting for the cursor's creation
-        self.serving = False
+        self._on_loaded: Callable[[str | None], None] = lambda error: None
+        self._on_stopped: Callable[[], None] = lambda: None
         self.fenced: str | None = None
+
+    @property
+    def serving(self) -> bool:
+        return self.lifecycle.serving
+
+    # --- the partition core's commands ----------------------------------------------------------
+
+    def _run(self, commands: list[partition_core.Command]) -> None:
+        for command in commands:
+            self._carry_out(command)
+
+    def _carry_out(self, command: partition_core.Command) -> None:
+        broker, core = self.broker, self.lifecycle
+        if isinstance(command, partition_core.WriteSnapshot):
+            snapshot = command.snapshot
+
+            def written(result: Any, error: Exception | None) -> None:
+                if error is not None:
+                    return self._run(core.snapshot_failed(snapshot, type(error).__name__))
+                self._run(core.snapshot_written(snapshot, result))
+
+            broker.zk_call(write_versioned(dedup_path(PARTITION), snapshot.to_record(), self.publishing.snapshot_version),
+                           written, f"write dedup snapshot at {snapshot.ledger_id}:{snapshot.entry_id}")
+        elif isinstance(command, partition_core.ReadEntries):
+            start = self._entry_index[(command.position.ledger_id, command.position.entry_id)]
+            self._run(core.entries_read([(Position(entry.ledger_id, entry.entry_id), entry.producer_id, entry.last_sequence_id)
+                                         for entry in self.entries[start:start + command.count]]))
+        elif isinstance(command, partition_core.OpenLedger):
+            self.ledger.open(self._ledger_opened)
+        elif isinstance(command, partition_core.ReadSnapshot):
+            broker.zk_call(read_versioned(dedup_path(PARTITION)), self._snapshot_read, "read dedup snapshot")
+        elif isinstance(command, partition_core.ReadCursors):
+            broker.zk_call(read_versioned(cursor_path(PARTITION, SUBSCRIPTION)), self._cursor_read, "read cursor")
+        elif isinstance(command, partition_core.WriteCursor):
+            # Written once now, before anything is dispatched: its version
+            # moves on, fencing a previous owner's late write.
+            self._loaded_subscription.write_now(
+                lambda error: self._run(core.failed(f"writing the cursor failed: {type(error).__name__}") if error is not None
+                                        else core.cursor_written(command.name)))
+        elif isinstance(command, partition_core.Serve):
+            broker.world.log(f"{self.instance} dedup: snapshot {core.snapshot_covered}, "
+                             f"{self.publishing.replayed_entries} entries replayed")
+            if self._loaded_subscription is not None:
+                self._start_subscription(self._loaded_subscription)
+            self._on_loaded(None)
+        elif isinstance(command, partition_core.LoadFailed):
+            self._on_loaded(command.reason)
+        elif isinstance(command, partition_core.Fence):
+            self.fence(command.reason)
+        elif isinstance(command, partition_core.CloseLedger):
+            self.ledger.close(lambda: self._run(core.ledger_closed()))
+        elif isinstance(command, partition_core.FinishSubscriptions):
+            if self.subscription is None:
+                self._run(core.subscriptions_finished())
+            else:
+                self.subscription.finish(command.write, lambda: self._run(core.subscriptions_finished()))
+        else:
+            assert isinstance(command, partition_core.Stopped), f"unknown command {command!r}"
+            self.broker.world.log(f"{self.instance} stopped ({'gracefully' if command.graceful else 'fenced'})")
+            on_stopped, self._on_stopped = self._on_stopped, lambda: None
+            on_stopped()
 
     # --- loading ------------------------------------------------------------------------------
 
     def load(self, on_loaded: Callable[[str | None], None]) -> None:
-        """Open the managed ledger (fencing the previous owner), rebuild the
-        deduplication map, read the cursor; `on_loaded(None)` or the error."""
-        broker = self.broker
+        """Load in the order `PartitionCore` gives; `on_loaded(None)` or the error."""
+        self._on_loaded = on_loaded
+        self._run(self.lifecycle.load())
 
-        def failed(error: Exception | str) -> None:
-            on_loaded(error if isinstance(error, str) else f"{type(error).__name__}: {error}")
+    def _ledger_opened(self, error: str | None, entries: list[LogEntry]) -> None:
+        if error is not None:
+            return self._run(self.lifecycle.failed(error))
+        self.entries = list(entries)
+        self._first_offsets = [entry.first_offset for entry in self.entries]
+        self._entry_index = {(entry.ledger_id, entry.entry_id): index for index, entry in enumerate(self.entries)}
+        self.confirmed_offset = self.ledger.core.confirmed_offset
+        self._run(self.lifecycle.ledger_opened())
 
-        def opened(error: str | None, entries: list[LogEntry]) -> None:
-            if error is not None:
-                return failed(error)
-            self.entries = list(entries)
-            self._first_offsets = [entry.first_offset for entry in self.entries]
-            self.confirmed_offset = self.ledger.core.confirmed_offset
-            broker.zk_call(read_versioned(dedup_path(PARTITION)), dedup_read, "read dedup snapshot")
+    def _snapshot_read(self, result: Any, error: Exception | None) -> None:
+        if error is not None:
+            return self._run(self.lifecycle.failed(f"{type(error).__name__}: {error}"))
+        self._run(self.lifecycle.snapshot_read(result))
 
-        def dedup_read(result: Any, error: Exception | None) -> None:
-            if error is not None:
-                return failed(error)
-            self._rebuild_dedup(result)
-            # The snapshot of what this owner starts from, written at once:
-            # its version moves on, fencing a previous owner's late write.
-            last = self.entries[-1] if self.entries else None
-            snapshot = self.publishing.loaded(None if last is None else (last.ledger_id, last.entry_id))
-            if snapshot is None:
-                return read_cursor()
-            self._write_snapshot(snapshot, lambda: read_cursor(), failed)
-
-        def read_cursor() -> None:
-            broker.zk_call(read_versioned(cursor_path(PARTITION, SUBSCRIPTION)), cursor_read, "read cursor")
-
-        def cursor_read(result: Any, error: Exception | None) -> None:
-            if error is not None:
-                return failed(error)
-            if result is None:
-                return serve()
+    def _cursor_read(self, result: Any, error: Exception | None) -> None:
+        if error is not None:
+            return self._run(self.lifecycle.failed(f"{type(error).__name__}: {error}"))
+        if result is not None:
             record, version = result
-            # Written once now, before anything is dispatched (as the dedup
-            # snapshot above).
-            subscription = broker.subscription_class(self, SubscriptionType.parse(record["type"]), Cursor.from_record(record), version)
-            subscription.write_now(lambda write_error: cursor_written(subscription, write_error))
-
-        def cursor_written(subscription: Any, error: Exception | None) -> None:
-            if error is not None:
-                return failed(error)
-            self._start_subscription(subscription)
-            serve()
-
-        def serve() -> None:
-            self.serving = True
-            on_loaded(None)
-
-        self.ledger.open(opened)
-
-    def _rebuild_dedup(self, stored: tuple[dict, int] | None) -> None:
-        """As `PartitionService._rebuild_dedup`: the snapshot, then every entry after it."""
-        publishing = self.publishing
-        covered = publishing.restore(stored)
-        start = 0
-        if covered is not None:
-            for index, entry in enumerate(self.entries):
-                if (entry.ledger_id, entry.entry_id) == covered:
-                    start = index + 1
-                    break
-        for entry in self.entries[start:]:
-            publishing.replayed(entry.producer_id, entry.last_sequence_id)
-        self.broker.world.log(f"{self.instance} dedup: snapshot {covered}, {publishing.replayed_entries} entries replayed")
+            subscription = self._loaded_subscription = self.broker.subscription_class(
+                self, SubscriptionType.parse(record["type"]), Cursor.from_record(record), version)
+            subscription.core.skip_to(self.ledger.core.first_offset)
+        self._run(self.lifecycle.cursors_read([] if result is None else [SUBSCRIPTION]))
 
     # --- producers ------------------------------------------------------------------------------
 
@@ -183,33 +208,16 @@ class SimPartition:
             publishing.failed(producer_id, judgement)
             self.fence("an append failed")
             return answer(BrokerStatus.TOPIC_FENCED, detail="append failed")
+        self._entry_index[(entry.ledger_id, entry.entry_id)] = len(self.entries)
         self.entries.append(entry)
         self._first_offsets.append(entry.first_offset)
         self.confirmed_offset = entry.last_offset
         if publishing.persisted(producer_id, send.first_sequence_id, send.last_sequence_id, (entry.ledger_id, entry.entry_id),
                                 judgement):
-            self._write_snapshot(publishing.next_snapshot())
+            self._run(self.lifecycle.persisted())
         answer(BrokerStatus.OK, entry.first_offset)
         if self.subscription is not None:
             self.subscription.wake()
-
-    def _write_snapshot(self, snapshot: DedupSnapshot | None, then: Callable[[], None] = lambda: None,
-                        on_failed: Callable[[Exception], None] | None = None) -> None:
-        """Write the snapshots the core hands out, one after the other (`_write_snapshot` of broker/topic.py)."""
-        if snapshot is None:
-            return then()
-        publishing = self.publishing
-
-        def written(result: Any, error: Exception | None) -> None:
-            if error is not None:
-                publishing.snapshot_failed(snapshot)
-                if on_failed is not None:
-                    return on_failed(error)
-                return self.fence(f"deduplication snapshot write failed: {type(error).__name__}")
-            self._write_snapshot(publishing.snapshot_written(snapshot, result), then, on_failed)
-
-        self.broker.zk_call(write_versioned(dedup_path(PARTITION), snapshot.to_record(), publishing.snapshot_version), written,
-                            f"write dedup snapshot at {snapshot.ledger_id}:{snapshot.entry_id}")
 
     # --- the subscription -----------------------------------------------------------------------
 
@@ -232,7 +240,7 @@ class SimPartition:
 
         def created(error: Exception | None) -> None:
             waiting, self._creating = self._creating or [], None
-            if error is not None or self.fenced is not None:
+            if error is not None or self.fenced is not None or not self.serving:
                 if error is not None:
                     self.fence(f"creating the cursor failed: {type(error).__name__}")
                 for *_, respond_later in waiting:
@@ -251,43 +259,30 @@ class SimPartition:
     # --- fencing ------------------------------------------------------------------------------
 
     def fence(self, reason: str) -> None:
-        """Stop: something failed that only a fresh load can settle."""
+        """Stop: something failed that only a fresh load can settle (the
+        broker unloads it, fenced)."""
         if self.fenced is not None:
             return
         self.fenced = reason
         self.publishing.stop(reason)
         self.broker.world.log(f"{self.instance} fenced: {reason}")
-        self.broker.unload(self)
+        self.broker.partition_fenced(self)
 
-    def unload_gracefully(self) -> None:
-        """An operator's unload, a rebalance or a shutdown
-        (`PartitionService.unload` when not fenced): appends taken finish and
-        the ledger is closed and recorded, the acknowledgements taken are
-        written, the deduplication map is snapshotted; then the broker lets
-        the partition go."""
-        if self.fenced is not None or not self.serving:
-            return
-        self.serving = False
-        self.publishing.stop("unloading")
-        self.broker.world.log(f"{self.instance} unloads gracefully")
+    def unload(self, graceful: bool, on_stopped: Callable[[], None]) -> None:
+        """Stop, in the order `PartitionCore` gives (`PartitionService.unload`):
+        graceful, appends taken finish and the ledger is closed and recorded,
+        the acknowledgements taken are written, the deduplication map is
+        snapshotted; fenced, nothing more is written. Then `on_stopped()`."""
+        self._on_stopped = on_stopped
+        self.broker.world.log(f"{self.instance} unloads {'gracefully' if graceful else 'fenced'}")
+        if graceful:
+            self.broker.after(UNLOAD_WRITES_MS, self._unload_too_long)
+        self._run(self.lifecycle.unload(graceful=graceful and self.fenced is None))
 
-        def ledger_closed() -> None:
-            if self.subscription is not None:
-                self.subscription.finish(snapshot)
-            else:
-                snapshot()
-
-        def snapshot() -> None:
-            self._write_snapshot(self.publishing.final_snapshot(), done, lambda error: done())
-
-        def done() -> None:
-            self.fence("unloaded gracefully")
-
-        def too_long() -> None:
-            self.fence(f"unloading took more than {UNLOAD_WRITES_MS:.0f} ms: stopped waiting")
-
-        self.broker.after(UNLOAD_WRITES_MS, too_long)
-        self.ledger.close(ledger_closed)
+    def _unload_too_long(self) -> None:
+        if self.lifecycle.phase is not partition_core.Phase.STOPPED:
+            self.broker.world.log(f"{self.instance}: unloading took more than {UNLOAD_WRITES_MS:.0f} ms: stopped waiting")
+            self._run(self.lifecycle.timed_out())
 
     def close_clients(self) -> None:
         """Unloading: tell every producer and consumer to look the partition up again."""

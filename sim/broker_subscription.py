@@ -36,7 +36,8 @@ class SimSubscription:
         self.consumers: dict[int, ConsumerLink] = {}
         self._read_index: int | None = None
         self._closed = False  # unloaded: what still waited was answered
-        self._finishing: Any = None  # a graceful unload's next step, once the write in flight is done
+        self._finishing: Any = None  # an unload's next step, once the write in flight is done
+        self._finishing_write = False
         self._dispatch_scheduled = False
         self._reading = False
 
@@ -137,28 +138,36 @@ class SimSubscription:
             self.broker.checker.ack_answered(offsets, cumulative, record)
             respond(BrokerStatus.OK)
 
-    def finish(self, then: Any) -> None:
-        """A graceful unload (`Subscription.finish(write=True)`): no more
-        acknowledgements or deliveries; what was taken is written (after
-        a write in flight), then `then()`."""
+    def finish(self, write: bool, then: Any) -> None:
+        """The partition unloads (`Subscription.finish`): no more
+        acknowledgements or deliveries; with `write`, what was taken is
+        written (after a write in flight). The acknowledgements still
+        waiting are answered TOPIC_FENCED, so that the client sends them
+        again to the next owner; then `then()`."""
         self.core.stop()
         self._finishing = then
+        self._finishing_write = write
         self._finish_step()
 
     def _finish_step(self) -> None:
         then = self._finishing
-        if then is None or self.core.writing:
+        if then is None or (self._finishing_write and self.core.writing):
             return
         self._finishing = None
-        if self.core.unwritten:
-            self._write(self.core.force_write(), then, lambda error: then())
+        if self._finishing_write and self.core.unwritten:
+            self._write(self.core.force_write(), lambda: self._finished(then), lambda error: self._finished(then))
         else:
-            then()
+            self._finished(then)
+
+    def _finished(self, then: Any) -> None:
+        self._closed = True
+        for _, _, respond in self.core.close():
+            respond(BrokerStatus.TOPIC_FENCED)
+        then()
 
     def close(self) -> None:
-        """Unloaded. The acknowledgements still waiting for a write are
-        answered TOPIC_FENCED, so that the client sends them again to the
-        next owner (`SubscriptionCore.close`)."""
+        """Unloaded: its consumers are told to look the partition up again
+        (what still waited was answered by `finish`, or is now)."""
         self._closed = True
         for _, _, respond in self.core.close():
             respond(BrokerStatus.TOPIC_FENCED)

@@ -59,7 +59,7 @@ BROKEN_BY = {
     "resume-after-last-persisted": {"exactly-once publishing"},
     "acks-wait-on-unload": {"liveness: every acknowledgement sent is answered"},
     "resume-after-last-taken": {"liveness: every message is published"},
-    "open-without-recovery": {"one message per offset"},
+    "open-without-recovery": {"one message per offset", "exactly-once publishing"},
 }
 # A seed whose parameters turn every fault kind on, and whose run injects each
 # of the nemesis's kinds.
