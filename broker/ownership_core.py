@@ -154,6 +154,17 @@ class Register:
 OwnershipCommand = StartLoad | StopPartition | Release | CloseClients | Register
 
 
+# How each event moves a partition's holding (None: not held). Anything
+# else is a driver bug: it raises.
+_HELD_TRANSITIONS: dict[tuple[Held | None, str], tuple[Held | None, ...]] = {
+    (None, "claimed"): (Held.LOADING,),
+    (Held.LOADING, "loaded"): (Held.SERVING, Held.UNLOADING),
+    (Held.SERVING, "unload"): (Held.UNLOADING,),
+    (Held.UNLOADING, "stopped"): (Held.RELEASING, None),
+    (Held.RELEASING, "released"): (None,),
+}
+
+
 @dataclass(slots=True)
 class _Holding:
     held: Held
@@ -202,6 +213,15 @@ class OwnershipCore:
         holding = self.holdings.get(partition)
         return None if holding is None else holding.held
 
+    def _move(self, partition: str, event: str, to: Held | None) -> None:
+        before = self.held(partition)
+        if to not in _HELD_TRANSITIONS.get((before, event), ()):
+            raise AssertionError(f"{partition}: {event} while {before.value if before else 'not held'}")
+        if to is None:
+            del self.holdings[partition]
+        else:
+            self.holdings[partition].held = to
+
     def claimed(self, partition: str, session_id: int) -> list[OwnershipCommand]:
         """This broker's `session_id` owns the partition's node: load it,
         unless it is held already, the session is no longer current, or
@@ -212,12 +232,10 @@ class OwnershipCore:
         return [StartLoad(partition, session_id)]
 
     def loaded(self, partition: str, ok: bool) -> list[OwnershipCommand]:
-        holding = self.holdings.get(partition)
-        assert holding is not None and holding.held is Held.LOADING, f"{partition} loaded while not loading"
+        self._move(partition, "loaded", Held.SERVING if ok else Held.UNLOADING)
         if not ok:
-            holding.held = Held.UNLOADING
             return self.stopped(partition)
-        holding.held = Held.SERVING
+        holding = self.holdings[partition]
         if holding.stop_when_loaded is not None:
             return self.unload(partition, graceful=holding.stop_when_loaded)
         return []
@@ -232,23 +250,23 @@ class OwnershipCore:
             holding.stop_when_loaded = graceful and holding.stop_when_loaded is not False
             return []
         if holding.held is not Held.SERVING:
-            return []
-        holding.held = Held.UNLOADING
+            return []  # being handed over already
+        self._move(partition, "unload", Held.UNLOADING)
         return [StopPartition(partition, graceful)]
 
     def stopped(self, partition: str) -> list[OwnershipCommand]:
         """The partition has stopped writing: release its node, if the
         session that claimed it is still current (else it went with it)."""
         holding = self.holdings.get(partition)
-        assert holding is not None and holding.held is Held.UNLOADING, f"{partition} stopped while not unloading"
-        if holding.session_id == self.session_id:
-            holding.held = Held.RELEASING
+        if holding is not None and holding.session_id == self.session_id:
+            self._move(partition, "stopped", Held.RELEASING)
             return [Release(partition, holding.session_id)]
-        return self.released(partition)
+        self._move(partition, "stopped", None)
+        return [CloseClients(partition)]
 
     def released(self, partition: str) -> list[OwnershipCommand]:
         """The node is deleted (or the release failed: it goes with the session)."""
-        self.holdings.pop(partition, None)
+        self._move(partition, "released", None)
         return [CloseClients(partition)]
 
     def session_lost(self) -> list[OwnershipCommand]:

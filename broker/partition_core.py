@@ -26,8 +26,9 @@ carry out its commands and report how each went. It holds the partition's
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Callable, Union
 
 from broker.dedup import DedupSnapshot
 from broker.entry_cache import Position
@@ -144,6 +145,58 @@ Command = Union[OpenLedger, ReadSnapshot, ReadEntries, WriteSnapshot, ReadCursor
 _LOADING = (Phase.OPENING, Phase.READING_SNAPSHOT, Phase.REPLAYING, Phase.WRITING_SNAPSHOT, Phase.READING_CURSORS,
             Phase.WRITING_CURSORS)
 _UNLOADING = (Phase.CLOSING_LEDGER, Phase.FINISHING, Phase.FINAL_SNAPSHOT)
+_OVER = (*_UNLOADING, Phase.STOPPED, Phase.FAILED)  # a load's late answers change nothing here
+
+P = Phase
+# Which phases each event may leave the partition in, from each phase it is
+# taken in (anything else is a driver bug: it raises). A pair in `_LATE`
+# is a step of a load that was stopped meanwhile: ignored.
+_TRANSITIONS: dict[tuple[Phase, str], tuple[Phase, ...]] = {
+    (P.NEW, "load"): (P.OPENING,),
+    (P.OPENING, "ledger_opened"): (P.READING_SNAPSHOT,),
+    (P.READING_SNAPSHOT, "snapshot_read"): (P.REPLAYING, P.WRITING_SNAPSHOT, P.READING_CURSORS),
+    (P.REPLAYING, "entries_read"): (P.REPLAYING, P.WRITING_SNAPSHOT, P.READING_CURSORS, P.FAILED),
+    (P.WRITING_SNAPSHOT, "snapshot_written"): (P.WRITING_SNAPSHOT, P.READING_CURSORS),
+    (P.WRITING_SNAPSHOT, "snapshot_failed"): (P.FAILED,),
+    (P.READING_CURSORS, "cursors_read"): (P.WRITING_CURSORS, P.SERVING),
+    (P.WRITING_CURSORS, "cursor_written"): (P.WRITING_CURSORS, P.SERVING),
+    **{(phase, "failed"): (P.FAILED,) for phase in (P.NEW, *_LOADING)},
+    **{(phase, "unload"): (P.FINISHING,) for phase in (P.NEW, *_LOADING)},
+    (P.SERVING, "unload"): (P.CLOSING_LEDGER, P.FINISHING),
+    **{(phase, event): (phase,) for phase in (P.SERVING, *_OVER)
+       for event in ("failed", "snapshot_written", "snapshot_failed")},
+    **{(phase, "unload"): (phase,) for phase in _OVER},
+    **{(phase, "persisted"): (phase,) for phase in Phase},
+    (P.CLOSING_LEDGER, "ledger_closed"): (P.FINISHING,),
+    (P.FINISHING, "subscriptions_finished"): (P.FINAL_SNAPSHOT, P.STOPPED),
+    (P.FINAL_SNAPSHOT, "snapshot_written"): (P.FINAL_SNAPSHOT, P.STOPPED),
+    (P.FINAL_SNAPSHOT, "snapshot_failed"): (P.STOPPED,),
+    **{(phase, "timed_out"): (P.STOPPED,) for phase in Phase},
+}
+_LATE = {
+    *((phase, event) for phase in _OVER
+      for event in ("ledger_opened", "snapshot_read", "entries_read", "cursors_read", "cursor_written")),
+    (P.STOPPED, "ledger_closed"), (P.STOPPED, "subscriptions_finished"),
+}
+
+
+def _event(method: Callable[..., list[Command]]) -> Callable[..., list[Command]]:
+    """An event of the core, checked against `_TRANSITIONS`."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def take(self: "PartitionCore", *args: Any, **kwargs: Any) -> list[Command]:
+        before = self.phase
+        if (before, name) in _LATE:
+            return []
+        allowed = _TRANSITIONS.get((before, name))
+        if allowed is None:
+            raise AssertionError(f"partition {self.name}: {name} while {before.value}")
+        commands = method(self, *args, **kwargs)
+        assert self.phase in allowed, f"partition {self.name}: {name} took it from {before.value} to {self.phase.value}"
+        return commands
+
+    return take
 
 
 class PartitionCore:
@@ -160,16 +213,6 @@ class PartitionCore:
         self._cursors_to_write: list[str] = []
         self._snapshot_in_flight: DedupSnapshot | None = None
 
-    def _expect(self, event: str, *phases: Phase) -> bool:
-        """Whether the event is for now; False for a step of a load that was
-        stopped meanwhile (its answer changes nothing). Anything else out of
-        order is a driver bug."""
-        if self.phase in phases:
-            return True
-        if self.phase in _UNLOADING or self.phase in (Phase.STOPPED, Phase.FAILED):
-            return False
-        raise AssertionError(f"partition {self.name}: {event} while {self.phase.value}")
-
     @property
     def serving(self) -> bool:
         return self.phase is Phase.SERVING
@@ -184,24 +227,21 @@ class PartitionCore:
 
     # --- loading ----------------------------------------------------------------------------
 
+    @_event
     def load(self) -> list[Command]:
-        if self.phase is not Phase.NEW:
-            raise AssertionError(f"partition {self.name}: load while {self.phase.value} (a partition is loaded once)")
         self.phase = Phase.OPENING
         return [OpenLedger()]
 
+    @_event
     def ledger_opened(self) -> list[Command]:
-        if not self._expect("ledger_opened", Phase.OPENING):
-            return []
         self.phase = Phase.READING_SNAPSHOT
         return [ReadSnapshot()]
 
+    @_event
     def snapshot_read(self, stored: tuple[dict, int] | None) -> list[Command]:
         """The stored snapshot (record, version) or None. Replay starts right
         after the entry it covers, or at the first entry stored when that
         entry is no longer in the chain (or there is no snapshot)."""
-        if not self._expect("snapshot_read", Phase.READING_SNAPSHOT):
-            return []
         covered = self.snapshot_covered = self.publishing.restore(stored)
         ledger = self.ledger
         if covered is not None and ledger.has_entry(Position(*covered)):
@@ -223,11 +263,10 @@ class PartitionCore:
         self._snapshot_in_flight = snapshot
         return [WriteSnapshot(snapshot)]
 
+    @_event
     def entries_read(self, entries: list[tuple[Position, str, int]]) -> list[Command]:
         """Entries read in order from the position asked for: (position,
         producer id, last sequence id) of each."""
-        if not self._expect("entries_read", Phase.REPLAYING):
-            return []
         if not entries:
             return self.failed("the replay read no entry where the managed ledger has one")
         for position, producer_id, last_sequence_id in entries:
@@ -241,9 +280,8 @@ class PartitionCore:
         self.phase = Phase.READING_CURSORS
         return [ReadCursors()]
 
+    @_event
     def cursors_read(self, names: list[str]) -> list[Command]:
-        if not self._expect("cursors_read", Phase.READING_CURSORS):
-            return []
         self.phase = Phase.WRITING_CURSORS
         self._cursors_to_write = sorted(names)
         return self._next_cursor()
@@ -254,13 +292,13 @@ class PartitionCore:
         self.phase = Phase.SERVING
         return [Serve()]
 
+    @_event
     def cursor_written(self, name: str) -> list[Command]:
-        if not self._expect("cursor_written", Phase.WRITING_CURSORS):
-            return []
         assert self._cursors_to_write and self._cursors_to_write[0] == name, f"cursor {name} written out of turn"
         self._cursors_to_write.pop(0)
         return self._next_cursor()
 
+    @_event
     def failed(self, reason: str) -> list[Command]:
         """A step of the load failed (or a write while serving): the load
         fails; a partition serving is fenced; an unload goes on."""
@@ -273,6 +311,7 @@ class PartitionCore:
 
     # --- deduplication snapshots ------------------------------------------------------------
 
+    @_event
     def persisted(self) -> list[Command]:
         """An entry was persisted and the publish core says a snapshot is
         due: the next one to write, unless one is in flight (it is written
@@ -287,6 +326,7 @@ class PartitionCore:
         self._snapshot_in_flight = snapshot
         return [WriteSnapshot(snapshot)]
 
+    @_event
     def snapshot_written(self, snapshot: DedupSnapshot, version: int) -> list[Command]:
         assert self._snapshot_in_flight is snapshot, "a snapshot written that was not being written"
         self._snapshot_in_flight = None
@@ -303,6 +343,7 @@ class PartitionCore:
             return self._final_snapshot()
         return []
 
+    @_event
     def snapshot_failed(self, snapshot: DedupSnapshot, reason: str) -> list[Command]:
         """A snapshot write failed: its version may have moved under another
         owner. Loading fails, serving is fenced; the final one only costs
@@ -316,6 +357,7 @@ class PartitionCore:
 
     # --- unloading --------------------------------------------------------------------------
 
+    @_event
     def unload(self, *, graceful: bool) -> list[Command]:
         """Stop serving (or stop a load). The publish core takes no more batches."""
         self.publishing.stop("unloading" if graceful else "fenced")
@@ -329,15 +371,13 @@ class PartitionCore:
         self.phase = Phase.FINISHING
         return [FinishSubscriptions(write=False)]
 
+    @_event
     def ledger_closed(self) -> list[Command]:
-        if not self._expect("ledger_closed", Phase.CLOSING_LEDGER):
-            return []
         self.phase = Phase.FINISHING
         return [FinishSubscriptions(write=True)]
 
+    @_event
     def subscriptions_finished(self) -> list[Command]:
-        if not self._expect("subscriptions_finished", Phase.FINISHING):
-            return []
         if not self.graceful:
             return self._stop()
         self.phase = Phase.FINAL_SNAPSHOT
@@ -349,6 +389,7 @@ class PartitionCore:
         commands = self._write(self.publishing.final_snapshot())
         return commands or self._stop()
 
+    @_event
     def timed_out(self) -> list[Command]:
         """The unload's writes took too long: stop waiting for them."""
         if self.phase is Phase.STOPPED:

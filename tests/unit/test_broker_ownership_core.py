@@ -128,14 +128,16 @@ def test_unloading_a_partition_that_is_not_serving_does_nothing():
 
 def test_loaded_or_stopped_out_of_turn_is_a_driver_bug():
     core = holding("a")
-    with pytest.raises(AssertionError, match="loaded while not loading"):
+    with pytest.raises(AssertionError, match="a: loaded while serving"):
         core.loaded("a", True)
-    with pytest.raises(AssertionError, match="loaded while not loading"):
+    with pytest.raises(AssertionError, match="absent: loaded while not held"):
         core.loaded("absent", True)
-    with pytest.raises(AssertionError, match="stopped while not unloading"):
+    with pytest.raises(AssertionError, match="a: stopped while serving"):
         core.stopped("a")
-    with pytest.raises(AssertionError, match="stopped while not unloading"):
+    with pytest.raises(AssertionError, match="absent: stopped while not held"):
         core.stopped("absent")
+    with pytest.raises(AssertionError, match="a: released while serving"):
+        core.released("a")
 
 
 def test_a_partition_being_handed_over_cannot_be_claimed_again_until_released():
