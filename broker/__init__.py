@@ -14,7 +14,7 @@ from coordination.lazy_exports import lazy_exports
 from broker.errors import BrokerError, BrokerStatus
 from broker.topic_records import TopicPolicies
 
-_LAZY = {"BrokerConfig": "broker.server", "BrokerServer": "broker.server"}
+_LAZY = {"BrokerConfig": "broker.config", "BrokerServer": "broker.server"}
 
 __getattr__ = lazy_exports(globals(), _LAZY)
 

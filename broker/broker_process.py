@@ -12,7 +12,8 @@ import signal
 import trio
 
 from broker.metrics import MetricsEndpoint, broker_registry, register_collector
-from broker.server import BrokerConfig, BrokerServer
+from broker.config import BrokerConfig
+from broker.server import BrokerServer
 from coordination.startup import STARTUP_TIMEOUT_MS_DEFAULT, Startup, StartupFailedError
 from coordination.store import MetadataError
 from ledger_client import BookKeeper

@@ -1,4 +1,5 @@
-"""The partitions a broker holds, in trio: the driver of `OwnershipCore`.
+"""The partitions a broker holds, in trio: the driver of `OwnershipCore`,
+following the broker's ZooKeeper session and renewing its dispatch lease.
 
 It loads a partition once this broker's session owns its node, serves it,
 and hands it over (stop, release the node, tell the clients) when an
@@ -28,7 +29,8 @@ from broker.ownership_core import (
     StartLoad,
     StopPartition,
 )
-from broker.topic import BrokerContext, PartitionService, PartitionStats
+from broker.metrics import PartitionStats
+from broker.topic import BrokerContext, PartitionService
 from broker.topic_records import TopicPolicies
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import MetadataError
@@ -38,14 +40,17 @@ log = logging.getLogger(__name__)
 
 LOAD_TIMEOUT_S = 60.0
 UNLOAD_TIMEOUT_S = 15.0  # a shutdown waits this long for its partitions to be handed over
+LEASE_RENEWALS = 5  # renewals per session timeout
 
 PartitionPolicies = Callable[[str], Awaitable[tuple[str, int, TopicPolicies]]]
 
 
 class PartitionHosting:
     def __init__(self, context: BrokerContext, store: AsyncMetadataStore, ownership: Ownership, *,
-                 partition_policies: PartitionPolicies, close_clients: Callable[[PartitionService], None]) -> None:
+                 partition_policies: PartitionPolicies, close_clients: Callable[[PartitionService], None],
+                 session_timeout_ms: float) -> None:
         self.context = context
+        self.session_timeout_ms = session_timeout_ms
         self.store = store
         self.ownership = ownership
         self.partition_policies = partition_policies
@@ -72,6 +77,7 @@ class PartitionHosting:
             self._nursery = nursery
             nursery.start_soon(self._session_loop, generation)
             nursery.start_soon(self._session_lost_loop)
+            nursery.start_soon(self._lease_loop)
             task_status.started()
 
     def _carry_out(self, commands: list[OwnershipCommand]) -> None:
@@ -112,6 +118,24 @@ class PartitionHosting:
             generation = await self.store.wait_session_change(generation)
             log.warning("ZooKeeper session replaced: unloading %d partitions", len(self.core.holdings))
             self._carry_out(self.core.session_started(self.store.session_id))
+
+    async def _lease_loop(self) -> None:
+        """Renew the dispatch lease: a ZooKeeper reply to a request sent at
+        t shows the session alive at t, so it cannot have expired (and no
+        other broker can own this broker's partitions) before t plus the
+        session timeout. Subscriptions deliver only within the lease, with
+        a margin: a broker cut off from ZooKeeper, or paused, stops
+        delivering before another could take its partitions over."""
+        timeout_s = self.session_timeout_ms / 1000
+        while True:
+            sent_at = trio.current_time()
+            try:
+                with trio.move_on_after(timeout_s / 2):
+                    await self.store.exists("/")
+                    self.context.lease.renew(sent_at)
+            except MetadataError:
+                pass
+            await trio.sleep(timeout_s / LEASE_RENEWALS)
 
     async def _register_again(self) -> None:
         try:

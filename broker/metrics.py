@@ -8,7 +8,9 @@ subscription changes under the reader), at no cost to the hot path.
 
 from __future__ import annotations
 
+import collections
 import time
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import trio
@@ -16,6 +18,34 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessColl
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from broker.errors import BrokerStatus
+
+RATE_WINDOW_S = 10.0  # a partition's rates are over this many seconds
+
+
+@dataclass
+class PartitionStats:
+    """A partition's counts, and samples of them for its rates."""
+
+    messages_in: int = 0
+    bytes_in: int = 0
+    messages_out: int = 0
+    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+
+    def sample(self, now: float) -> None:
+        self.samples.append((now, self.messages_in, self.bytes_in, self.messages_out))
+
+    def rates(self, now: float) -> dict[str, float]:
+        """Per second over the last RATE_WINDOW_S seconds."""
+        past = [sample for sample in self.samples if now - sample[0] <= RATE_WINDOW_S]
+        if not past or now - past[0][0] <= 0:
+            return {"messages_in_per_s": 0.0, "bytes_in_per_s": 0.0, "messages_out_per_s": 0.0}
+        elapsed = now - past[0][0]
+        return {
+            "messages_in_per_s": round((self.messages_in - past[0][1]) / elapsed, 1),
+            "bytes_in_per_s": round((self.bytes_in - past[0][2]) / elapsed, 1),
+            "messages_out_per_s": round((self.messages_out - past[0][3]) / elapsed, 1),
+        }
+
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))
 
@@ -143,4 +173,4 @@ def register_collector(registry: CollectorRegistry, server) -> None:
     registry.register(BrokerCollector(server, trio.lowlevel.current_trio_token()))
 
 
-__all__ = ["BrokerMetrics", "MetricsEndpoint", "broker_registry", "register_collector"]
+__all__ = ["BrokerMetrics", "MetricsEndpoint", "PartitionStats", "broker_registry", "register_collector"]

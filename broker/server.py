@@ -1,6 +1,6 @@
-"""The broker's trio server: client connections, lookups and ownership,
-loading and unloading partitions, and routing each command to the partition
-that serves it.
+"""The broker's trio server: client connections, lookups, and routing each
+command to the partition that serves it (`broker/hosting.py` loads and
+hands over the partitions this broker owns).
 
 A connection handles its commands in order; a send waits (and so stops
 reading the connection) while its partition's queue for the ledger is full,
@@ -24,10 +24,6 @@ import trio
 
 from framing.stream import FrameOutput, enable_keepalive
 from framing.peer_limits import (
-    CONNECTIONS_MAX_DEFAULT,
-    CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
-    FRAME_BUFFER_BYTES_MAX_DEFAULT,
-    FRAME_DEADLINE_S_DEFAULT,
     ConnectionLimits,
     FrameBudget,
     FrameReader,
@@ -37,6 +33,7 @@ from framing.peer_limits import (
     wait_for_output_room,
 )
 from broker.admin import AdminHandler
+from broker.config import BrokerConfig
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
     BadRequestError,
@@ -79,7 +76,7 @@ from broker.protocol import (
     decode,
     encode,
 )
-from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT, PublishBuffer, batch_cost_bytes
+from broker.publish_buffer import PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink
 from broker.hosting import PartitionHosting
 from broker.topic import BrokerContext, PartitionService, ProducerLink
@@ -93,51 +90,6 @@ from ledger_client import BKError, BookKeeper
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
-LEASE_RENEWALS = 5  # renewals per session timeout
-
-
-@dataclass
-class BrokerConfig:
-    broker_id: str
-    host: str = "127.0.0.1"
-    port: int = 6700
-    advertised_address: str | None = None  # host:port clients dial; default host:port
-    # Other names clients may ask for by name, each host:port (Pulsar's
-    # advertisedListeners): "external" for clients outside a container
-    # network, say. The internal listener is the advertised address.
-    advertised_listeners: dict[str, str] = field(default_factory=dict)
-    ledger_password: bytes = b""
-    entry_cache_bytes: int = 64 * 1024 * 1024
-    frame_bytes_max: int = 16 * 1024 * 1024
-    requests_in_flight_max: int = 1_000  # per connection
-    connection_output_bytes_max: int = 64 * 1024 * 1024  # a connection's unsent answers; past it, reading stops
-    # Producers' batches taken and not yet answered, all partitions together
-    # (Pulsar's maxMessagePublishBufferSizeInMB); past it the broker stops
-    # reading from producers' connections until half of it is left.
-    publish_buffer_bytes: int = PUBLISH_BUFFER_BYTES_DEFAULT
-    connections_max: int = CONNECTIONS_MAX_DEFAULT  # open client connections; past it new ones are closed at once
-    connections_per_address_max: int = CONNECTIONS_PER_ADDRESS_MAX_DEFAULT  # ... from one client address (maxConnectionsPerIp)
-    frame_buffer_bytes_max: int = FRAME_BUFFER_BYTES_MAX_DEFAULT  # large frames being received, all connections together
-    frame_deadline_s: float = FRAME_DEADLINE_S_DEFAULT  # a frame's bytes, once the first arrived, must all arrive within this
-    # Pulsar's keepAliveIntervalSeconds: a connection silent this long is
-    # sent a PING, and one silent for two intervals is closed.
-    keepalive_interval_s: float = 30.0
-    auto_topic_creation: bool = True
-    default_policies: TopicPolicies = field(default_factory=TopicPolicies)
-    retention_check_interval_s: float = 5.0
-    session_timeout_ms: int = 10_000  # the broker's ZooKeeper session (its dispatch lease follows it)
-    metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: no endpoint and nothing measured
-
-    def __post_init__(self) -> None:
-        if self.frame_buffer_bytes_max < self.frame_bytes_max:
-            raise ValueError(f"the frame buffer ({self.frame_buffer_bytes_max} bytes) must hold at least one frame "
-                             f"of the frame bound ({self.frame_bytes_max} bytes)")
-        if self.connections_max < 1 or self.connections_per_address_max < 1 or self.requests_in_flight_max < 1:
-            raise ValueError("connection and request bounds must be at least 1")
-        if self.publish_buffer_bytes < 1:
-            raise ValueError(f"the publish buffer must hold at least 1 byte, got {self.publish_buffer_bytes}")
-        if not 0 < self.frame_deadline_s <= 3600 or not 0 < self.keepalive_interval_s <= 86_400:
-            raise ValueError("the frame deadline and the keep-alive interval must be positive")
 
 
 @dataclass(eq=False)
@@ -194,7 +146,7 @@ class BrokerServer:
             retention_check_interval_s=config.retention_check_interval_s, lease=Lease(config.session_timeout_ms),
         )
         self.hosting = PartitionHosting(self.context, store, self.ownership, partition_policies=self.partition_policies,
-                                        close_clients=self._close_clients)
+                                        close_clients=self._close_clients, session_timeout_ms=config.session_timeout_ms)
         self.partitions = self.hosting.partitions  # loaded here: serving, or being unloaded
         self.retired_stats = self.hosting.retired_stats
         self.admin = AdminHandler(self)
@@ -265,7 +217,6 @@ class BrokerServer:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             await nursery.start(self.hosting.run, generation)
-            nursery.start_soon(self._lease_loop)
             nursery.start_soon(self._keepalive_loop)
             await nursery.start(self._serve)
             log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
@@ -285,24 +236,6 @@ class BrokerServer:
         self._serving_scope.cancel()
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
-
-    async def _lease_loop(self) -> None:
-        """Renew the dispatch lease: a ZooKeeper reply to a request sent at
-        t shows the session alive at t, so it cannot have expired (and no
-        other broker can own this broker's partitions) before t plus the
-        session timeout. Subscriptions deliver only within the lease, with
-        a margin: a broker cut off from ZooKeeper, or paused, stops
-        delivering before another could take its partitions over."""
-        timeout_s = self.config.session_timeout_ms / 1000
-        while True:
-            sent_at = trio.current_time()
-            try:
-                with trio.move_on_after(timeout_s / 2):
-                    await self.store.exists("/")
-                    self.context.lease.renew(sent_at)
-            except MetadataError:
-                pass
-            await trio.sleep(timeout_s / LEASE_RENEWALS)
 
     # --- ownership and loading ---------------------------------------------------------------
 
@@ -671,4 +604,4 @@ class BrokerServer:
         return subscription
 
 
-__all__ = ["BrokerConfig", "BrokerServer"]
+__all__ = ["BrokerServer"]

@@ -34,6 +34,7 @@ from broker.errors import (
 )
 from broker.lease import Lease
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
+from broker.metrics import PartitionStats
 from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
@@ -55,7 +56,6 @@ LIFECYCLE_COMMANDS_MAX = 8  # the partition core's commands waiting to be carrie
 UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
-RATE_WINDOW_S = 10.0
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
 
 
@@ -104,29 +104,6 @@ class PublishedBatch:
             -1 if position is None else position.ledger_id, -1 if position is None else position.entry_id,
             first_offset, message,
         ))
-
-
-@dataclass
-class PartitionStats:
-    messages_in: int = 0
-    bytes_in: int = 0
-    messages_out: int = 0
-    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
-
-    def sample(self, now: float) -> None:
-        self.samples.append((now, self.messages_in, self.bytes_in, self.messages_out))
-
-    def rates(self, now: float) -> dict[str, float]:
-        """Per second over the last RATE_WINDOW_S seconds."""
-        past = [sample for sample in self.samples if now - sample[0] <= RATE_WINDOW_S]
-        if not past or now - past[0][0] <= 0:
-            return {"messages_in_per_s": 0.0, "bytes_in_per_s": 0.0, "messages_out_per_s": 0.0}
-        elapsed = now - past[0][0]
-        return {
-            "messages_in_per_s": round((self.messages_in - past[0][1]) / elapsed, 1),
-            "bytes_in_per_s": round((self.bytes_in - past[0][2]) / elapsed, 1),
-            "messages_out_per_s": round((self.messages_out - past[0][3]) / elapsed, 1),
-        }
 
 
 class PartitionService:

@@ -101,7 +101,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     from broker.broker_process import BrokerStartupError, run_broker
-    from broker.server import BrokerConfig
+    from broker.config import BrokerConfig
     from broker.topic_records import TopicPolicies
 
     host = arguments.host
