@@ -23,6 +23,7 @@ from sim.world import World
 
 DOWN_MS_MAX = 3_000.0
 QUICK_RESTART_MS_MAX = 20.0
+OWNER_EXPIRY_SHARE = 0.75  # of the session expiries, those aimed at the partition's owner
 
 
 class BrokerNemesis(NemesisBase):
@@ -83,6 +84,10 @@ class BrokerNemesis(NemesisBase):
         candidates = [broker for broker in self.brokers if broker.up]
         if not candidates:
             return self._skip("expire", "every broker is down")
+        # Mostly the topic's owner: the expiry that moves the partition.
+        owners = [broker for broker in candidates if broker.partition is not None and broker.partition.serving]
+        if owners and self.world.rng.random() < OWNER_EXPIRY_SHARE:
+            candidates = owners
         broker = self.world.rng.choice(candidates)
         duration_ms = self.world.uniform(1.1, 1.6) * self.parameters.session_timeout_ms
         self._block_for([(broker.name, ZK_NAME), (ZK_NAME, broker.name)], duration_ms)

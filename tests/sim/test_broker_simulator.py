@@ -43,9 +43,9 @@ FOCUS = {
     "resume-after-last-taken": dict(faults=("client_crash", "storage_error"), producers=1, batch_messages_max=16,
                                     pending_messages_max=64, fsync_ms_max=20.0, send_gap_ms_mean=0.5,
                                     fault_interval_ms_mean=30.0, bookies=3, ensemble_size=3, write_quorum=3, ack_quorum=3),
-    "dispatch-without-lease": dict(faults=("expire", "drop", "pause"), break_probability=0.03, fault_interval_ms_mean=500.0,
+    "dispatch-without-lease": dict(faults=("expire", "drop", "pause"), break_probability=0.03, fault_interval_ms_mean=700.0,
                                    subscription_type="shared", cumulative_ack_probability=0.0, consumers=3,
-                                   session_timeout_ms=2000, safety_ms=15000),
+                                   session_timeout_ms=3000, safety_ms=15000),
 }
 # What each planted mistake breaks (safety ones never break liveness).
 DELIVERED_AGAIN = {"an acknowledged message is never delivered again", "a durable acknowledgement stays in the cursor record"}
