@@ -205,7 +205,7 @@ class BrokerServer:
         if not self._listeners:
             await self.listen()
         # Read before registering: a session replaced from now on, even
-        # before the loops below start, makes _session_loop register again.
+        # before the hosting starts, makes its session loop register again.
         generation = self.store.session_generation
         if startup is None:
             await self.topic_store.ensure_layout()

@@ -5,7 +5,7 @@ cursor's writes, seeking, consumers and types, dispatching only within the
 lease) are `broker.subscription_core.SubscriptionCore`'s; which consumer
 gets which message is `broker.dispatcher.Dispatcher`'s. Delivery stops
 while the broker's ZooKeeper lease is not known valid (see
-BrokerServer._lease_loop).
+PartitionHosting._lease_loop in broker/hosting.py).
 """
 
 from __future__ import annotations

@@ -184,6 +184,6 @@ async def test_a_new_owner_rebuilds_deduplication_from_the_snapshot_and_the_entr
                 assert (await producer.send(b"again", sequence_id=number)).is_duplicate
             assert not (await producer.send(b"new", sequence_id=2600)).is_duplicate
         log = survivor.log_path.read_text()
-        replayed = [int(count) for count in re.findall(r"\((\d+) entries replayed after the snapshot\)", log)]
+        replayed = [int(count) for count in re.findall(r"\((\d+) entries replayed after the snapshot at ", log)]
         assert replayed and 0 < replayed[-1] <= 600, f"the new owner replayed {replayed} entries: it should start from the snapshot"
         assert len(await read_all(client, "snapshotted", 2601)) == 2601
