@@ -21,6 +21,7 @@ from broker.errors import BrokerError, NotOwnerError, ServiceUnavailableError, T
 from broker.ownership import Ownership
 from broker.ownership_core import (
     Access,
+    CancelLoad,
     CloseClients,
     OwnershipCommand,
     OwnershipCore,
@@ -33,6 +34,7 @@ from broker.metrics import PartitionStats
 from broker.topic import BrokerContext, PartitionService
 from broker.topic_records import TopicPolicies
 from coordination.async_store import AsyncMetadataStore
+from coordination.retry import RetryPolicy
 from coordination.store import MetadataError
 from ledger_client import BKError
 
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 60.0
 UNLOAD_TIMEOUT_S = 15.0  # a shutdown waits this long for its partitions to be handed over
 LEASE_RENEWALS = 5  # renewals per session timeout
+# Tries of a release that ZooKeeper failed while the session still holds the node.
+RELEASE_RETRY = RetryPolicy(tries_max=5, delay_initial_ms=100.0, delay_max_ms=2_000.0)
 
 PartitionPolicies = Callable[[str], Awaitable[tuple[str, int, TopicPolicies]]]
 
@@ -60,6 +64,7 @@ class PartitionHosting:
         self.retired_stats = PartitionStats()  # counts of the partitions no longer served here
         self._services: dict[str, PartitionService] = {}  # every partition held, loading ones included
         self._load_ended: dict[str, trio.Event] = {}
+        self._load_scopes: dict[str, trio.CancelScope] = {}
         self._load_errors: dict[str, str] = {}  # why a partition's last load failed
         self._handed_over: dict[str, trio.Event] = {}  # set once a held partition is let go of
         self._deleting: dict[str, list[BaseException]] = {}  # partitions to delete once stopped, and what failed
@@ -76,17 +81,20 @@ class PartitionHosting:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self._session_loop, generation)
-            nursery.start_soon(self._session_lost_loop)
             nursery.start_soon(self._lease_loop)
             task_status.started()
 
     def _carry_out(self, commands: list[OwnershipCommand]) -> None:
         assert self._nursery is not None
         for command in commands:
-            if isinstance(command, StartLoad):
+            if isinstance(command, CancelLoad):
+                scope = self._load_scopes.get(command.partition)
+                if scope is not None:
+                    scope.cancel()
+            elif isinstance(command, StartLoad):
                 self._load_ended[command.partition] = trio.Event()
                 self._handed_over[command.partition] = trio.Event()
-                self._nursery.start_soon(self._load, command.partition)
+                self._nursery.start_soon(self._load, command.partition, command.session_id)
             elif isinstance(command, StopPartition):
                 self._nursery.start_soon(self._stop, self._services[command.partition], command.graceful)
             elif isinstance(command, Release):
@@ -99,25 +107,22 @@ class PartitionHosting:
 
     # --- the session --------------------------------------------------------------------------
 
-    async def _session_lost_loop(self) -> None:
-        """The ZooKeeper session expired: the ownership nodes are gone now,
-        and another broker may take the partitions at once; stop serving
-        them before anything else (no waiting for a new session)."""
+    async def _session_loop(self, generation: int) -> None:
+        """Follow the ZooKeeper session, in order. A loss: the ownership
+        nodes are gone now, and another broker may take the partitions at
+        once; stop serving them before anything else (no waiting for a new
+        session). A new session: whatever the old one held is given up (if
+        its loss was not seen), and the broker registers again."""
         losses = self.store.session_losses
         while True:
-            losses = await self.store.wait_session_lost(losses)
-            if self.core.stopping:
-                return
-            log.warning("ZooKeeper session expired: unloading %d partitions", len(self.core.holdings))
-            self._carry_out(self.core.session_lost())
-
-    async def _session_loop(self, generation: int) -> None:
-        """A new ZooKeeper session means the old one expired: whatever it
-        held is given up, and the broker registers again."""
-        while True:
-            generation = await self.store.wait_session_change(generation)
-            log.warning("ZooKeeper session replaced: unloading %d partitions", len(self.core.holdings))
-            self._carry_out(self.core.session_started(self.store.session_id))
+            new_losses, new_generation = await self.store.wait_session_news(losses, generation)
+            if new_losses != losses:
+                losses = new_losses
+                log.warning("ZooKeeper session expired: unloading %d partitions", len(self.core.holdings))
+                self._carry_out(self.core.session_lost())
+            if new_generation != generation:
+                generation = new_generation
+                self._carry_out(self.core.session_started(self.store.session_id))
 
     async def _lease_loop(self) -> None:
         """Renew the dispatch lease: a ZooKeeper reply to a request sent at
@@ -128,11 +133,12 @@ class PartitionHosting:
         delivering before another could take its partitions over."""
         timeout_s = self.session_timeout_ms / 1000
         while True:
-            sent_at = trio.current_time()
+            sent_at, session_id = trio.current_time(), self.store.session_id
             try:
                 with trio.move_on_after(timeout_s / 2):
                     await self.store.exists("/")
-                    self.context.lease.renew(sent_at)
+                    if self.store.session_id == session_id:  # answered in the session it was sent in
+                        self.context.lease.renew(sent_at, session_id)
             except MetadataError:
                 pass
             await trio.sleep(timeout_s / LEASE_RENEWALS)
@@ -162,32 +168,42 @@ class PartitionHosting:
                 if self.core.access(partition) is not Access.SERVE:
                     raise ServiceUnavailableError(f"loading {partition} failed: {self._load_errors.get(partition, '?')}; retry")
                 continue
+            releases = self.core.releases
             owner = await self.ownership.owner_of(partition)
             if owner is None or not self.ownership.is_mine(owner):
                 raise NotOwnerError(f"broker {self.broker_id} does not own {partition}")
             if self.core.access(partition) is Access.ABSENT:
-                commands = self.core.claimed(partition, owner.session_id)
+                commands = self.core.claimed(partition, owner.session_id, releases)
                 if not commands:
                     raise ServiceUnavailableError(f"the ownership of {partition} is changing; retry")
                 self._carry_out(commands)
 
-    async def _load(self, partition: str) -> None:
+    async def _load(self, partition: str, session_id: int) -> None:
+        """Load a partition, in its own cancel scope: the ownership core
+        cancels a load whose session is gone."""
         ok = False
+        scope = self._load_scopes[partition] = trio.CancelScope()
         try:
-            topic, index, policies = await self.partition_policies(partition)
-            service = self._services[partition] = PartitionService(self.context, partition, topic, index, policies)
-            with trio.fail_after(LOAD_TIMEOUT_S):
-                await service.load()
-            assert self._nursery is not None
-            await self._nursery.start(service.run)
-            self.partitions[partition] = service
-            self._load_errors.pop(partition, None)
-            ok = True
-            log.info("broker %s now serves %s", self.broker_id, partition)
+            with scope:
+                topic, index, policies = await self.partition_policies(partition)
+                service = self._services[partition] = PartitionService(self.context, partition, topic, index, policies,
+                                                                       session_id=session_id)
+                with trio.fail_after(LOAD_TIMEOUT_S):
+                    await service.load()
+                assert self._nursery is not None
+                await self._nursery.start(service.run)
+                self.partitions[partition] = service
+                self._load_errors.pop(partition, None)
+                ok = True
+                log.info("broker %s now serves %s", self.broker_id, partition)
+            if scope.cancelled_caught:
+                log.warning("loading %s cancelled: the ZooKeeper session that owned it is gone", partition)
+                self._load_errors[partition] = "cancelled: the ZooKeeper session that owned it is gone"
         except (BKError, MetadataError, BrokerError, trio.TooSlowError) as error:
             log.warning("loading %s failed: %s", partition, error)
             self._load_errors[partition] = str(error)
         finally:
+            del self._load_scopes[partition]
             self._carry_out(self.core.loaded(partition, ok))
             self._load_ended.pop(partition).set()
 
@@ -204,7 +220,10 @@ class PartitionHosting:
         except (BrokerError, BKError, MetadataError) as error:
             log.warning("unloading %s: %s", service.name, error)
         failures = self._deleting.pop(service.name, None)
-        if failures is not None:
+        if failures is not None and not self.core.may_delete(service.name):
+            failures.append(TopicFencedError(f"{service.name} was not deleted: this broker lost its ownership while "
+                                             f"unloading it; delete it again"))
+        elif failures is not None:
             # Records first: a partition whose records are gone is gone, and
             # ledgers left behind are only space; the other way round, a
             # failure would leave records naming deleted ledgers.
@@ -216,10 +235,21 @@ class PartitionHosting:
         self._carry_out(self.core.stopped(service.name))
 
     async def _release(self, partition: str, session_id: int) -> None:
-        try:
-            await self.ownership.release(partition, session_id)
-        except MetadataError as error:
-            log.warning("releasing %s: %s (its node goes with the session)", partition, error)
+        """Delete the ownership node, trying again (with backoff) while the
+        session that holds it is current; given up, the node goes with the
+        session."""
+        delays_ms = RELEASE_RETRY.iter_delays_ms(self.ownership.rng)
+        while True:
+            try:
+                await self.ownership.release(partition, session_id)
+                break
+            except MetadataError as error:
+                delay_ms = next(delays_ms, None)
+                if delay_ms is None or self.core.session_id != session_id:
+                    log.warning("releasing %s: %s (its node goes with the session)", partition, error)
+                    break
+                log.warning("releasing %s: %s; trying again in %.1fs", partition, error, delay_ms / 1000)
+                await trio.sleep(delay_ms / 1000)
         self._carry_out(self.core.released(partition))
 
     def _let_go(self, partition: str) -> None:

@@ -21,7 +21,7 @@ import trio
 from broker.topic_records import BROKERS, broker_path, owner_path
 from coordination.async_store import AsyncMetadataStore
 from coordination.retry import RetryPolicy
-from coordination.store import MetadataError, NodeExistsError, NoNodeError
+from coordination.store import BadVersionError, MetadataError, NodeExistsError, NoNodeError
 
 log = logging.getLogger(__name__)
 # Delays between tries of a registration that ZooKeeper failed after a
@@ -224,15 +224,20 @@ class Ownership:
 
     async def release(self, partition: str, session_id: int | None = None) -> None:
         """Give the partition up, if `session_id` (default: this broker's
-        current session) still holds it."""
-        owner = await self.owner_of(partition)
+        current session) still holds it: the node read is deleted at its
+        version, so that a node another owner created meanwhile stays."""
         if session_id is None:
             session_id = self.store.session_id
-        if owner is not None and owner.info.broker_id == self.info.broker_id and owner.session_id == session_id:
+        try:
+            data, stat = await self.store.get(owner_path(partition))
+        except NoNodeError:
+            return
+        owner = Owner(BrokerInfo.from_bytes(data), stat.ephemeral_owner)
+        if owner.info.broker_id == self.info.broker_id and owner.session_id == session_id:
             try:
-                await self.store.delete(owner_path(partition))
-            except NoNodeError:
-                pass
+                await self.store.delete(owner_path(partition), stat.version)
+            except (NoNodeError, BadVersionError):
+                pass  # gone, or another owner's by now
 
 
 __all__ = ["BrokerInfo", "Owner", "Ownership", "list_brokers"]

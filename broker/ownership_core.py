@@ -11,9 +11,9 @@ this broker's partitions) before t plus the session timeout. Subscriptions
 deliver only within the lease, with a margin (`LEASE_FRACTION` of the
 timeout): a broker cut off from ZooKeeper, or paused, stops delivering
 before another could take its partitions over. The trio broker
-(broker/lease.py, broker/server.py) and the simulator (sim/broker_node.py)
+(broker/lease.py, broker/hosting.py) and the simulator (sim/broker_node.py)
 both keep their lease with `LeaseCore` and their partitions with
-`OwnershipCore`.
+`OwnershipCore` (the trio broker through broker/hosting.py).
 """
 
 from __future__ import annotations
@@ -26,22 +26,32 @@ LEASE_FRACTION = 0.6  # of the session timeout a ZooKeeper reply lets subscripti
 
 
 class LeaseCore:
+    """The lease of one session at a time: a partition delivers only within
+    the lease of the session that owns it, so that a partition of a lost
+    session (one still being handed over, say) never delivers on the
+    renewals of the broker's next session."""
+
     def __init__(self, session_timeout_ms: float, *, fraction: float = LEASE_FRACTION) -> None:
         if not 0 < fraction <= 1:
             raise ValueError(f"a lease is a fraction of the session timeout in (0, 1], got {fraction}")
         self.session_timeout_ms = session_timeout_ms
         self.fraction = fraction
         self.until_ms = float("-inf")  # nothing is delivered before the first renewal
+        self.session_id = 0  # the session the lease is of
 
-    def valid(self, now_ms: float) -> bool:
-        return now_ms < self.until_ms
+    def valid(self, now_ms: float, session_id: int = 0) -> bool:
+        """Whether a partition owned by `session_id` may deliver now."""
+        return now_ms < self.until_ms and session_id == self.session_id
 
-    def renewed(self, sent_ms: float, now_ms: float) -> bool:
-        """A request sent at `sent_ms` was answered in the current session.
-        True when that made a lapsed lease valid again (wake the subscriptions)."""
-        lapsed = not self.valid(now_ms)
+    def renewed(self, sent_ms: float, now_ms: float, session_id: int = 0) -> bool:
+        """A request sent at `sent_ms` in `session_id` was answered in that
+        session. True when that made a lapsed lease valid again (wake the
+        subscriptions)."""
+        if session_id != self.session_id:
+            self.session_id, self.until_ms = session_id, float("-inf")  # the lease of a new session
+        lapsed = not self.valid(now_ms, session_id)
         self.until_ms = max(self.until_ms, sent_ms + self.session_timeout_ms * self.fraction)
-        return lapsed and self.valid(now_ms)
+        return lapsed and self.valid(now_ms, session_id)
 
     def lost(self) -> None:
         """The session expired: nothing is delivered until a new one renews it."""
@@ -123,6 +133,14 @@ class StartLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class CancelLoad:
+    """Stop the partition's load where it is (its session is gone, or it
+    fenced itself); then `loaded` as failed."""
+
+    partition: str
+
+
+@dataclass(frozen=True, slots=True)
 class StopPartition:
     """Unload the partition (gracefully, or fenced: nothing more is
     written); then `stopped`."""
@@ -151,7 +169,7 @@ class Register:
     """A new session: register the broker again (its node went with the old one)."""
 
 
-OwnershipCommand = StartLoad | StopPartition | Release | CloseClients | Register
+OwnershipCommand = StartLoad | CancelLoad | StopPartition | Release | CloseClients | Register
 
 
 # How each event moves a partition's holding (None: not held). Anything
@@ -180,10 +198,15 @@ class OwnershipCore:
     Rules:
     - a partition is loaded only by the session that owns its node, and only
       while that session is the broker's current one;
-    - the session lost, every partition is stopped at once, fenced, without
-      waiting for a new session: its nodes are gone, and another broker may
-      be loading the partitions already (a load in progress is stopped as
-      soon as it ends);
+    - the session lost, every partition served is stopped at once, fenced,
+      and every load is cancelled, without waiting for a new session: the
+      nodes are gone, and another broker may be loading the partitions
+      already (a hand-over already under way goes on: its writes are
+      compare-and-set, and fail where the next owner got there first, and
+      it delivers nothing more, the lease being of one session);
+    - a claim stands only if no release happened since the ownership was
+      read (the node read may be one this broker has released meanwhile);
+    - a partition is deleted only by the session that still holds it;
     - a hand-over goes: stop (writes finish or are abandoned), then release
       the node, then tell the clients, so that the lookup they make finds
       the partition free or taken by its next owner; a partition being
@@ -198,6 +221,7 @@ class OwnershipCore:
         self.lease = lease  # lapses with the session: nothing is delivered until a new one renews it
         self.stopping = False
         self.holdings: dict[str, _Holding] = {}
+        self.releases = 0  # releases so far: a claim on an ownership read before one is refused
 
     def access(self, partition: str) -> Access:
         holding = self.holdings.get(partition)
@@ -222,11 +246,12 @@ class OwnershipCore:
         else:
             self.holdings[partition].held = to
 
-    def claimed(self, partition: str, session_id: int) -> list[OwnershipCommand]:
-        """This broker's `session_id` owns the partition's node: load it,
-        unless it is held already, the session is no longer current, or
-        the broker is stopping."""
-        if partition in self.holdings or session_id != self.session_id or self.stopping:
+    def claimed(self, partition: str, session_id: int, releases: int) -> list[OwnershipCommand]:
+        """This broker's `session_id` owns the partition's node, as read when
+        `releases` was the count of releases: load it, unless it is held
+        already, a release happened since (the node read may be gone), the
+        session is no longer current, or the broker is stopping."""
+        if partition in self.holdings or session_id != self.session_id or self.stopping or releases != self.releases:
             return []
         self.holdings[partition] = _Holding(Held.LOADING, session_id)
         return [StartLoad(partition, session_id)]
@@ -247,7 +272,11 @@ class OwnershipCore:
         if holding is None:
             return []
         if holding.held is Held.LOADING:
-            holding.stop_when_loaded = graceful and holding.stop_when_loaded is not False
+            if not graceful:
+                holding.stop_when_loaded = False
+                return [CancelLoad(partition)]
+            if holding.stop_when_loaded is None:
+                holding.stop_when_loaded = True
             return []
         if holding.held is not Held.SERVING:
             return []  # being handed over already
@@ -265,9 +294,19 @@ class OwnershipCore:
         return [CloseClients(partition)]
 
     def released(self, partition: str) -> list[OwnershipCommand]:
-        """The node is deleted (or the release failed: it goes with the session)."""
+        """The node is deleted (or the driver gave up releasing it: it goes
+        with the session, or is released by the next unload's lookup)."""
         self._move(partition, "released", None)
+        self.releases += 1
         return [CloseClients(partition)]
+
+    def may_delete(self, partition: str) -> bool:
+        """Whether a stopped partition may be deleted: only while the
+        session that claimed it still holds it (else another broker may
+        serve it already)."""
+        holding = self.holdings.get(partition)
+        return (holding is not None and holding.held is Held.UNLOADING and holding.session_id == self.session_id
+                and self.session_id is not None)
 
     def session_lost(self) -> list[OwnershipCommand]:
         if self.session_id is None:
@@ -285,6 +324,8 @@ class OwnershipCore:
         stopped; register again."""
         commands = self.session_lost() if session_id != self.session_id else []
         self.session_id = session_id
+        if self.stopping:
+            return commands  # unregistered on purpose
         # Also when it is the session this core already knew of: the
         # registration may have been made in the session before it.
         return [*commands, Register()]
@@ -299,6 +340,6 @@ class OwnershipCore:
 
 
 __all__ = [
-    "LEASE_FRACTION", "Access", "Answer", "CloseClients", "Decision", "Held", "LeaseCore", "OwnershipCommand",
+    "LEASE_FRACTION", "Access", "Answer", "CancelLoad", "CloseClients", "Decision", "Held", "LeaseCore", "OwnershipCommand",
     "OwnershipCore", "Register", "Release", "StartLoad", "StopPartition", "decide_lookup", "rendezvous_choice",
 ]

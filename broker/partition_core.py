@@ -3,11 +3,11 @@ its deduplication snapshots while it serves, and the order of its unload.
 
 A load: open the managed ledger (which fences the previous owner's last
 ledger), read the deduplication snapshot, replay every entry stored after
-the position it covers, write the snapshot of what this owner starts from,
-read the durable cursors and write each of them once, then serve. The two
-writes move the versions on, so that a write the previous owner still has
-in flight can no longer land; and nothing is dispatched or taken before
-them.
+the position it covers, write the snapshot of what this owner starts from
+(when the partition holds an entry), read the durable cursors and write
+each of them once, then serve. Those writes move the versions on, so that
+a write the previous owner still has in flight can no longer land; and
+nothing is dispatched or taken before them.
 
 While it serves, deduplication snapshots are written one at a time, the
 newest due one next.
@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, TypeVar, Union
 
 from broker.dedup import DedupSnapshot
 from broker.entry_cache import Position
@@ -36,6 +36,7 @@ from broker.managed_ledger_core import ManagedLedgerCore
 from broker.publish_core import PublishCore
 
 REPLAY_ENTRIES_PER_READ = 1_000  # entries read at a time while rebuilding the deduplication map
+UNLOAD_WRITES_MS = 10_000.0  # an unload's writes (ledger close, cursors, snapshot) are waited for at most this long
 
 
 class Phase(enum.Enum):
@@ -172,6 +173,7 @@ _TRANSITIONS: dict[tuple[Phase, str], tuple[Phase, ...]] = {
     (P.FINAL_SNAPSHOT, "snapshot_written"): (P.FINAL_SNAPSHOT, P.STOPPED),
     (P.FINAL_SNAPSHOT, "snapshot_failed"): (P.STOPPED,),
     **{(phase, "timed_out"): (P.STOPPED,) for phase in Phase},
+    **{(phase, "fence"): (phase,) for phase in Phase},
 }
 _LATE = {
     *((phase, event) for phase in _OVER
@@ -180,12 +182,15 @@ _LATE = {
 }
 
 
-def _event(method: Callable[..., list[Command]]) -> Callable[..., list[Command]]:
+Event = TypeVar("Event", bound=Callable[..., Any])
+
+
+def _event(method: Event) -> Event:
     """An event of the core, checked against `_TRANSITIONS`."""
     name = method.__name__
 
     @functools.wraps(method)
-    def take(self: "PartitionCore", *args: Any, **kwargs: Any) -> list[Command]:
+    def take(self: "PartitionCore", *args: Any, **kwargs: Any) -> Any:
         before = self.phase
         if (before, name) in _LATE:
             return []
@@ -196,7 +201,7 @@ def _event(method: Callable[..., list[Command]]) -> Callable[..., list[Command]]
         assert self.phase in allowed, f"partition {self.name}: {name} took it from {before.value} to {self.phase.value}"
         return commands
 
-    return take
+    return take  # type: ignore[return-value]
 
 
 class PartitionCore:
@@ -208,6 +213,7 @@ class PartitionCore:
         self.replay_entries_per_read = replay_entries_per_read
         self.phase = Phase.NEW
         self.graceful = True
+        self.fenced: str | None = None  # why it fenced itself
         self.snapshot_covered: tuple[int, int] | None = None  # (ledger id, entry id) the stored snapshot covers
         self._last_replayed: Position | None = None  # the last entry the deduplication map knows of
         self._cursors_to_write: list[str] = []
@@ -358,12 +364,25 @@ class PartitionCore:
     # --- unloading --------------------------------------------------------------------------
 
     @_event
+    def fence(self, reason: str) -> bool:
+        """A failure only a fresh load can settle (a write failed, a
+        compare-and-set was lost): the publish core takes nothing more.
+        True when it is news and the partition is not unloading already:
+        the driver asks its broker to unload it, fenced; such an unload
+        writes nothing more."""
+        if self.fenced is not None or self.unloading or self.phase in (Phase.STOPPED, Phase.FAILED):
+            return False
+        self.fenced = reason
+        self.publishing.stop(reason)
+        return True
+
+    @_event
     def unload(self, *, graceful: bool) -> list[Command]:
         """Stop serving (or stop a load). The publish core takes no more batches."""
         self.publishing.stop("unloading" if graceful else "fenced")
         if self.phase in (Phase.STOPPED, Phase.FAILED) or self.unloading:
             return []
-        graceful = graceful and self.phase is Phase.SERVING
+        graceful = graceful and self.phase is Phase.SERVING and self.fenced is None
         self.graceful = graceful
         if graceful:
             self.phase = Phase.CLOSING_LEDGER

@@ -52,6 +52,7 @@ class PartitionAccess(Protocol):
 
     name: str
     partition_index: int
+    session_id: int  # the ZooKeeper session that owns it: its lease is the one that counts
     managed_ledger: ManagedLedger
     topic_store: TopicStore
 
@@ -228,12 +229,13 @@ class Subscription:
         self.core.stop()
         self.wake()
         self._persist_wakeup.set()
-        if write and self.durable and self.core.unwritten:
-            async with self._write_lock:
-                try:
-                    await self._write(self.core.force_write())
-                except BrokerError as error:
-                    log.warning("%s", error)
+        if write and self.durable:
+            async with self._write_lock:  # after the write in flight, whose waiters it answers
+                if self.core.unwritten:
+                    try:
+                        await self._write(self.core.force_write())
+                    except BrokerError as error:
+                        log.warning("%s", error)
         self.close()
 
     async def write_cursor(self) -> None:
@@ -273,14 +275,14 @@ class Subscription:
     # --- dispatching --------------------------------------------------------------------------
 
     async def dispatch_loop(self) -> None:
-        lease = self.partition.lease
+        lease, session_id = self.partition.lease, self.partition.session_id
         while not self.closed:
-            if not self.core.may_dispatch(lease.valid()):
+            if not self.core.may_dispatch(lease.valid(session_id)):
                 # Cut off from ZooKeeper (or paused), this broker may no
                 # longer own the partition: its session may have expired and
                 # another broker taken over. Deliver nothing until the
                 # session is known alive again.
-                await lease.wait_valid()
+                await lease.wait_valid(session_id)
                 continue
             self._wakeup = trio.Event()
             try:

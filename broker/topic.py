@@ -39,7 +39,7 @@ from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
 from broker import partition_core
-from broker.partition_core import PartitionCore
+from broker.partition_core import UNLOAD_WRITES_MS, PartitionCore
 from broker.publish_core import DEDUP_SNAPSHOT_ENTRIES, ProducerAnswer, PublishCore
 from broker.subscription import ConsumerLink, Subscription
 from broker.subscription_core import SubscriptionCore
@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
 PRODUCER_EARLIER_BATCHES_WAIT_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
 LIFECYCLE_COMMANDS_MAX = 8  # the partition core's commands waiting to be carried out (a few at a time, by its rules)
-UNLOAD_WRITES_S = 10.0  # a graceful unload's writes (ledger close, cursors, snapshot) wait at most this long
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
@@ -107,8 +106,10 @@ class PublishedBatch:
 
 
 class PartitionService:
-    def __init__(self, context: BrokerContext, name: str, topic: str, partition_index: int, policies: TopicPolicies) -> None:
+    def __init__(self, context: BrokerContext, name: str, topic: str, partition_index: int, policies: TopicPolicies, *,
+                 session_id: int) -> None:
         self.context = context
+        self.session_id = session_id  # the ZooKeeper session that owns it: it delivers only within that session's lease
         self.name = name
         self.topic = topic
         self.partition_index = partition_index
@@ -280,11 +281,11 @@ class PartitionService:
         self._nursery.start_soon(subscription.persist_loop)
 
     def fence(self, error: BrokerError) -> None:
-        """Stop: something failed that only a fresh load can settle."""
-        if self.fenced is not None or self.closing:
+        """Stop: something failed that only a fresh load can settle
+        (`PartitionCore.fence`)."""
+        if not self.lifecycle.fence(str(error)):
             return
         self.fenced = error
-        self.publishing.stop(str(error))
         log.warning("partition %s fenced: %s", self.name, error)
         self.context.request_unload(self, error)
 
@@ -296,15 +297,17 @@ class PartitionService:
         are answered with an error (the client sends them again to the next
         owner)."""
         self.closing = True
-        self._lifecycle(self.lifecycle.unload(graceful=graceful and self.fenced is None))
-        with trio.move_on_after(UNLOAD_WRITES_S) as deadline:
-            await self._stopped.wait()
-        if deadline.cancelled_caught:
-            log.warning("partition %s: unloading took more than %.0fs; stopped waiting", self.name, UNLOAD_WRITES_S)
-            for command in self.lifecycle.timed_out():
-                await self._carry_out(command)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        try:
+            self._lifecycle(self.lifecycle.unload(graceful=graceful))
+            with trio.move_on_after(UNLOAD_WRITES_MS / 1000) as deadline:
+                await self._stopped.wait()
+            if deadline.cancelled_caught:
+                log.warning("partition %s: unloading took more than %.0fs; stopped waiting", self.name, UNLOAD_WRITES_MS / 1000)
+                for command in self.lifecycle.timed_out():
+                    await self._carry_out(command)
+        finally:
+            if self._nursery is not None:
+                self._nursery.cancel_scope.cancel()
 
     # --- producers ---------------------------------------------------------------------------
 

@@ -50,6 +50,7 @@ class AsyncMetadataStore:
         self._session_changed = trio.Event()
         self._session_losses = 0
         self._session_lost = trio.Event()
+        self._session_news = trio.Event()  # set at each loss and each new session
 
         store.add_session_listener(self._on_session_state)
 
@@ -92,6 +93,7 @@ class AsyncMetadataStore:
             self._session_losses += 1
             lost, self._session_lost = self._session_lost, trio.Event()
             lost.set()
+            self._tell_session_news()
             return
         if state is not SessionState.CONNECTED or session_id in (0, self._session_id_seen):
             return
@@ -99,6 +101,11 @@ class AsyncMetadataStore:
         self._session_generation += 1
         changed, self._session_changed = self._session_changed, trio.Event()
         changed.set()
+        self._tell_session_news()
+
+    def _tell_session_news(self) -> None:
+        news, self._session_news = self._session_news, trio.Event()
+        news.set()
 
     @property
     def session_losses(self) -> int:
@@ -111,6 +118,14 @@ class AsyncMetadataStore:
         while self._session_losses == losses:
             await self._session_lost.wait()
         return self._session_losses
+
+    async def wait_session_news(self, losses: int, generation: int) -> tuple[int, int]:
+        """Return (session losses, session generation) once either differs
+        from the one given: one waiter sees a loss and the new session that
+        follows it in the order they happened."""
+        while self._session_losses == losses and self._session_generation == generation:
+            await self._session_news.wait()
+        return self._session_losses, self._session_generation
 
     async def wait_session_change(self, generation: int) -> int:
         """Return the session generation once it differs from `generation`."""

@@ -175,6 +175,9 @@ class SimManagedLedger:
             self.on_fenced(str(command.error))
             if self._on_opened is not None:
                 self._open_done(str(command.error), [])
+            on_closed, self._on_closed = self._on_closed, None
+            if on_closed is not None:
+                on_closed()  # a graceful close given up (ManagedLedger.close returns then too)
         elif kind is ClosedDone:
             self._fail_waiting()
             on_closed, self._on_closed = self._on_closed, None

@@ -30,6 +30,7 @@ from broker.managed_ledger_core import ManagedLedgerCore
 from broker.ownership_core import (
     Access,
     Answer,
+    CancelLoad,
     CloseClients,
     LeaseCore,
     OwnershipCommand,
@@ -127,7 +128,7 @@ class SimBroker(BookieCalls, LinkedNode):
         self._waiting_load: list[OnServing] = []
         self._reconnecting = False
         self.lease = LeaseCore(self.parameters.session_timeout_ms)
-        self.lease.renewed(self.world.now_ms, self.world.now_ms)  # a session just made
+        self.lease.renewed(self.world.now_ms, self.world.now_ms, store.session_id)  # a session just made
         self.ownership = OwnershipCore(store.session_id, lease=self.lease)
         self._connections: dict[int, _ConnectionState] = {}
         self.after(self.parameters.session_timeout_ms / 3, self._check_session)
@@ -172,7 +173,7 @@ class SimBroker(BookieCalls, LinkedNode):
         """A call in the current session: it fails if that session is gone
         when the call arrives (kazoo fails a request of an expired session)."""
         session_id = self.metadata.store.session_id
-        sent_ms = self.world.now_ms
+        sent_ms, epoch = self.world.now_ms, self.ownership.session_id
 
         def pinned(store) -> Any:
             if session_id == 0 or store.session_id != session_id:
@@ -180,21 +181,22 @@ class SimBroker(BookieCalls, LinkedNode):
             return function(store)
 
         def done(result: Any, error: Exception | None) -> None:
-            if isinstance(error, SessionExpiredError):
-                self._session_lost()
+            if isinstance(error, SessionExpiredError) and epoch is not None and epoch == self.ownership.session_id:
+                self._session_lost()  # sent in the session still current: not a late answer to an older one
             elif error is None and session_id == self.metadata.store.session_id:
-                self._renew_lease(sent_ms)
+                self._renew_lease(sent_ms, session_id)
             on_done(result, error)
 
         self.metadata.call(pinned, done, description)
 
-    def _renew_lease(self, sent_ms: float) -> None:
-        """A call sent at `sent_ms` was answered in the current session."""
-        if self.lease.renewed(sent_ms, self.world.now_ms) and self.partition is not None and self.partition.subscription is not None:
+    def _renew_lease(self, sent_ms: float, session_id: int) -> None:
+        """A call sent at `sent_ms` in `session_id` was answered in it."""
+        if self.lease.renewed(sent_ms, self.world.now_ms, session_id) and self.partition is not None and self.partition.subscription is not None:
             self.partition.subscription.wake()
 
-    def holds_lease(self) -> bool:
-        return self.lease.valid(self.world.now_ms)
+    def holds_lease(self, session_id: int) -> bool:
+        """Whether a partition owned by `session_id` may deliver now."""
+        return self.lease.valid(self.world.now_ms, session_id)
 
     def _check_session(self) -> None:
         self.zk_call(lambda store: store.session_id, lambda result, error: None, "session check")
@@ -225,7 +227,7 @@ class SimBroker(BookieCalls, LinkedNode):
                 return
             self._reconnecting = False
             self._carry_out(self.ownership.session_started(result))
-            self._renew_lease(sent_ms)
+            self._renew_lease(sent_ms, result)
             self.world.log(f"{self.name} has a new session {result}")
 
         self.metadata.call(reconnect, reconnected, "new session")
@@ -243,12 +245,16 @@ class SimBroker(BookieCalls, LinkedNode):
         for command in commands:
             if isinstance(command, StartLoad):
                 self._start_load(command.session_id)
+            elif isinstance(command, CancelLoad):
+                assert self.partition is not None
+                self.partition.cancel_load()
             elif isinstance(command, StopPartition):
-                partition = self.partition
+                partition, ownership = self.partition, self.ownership
                 assert partition is not None
-                partition.unload(command.graceful, lambda: self._carry_out(self.ownership.stopped(PARTITION)))
+                partition.unload(command.graceful,
+                                 lambda: self._carry_out(ownership.stopped(PARTITION)) if ownership is self.ownership else None)
             elif isinstance(command, Release):
-                self._release(command.session_id)
+                self._release(command.session_id, self.ownership)
             elif isinstance(command, CloseClients):
                 self._let_go()
             else:
@@ -288,10 +294,10 @@ class SimBroker(BookieCalls, LinkedNode):
                 return "", 0  # gone meanwhile: ask again
             return data.decode(), stat.ephemeral_owner
 
-        session_id = self.metadata.store.session_id
-        self.zk_call(claim, lambda result, error: self._claimed(session_id, result, error), "claim the partition")
+        session_id, releases = self.metadata.store.session_id, self.ownership.releases
+        self.zk_call(claim, lambda result, error: self._claimed(session_id, releases, result, error), "claim the partition")
 
-    def _claimed(self, session_id: int, result: Any, error: Exception | None) -> None:
+    def _claimed(self, session_id: int, releases: int, result: Any, error: Exception | None) -> None:
         waiting, self._claiming = self._claiming or [], None
         if error is not None or not result[0]:
             for on_ready in waiting:
@@ -304,7 +310,7 @@ class SimBroker(BookieCalls, LinkedNode):
             for on_ready in waiting:
                 on_ready(None, BrokerStatus.NOT_OWNER, decision.broker_id)
             return
-        commands = self.ownership.claimed(PARTITION, session_id) if decision.answer is Answer.SERVE else []
+        commands = self.ownership.claimed(PARTITION, session_id, releases) if decision.answer is Answer.SERVE else []
         if not commands:
             # This broker's previous session still holds it, or the
             # partition is held already, or the session changed meanwhile.
@@ -356,7 +362,7 @@ class SimBroker(BookieCalls, LinkedNode):
                     del handles[handle]
         self.world.log(f"{partition.instance} let go of")
 
-    def _release(self, session_id: int) -> None:
+    def _release(self, session_id: int, ownership: OwnershipCore) -> None:
         name = self.name
 
         def release(store) -> None:
@@ -367,7 +373,11 @@ class SimBroker(BookieCalls, LinkedNode):
             if data.decode() == name and stat.ephemeral_owner == session_id:
                 store.delete(OWNER_PATH, stat.version)
 
-        self.zk_call(release, lambda result, error: self._carry_out(self.ownership.released(PARTITION)), "release the partition")
+        def released(result: Any, error: Exception | None) -> None:
+            if ownership is self.ownership:  # not a previous incarnation's
+                self._carry_out(ownership.released(PARTITION))
+
+        self.zk_call(release, released, "release the partition")
 
     # --- requests -------------------------------------------------------------------------------
 

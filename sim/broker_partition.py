@@ -15,7 +15,7 @@ from broker import partition_core
 from broker.cursor import Cursor
 from broker.dispatcher import SubscriptionType
 from broker.errors import BrokerStatus
-from broker.partition_core import PartitionCore
+from broker.partition_core import UNLOAD_WRITES_MS, PartitionCore
 from broker.publish_core import Judgement, ProducerAnswer, PublishCore
 from broker.topic_records import cursor_path, dedup_path
 from sim.broker_calls import BrokerView, ConsumerLink, ProducerLink, Respond, read_versioned, write_versioned
@@ -24,8 +24,6 @@ from sim.broker_ledger import SimManagedLedger
 from sim.broker_messages import PARTITION, SUBSCRIPTION, Closed, Send, SendReceipt
 from broker.entry_cache import Position
 
-
-UNLOAD_WRITES_MS = 10_000.0  # UNLOAD_WRITES_S of broker/topic.py: a graceful unload's writes wait at most this long
 
 _PRODUCER_STATUS = {
     ProducerAnswer.OK: BrokerStatus.OK,
@@ -259,14 +257,19 @@ class SimPartition:
     # --- fencing ------------------------------------------------------------------------------
 
     def fence(self, reason: str) -> None:
-        """Stop: something failed that only a fresh load can settle (the
-        broker unloads it, fenced)."""
-        if self.fenced is not None:
+        """Stop: something failed that only a fresh load can settle
+        (`PartitionCore.fence`); the broker unloads it, fenced."""
+        if not self.lifecycle.fence(reason):
             return
         self.fenced = reason
-        self.publishing.stop(reason)
         self.broker.world.log(f"{self.instance} fenced: {reason}")
         self.broker.partition_fenced(self)
+
+    def cancel_load(self) -> None:
+        """The session that owned it is gone: the load stops where it is
+        (its later answers change nothing)."""
+        self.ledger.stop()
+        self._run(self.lifecycle.failed("cancelled: the ZooKeeper session that owned it is gone"))
 
     def unload(self, graceful: bool, on_stopped: Callable[[], None]) -> None:
         """Stop, in the order `PartitionCore` gives (`PartitionService.unload`):
@@ -275,9 +278,8 @@ class SimPartition:
         snapshotted; fenced, nothing more is written. Then `on_stopped()`."""
         self._on_stopped = on_stopped
         self.broker.world.log(f"{self.instance} unloads {'gracefully' if graceful else 'fenced'}")
-        if graceful:
-            self.broker.after(UNLOAD_WRITES_MS, self._unload_too_long)
-        self._run(self.lifecycle.unload(graceful=graceful and self.fenced is None))
+        self.broker.after(UNLOAD_WRITES_MS, self._unload_too_long)
+        self._run(self.lifecycle.unload(graceful=graceful))
 
     def _unload_too_long(self) -> None:
         if self.lifecycle.phase is not partition_core.Phase.STOPPED:

@@ -183,7 +183,7 @@ class SimSubscription:
 
     def may_dispatch(self) -> bool:
         """Only while the broker's lease on its session holds (see sim.broker_node)."""
-        return self.core.may_dispatch(self.broker.holds_lease())
+        return self.core.may_dispatch(self.broker.holds_lease(self.partition.session_id))
 
     def _dispatch_once(self) -> None:
         self._dispatch_scheduled = False

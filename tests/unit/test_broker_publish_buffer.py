@@ -136,7 +136,7 @@ class Harness:
         store = SimpleNamespace(read_topic=self._no_topic)
         context = BrokerContext(None, store, b"", EntryCache(1 << 20), lambda service, error: self.unloads.append(error),
                                 retention_check_interval_s=3600)
-        self.service = PartitionService(context, "t", "t", -1, policies or TopicPolicies())
+        self.service = PartitionService(context, "t", "t", -1, policies or TopicPolicies(), session_id=1)
         self.ledger = self.service.managed_ledger = StandInLedger()
         self.receipts: list = []
         self.link = ProducerLink(1, "producer-1", self.receipts.append)
