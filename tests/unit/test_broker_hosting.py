@@ -1,0 +1,47 @@
+"""The broker's partition hosting follows its ZooKeeper session in order:
+an expiry is reported as a loss and then as a new session, and the hosting
+ends up in the new session whatever order trio wakes its tasks in (it once
+took the loss after the new session, and was left with none for good)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import trio
+
+from broker.lease import Lease
+from broker.ownership import BrokerInfo, Ownership
+from broker.hosting import PartitionHosting
+from coordination.async_store import AsyncMetadataStore
+from coordination.memory_store import InMemoryMetadataServer
+
+RUNS = 20  # trio shuffles the tasks it wakes together: each run is a new draw
+
+
+async def hosting_after_one_expiry() -> tuple[int | None, int]:
+    server = InMemoryMetadataServer()
+    raw = server.connect(session_timeout_ms=10_000)
+    store = AsyncMetadataStore(raw)
+    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:1"))
+    context = SimpleNamespace(lease=Lease(10_000))
+    hosting = PartitionHosting(context, store, ownership, partition_policies=None, close_clients=lambda service: None,
+                               session_timeout_ms=10_000)
+    generation = store.session_generation
+    await ownership.register()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hosting.run, generation)
+        first = store.session_id
+        server.expire_session(first)
+        with trio.fail_after(5):
+            while not (store.session_id not in (0, first) and hosting.core.session_id == store.session_id
+                       and await ownership.registered()):
+                await trio.sleep(0.01)
+        result = hosting.core.session_id, store.session_id
+        nursery.cancel_scope.cancel()
+    return result
+
+
+def test_an_expiry_leaves_the_hosting_in_the_new_session_registered_again():
+    for _ in range(RUNS):
+        core_session, store_session = trio.run(hosting_after_one_expiry)
+        assert core_session == store_session != 0
