@@ -245,7 +245,9 @@ class FrameReader:
             if self._frame_number != decoder.frames_decoded:
                 self._frame_number = decoder.frames_decoded  # a new frame: its own clock
                 self._frame_spent_s = 0.0
-            time_left_s = self.frame_deadline_s - self._frame_spent_s
+            # Never below 0: a read that returned just past the deadline
+            # leaves the frame's time overspent, and the next read ends it.
+            time_left_s = max(0.0, self.frame_deadline_s - self._frame_spent_s)
         else:
             self._frame_number = -1
             time_left_s = math.inf

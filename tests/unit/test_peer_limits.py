@@ -71,6 +71,22 @@ async def test_a_frame_must_arrive_whole_within_its_deadline(autojump_clock):
     assert trio.current_time() - started == pytest.approx(5.0)
 
 
+async def test_a_frame_whose_time_a_late_read_overspent_is_cut_off_not_a_crash(autojump_clock):
+    # A read that returns bytes just past the deadline (they came as it
+    # expired) leaves the frame's time overspent; the next read refuses the
+    # frame. It once gave trio a negative timeout, which stopped the process.
+    client, server = trio.testing.memory_stream_pair()
+    reader = FrameReader(server, FrameDecoder(), None, frame_deadline_s=5.0)
+    frame = encode_frame([1, 2, 3])
+    await client.send_all(frame[:3])
+    assert await reader.receive()
+    await client.send_all(frame[3:4])
+    assert await reader.receive()  # a read within the frame: its clock runs
+    reader._frame_spent_s = 5.001
+    with pytest.raises(ProtocolError, match="did not arrive whole within 5s"):
+        await reader.receive()
+
+
 async def test_the_servers_own_pauses_do_not_count_against_a_frames_deadline(autojump_clock):
     client, server = trio.testing.memory_stream_pair()
     reader = FrameReader(server, FrameDecoder(), None, frame_deadline_s=5.0)
