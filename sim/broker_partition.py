@@ -54,11 +54,15 @@ class SimPartition:
         self._creating: list[tuple[ConsumerLink, str, int, Respond]] | None = None  # subscribes waiting for the cursor's creation
         self._on_loaded: Callable[[str | None], None] = lambda error: None
         self._on_stopped: Callable[[], None] = lambda: None
-        self.fenced: str | None = None
 
     @property
     def serving(self) -> bool:
         return self.lifecycle.serving
+
+    @property
+    def fenced(self) -> str | None:
+        """Why it fenced itself (`PartitionCore.fenced`)."""
+        return self.lifecycle.fenced
 
     # --- the partition core's commands ----------------------------------------------------------
 
@@ -261,7 +265,6 @@ class SimPartition:
         (`PartitionCore.fence`); the broker unloads it, fenced."""
         if not self.lifecycle.fence(reason):
             return
-        self.fenced = reason
         self.broker.world.log(f"{self.instance} fenced: {reason}")
         self.broker.partition_fenced(self)
 
