@@ -96,6 +96,8 @@ async def _serve(server: BrokerServer, startup: Startup, handle_signals: bool, t
         await nursery.start(functools.partial(server.run, startup=startup))
         startup.finish()
         message = f"broker {server.info.broker_id} serving on {server.info.address}"
+        if server.pulsar_port is not None:
+            message += f"; Pulsar on pulsar://{server.info.pulsar_address_for(None)}"
         if config.metrics_port:
             message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
         else:

@@ -45,6 +45,13 @@ class BrokerConfig:
     retention_check_interval_s: float = 5.0
     session_timeout_ms: int = 10_000  # the broker's ZooKeeper session (its dispatch lease follows it)
     metrics_port: int = 0  # Prometheus /metrics on host:metrics_port; 0: no endpoint and nothing measured
+    # Pulsar's binary protocol on host:pulsar_port (0 picks one); None: no Pulsar listener.
+    pulsar_port: int | None = None
+    # The Pulsar listeners other than the internal one, by name, each
+    # host:port (the names of `advertised_listeners`).
+    pulsar_advertised_listeners: dict[str, str] = field(default_factory=dict)
+    pulsar_max_message_size: int = 5 * 1024 * 1024  # told to Pulsar clients (Pulsar's maxMessageSize)
+    cluster_name: str = "standalone"  # Pulsar's clusterName: in generated producer names and the admin API
 
     def __post_init__(self) -> None:
         if self.frame_buffer_bytes_max < self.frame_bytes_max:
@@ -54,6 +61,9 @@ class BrokerConfig:
             raise ValueError("connection and request bounds must be at least 1")
         if self.publish_buffer_bytes < 1:
             raise ValueError(f"the publish buffer must hold at least 1 byte, got {self.publish_buffer_bytes}")
+        if self.pulsar_max_message_size + 64 * 1024 > self.frame_bytes_max:
+            raise ValueError(f"the Pulsar message size ({self.pulsar_max_message_size} bytes) and its frame's headers "
+                             f"must fit a frame ({self.frame_bytes_max} bytes)")
         if not 0 < self.frame_deadline_s <= 3600 or not 0 < self.keepalive_interval_s <= 86_400:
             raise ValueError("the frame deadline and the keep-alive interval must be positive")
 

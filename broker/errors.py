@@ -23,6 +23,8 @@ class BrokerStatus(enum.IntEnum):
     TOPIC_FENCED = 12  # the topic's owner changed or its storage failed: reconnect
     SERVICE_UNAVAILABLE = 13  # no broker can take the topic now
     BAD_VERSION = 14  # protocol versions differ
+    CHECKSUM = 15  # a message's checksum did not match: corrupted on the way
+    NOT_ALLOWED = 16  # something quire does not do (transactions, non-persistent topics, ...)
 
 
 class BrokerError(Exception):
@@ -41,6 +43,19 @@ class MalformedBatchError(BadRequestError):
     does not decode. Refused before anything is stored. On the wire it is a
     BAD_REQUEST (a client gets a `BadRequestError` saying "malformed batch:
     ..."): a bug of the producer, which a resend cannot mend."""
+
+
+class ChecksumMismatchError(BadRequestError):
+    """A producer's message whose CRC32C does not match its bytes: refused
+    (Pulsar's ChecksumError), nothing stored; the producer may resend it."""
+
+    status = BrokerStatus.CHECKSUM
+
+
+class NotAllowedError(BrokerError):
+    """A request for something quire does not do: refused with the reason."""
+
+    status = BrokerStatus.NOT_ALLOWED
 
 
 class NotOwnerError(BrokerError):
@@ -124,6 +139,8 @@ _BY_STATUS = {
         TopicFencedError,
         ServiceUnavailableError,
         ProtocolVersionError,
+        ChecksumMismatchError,
+        NotAllowedError,
     )
 }
 
@@ -136,11 +153,13 @@ __all__ = [
     "BadRequestError",
     "BrokerError",
     "BrokerStatus",
+    "ChecksumMismatchError",
     "ClientClosedError",
     "ConnectionClosedError",
     "ConsumerBusyError",
     "DuplicateMessageError",
     "MalformedBatchError",
+    "NotAllowedError",
     "NotOwnerError",
     "PartitionOverflowError",
     "ProducerBusyError",

@@ -47,6 +47,9 @@ class BrokerInfo:
     broker_id: str
     address: str
     listeners: dict[str, str] = field(default_factory=dict, hash=False)
+    # Its Pulsar listeners, by the same names (Pulsar clients name one with
+    # `listenerName`); empty when it serves no Pulsar listener.
+    pulsar_listeners: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.listeners.get(INTERNAL_LISTENER, self.address) != self.address:
@@ -64,13 +67,19 @@ class BrokerInfo:
             raise NoSuchListenerError(f"broker {self.broker_id} advertises no listener named {listener[:100]!r} "
                                       f"(it has: {', '.join(sorted(self.listeners))})") from None
 
+    def pulsar_address_for(self, listener: str | None) -> str | None:
+        """The host:port of its Pulsar listener `listener` (None: the
+        internal one); None if it has no such listener."""
+        return self.pulsar_listeners.get(INTERNAL_LISTENER if listener is None else listener)
+
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "BrokerInfo":
         fields = json.loads(data)
-        return cls(fields["broker_id"], fields["address"], dict(fields.get("listeners") or {}))
+        return cls(fields["broker_id"], fields["address"], dict(fields.get("listeners") or {}),
+                   dict(fields.get("pulsar_listeners") or {}))
 
 
 @dataclass(frozen=True)

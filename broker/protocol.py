@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from framing.codec import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, describe, encode_frame
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: a SEND's body is the producer's message in Pulsar's layout
 I64_MAX = 2**63 - 1
 NAME_BYTES_MAX = 256
 KEYS_MAX = 100_000  # messages in one batch
@@ -106,14 +106,6 @@ def _int_list(low: int, high: int, length_max: int):
     return check
 
 
-def _keys(value: Any, name: str) -> list[str | None] | None:
-    if value is None:
-        return None
-    if type(value) is not list or len(value) > KEYS_MAX or not all(key is None or type(key) is str for key in value):
-        raise ProtocolError(f"field {name} must be a list of keys (strings or nil)")
-    return value
-
-
 def _map(value: Any, name: str) -> dict:
     if type(value) is not dict or not all(type(key) is str for key in value):
         raise ProtocolError(f"field {name} must be a map with string keys")
@@ -160,13 +152,15 @@ class ProducerOpen:
 
 @dataclass(slots=True)
 class Send:
+    """A producer's message or batch. `body` is it in Pulsar's layout
+    (`broker/pulsar_message.py`): its metadata tells the codec, the keys,
+    properties and event times; the fields beside it are what the broker
+    checks it against."""
+
     producer_handle: int
     first_sequence_id: int
     last_sequence_id: int
     message_count: int
-    publish_time_ms: int
-    codec: str
-    keys: list[str | None] | None
     body: bytes
 
 
@@ -291,7 +285,7 @@ _SCHEMAS: dict[type, tuple[Command, tuple]] = {
     Connected: (Command.CONNECTED, (_u32, _u32, _str, _u32)),
     Lookup: (Command.LOOKUP, (_id, _str, _bool)),
     ProducerOpen: (Command.PRODUCER, (_id, _id, _str, _str)),
-    Send: (Command.SEND, (_id, _id, _id, _int(1, KEYS_MAX), _i64, _str, _keys, _bytes)),
+    Send: (Command.SEND, (_id, _id, _id, _int(1, KEYS_MAX), _bytes)),
     SendReceipt: (Command.SEND_RECEIPT, (_id, _id, _u32, _i64, _i64, _offset, _text)),
     CloseProducer: (Command.CLOSE_PRODUCER, (_id, _id)),
     Subscribe: (Command.SUBSCRIBE, (_id, _id, _str, _str, _str, _str, _i64, _str, _bool, _bool, _optional(_offset))),

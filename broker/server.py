@@ -79,6 +79,7 @@ from broker.protocol import (
 from broker.publish_buffer import PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink
 from broker.hosting import PartitionHosting
+from broker.pulsar.server import PulsarFrontEnd
 from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
 from broker.topic_store import TopicStore
@@ -138,6 +139,7 @@ class BrokerServer:
         self.bookkeeper = bookkeeper
         self.store = store
         self.topic_store = TopicStore(store)
+        self.pulsar_port: int | None = None  # bound once `listen` ran
         self.info = self._broker_info(config.port)
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
@@ -163,6 +165,8 @@ class BrokerServer:
         self._serving_scope = trio.CancelScope()
         self.stopping = False
         self.started_ms = int(time.time() * 1000)
+        # Pulsar's binary protocol, when its port is given (broker/pulsar/server.py).
+        self.pulsar = None if config.pulsar_port is None else PulsarFrontEnd(self)
 
     # --- lifetime --------------------------------------------------------------------------
 
@@ -172,13 +176,32 @@ class BrokerServer:
         port = self._listeners[0].socket.getsockname()[1]
         if self.config.port == 0:
             self.config.port = port
-            self.info = self._broker_info(port)
-            self.ownership.info = self.info
+        if self.pulsar is not None:
+            self.pulsar_port = await self.pulsar.listen(self.config.pulsar_port)
+        self.info = self._broker_info(port)
+        self.ownership.info = self.info
         return port
 
     @property
     def open_connections(self) -> int:
         return len(self._connections)
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        return self._connection_limits
+
+    def new_consumer_id(self) -> int:
+        """A consumer id unique in this broker, whichever protocol the consumer speaks."""
+        return next(self._consumer_ids)
+
+    def spawn(self, async_fn, *args) -> None:
+        """Run a task for as long as the broker serves."""
+        assert self._nursery is not None, "the broker is not running"
+        self._nursery.start_soon(async_fn, *args)
+
+    async def wait_publish_resumed(self) -> None:
+        """Until the publish buffer resumes taking batches."""
+        await self._publish_resumed.wait()
 
     @property
     def connections_refused(self) -> int:
@@ -197,7 +220,12 @@ class BrokerServer:
     def _broker_info(self, port: int) -> BrokerInfo:
         config = self.config
         address = config.advertised_address or config.advertised_listeners.get(INTERNAL_LISTENER) or f"{config.host}:{port}"
-        return BrokerInfo(config.broker_id, address, dict(config.advertised_listeners))
+        pulsar_listeners = {}
+        if self.pulsar_port is not None:
+            # The internal Pulsar listener is on the host the internal one advertises.
+            host = address.rpartition(":")[0]
+            pulsar_listeners = {INTERNAL_LISTENER: f"{host}:{self.pulsar_port}", **config.pulsar_advertised_listeners}
+        return BrokerInfo(config.broker_id, address, dict(config.advertised_listeners), pulsar_listeners)
 
     async def run(self, *, startup: Startup | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register and serve. With `startup`, its ZooKeeper steps are tried
@@ -219,12 +247,18 @@ class BrokerServer:
             await nursery.start(self.hosting.run, generation)
             nursery.start_soon(self._keepalive_loop)
             await nursery.start(self._serve)
-            log.info("broker %s serving at %s", self.info.broker_id, self.info.address)
+            log.info("broker %s serving at %s%s", self.info.broker_id, self.info.address,
+                     "" if self.pulsar is None else f", Pulsar at pulsar://{self.info.pulsar_address_for(None)}")
             task_status.started()
 
     async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Accept connections of both protocols until shutdown cancels the scope."""
         with self._serving_scope:
-            await trio.serve_listeners(self._handle_connection, self._listeners, task_status=task_status)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+                if self.pulsar is not None:
+                    await nursery.start(self.pulsar.serve)
+                task_status.started()
 
     async def shutdown(self) -> None:
         """Graceful stop: unregister (lookups choose other brokers), unload
@@ -312,6 +346,41 @@ class BrokerServer:
         if not await self.hosting.unload(partition, delete=True):
             raise TopicFencedError(f"partition {partition} is being unloaded from this broker; look it up again")
 
+    async def seek(self, service: PartitionService, subscription_name: str, *, offset: int | None = None,
+                   publish_time_ms: int | None = None, message_id: list[int] | None = None,
+                   close_consumers: bool = True) -> int:
+        """Move a subscription to an offset, the first message published at
+        or after a time, or a message id [ledger id, entry id, batch index];
+        its consumers subscribe again (unless `close_consumers` is False:
+        the caller closes them after answering). Returns the offset."""
+        subscription = self._subscription(service, subscription_name)
+        if offset is None and publish_time_ms is not None:
+            offset = await service.managed_ledger.offset_at_time(publish_time_ms)
+        elif offset is None and message_id is not None and len(message_id) == 3:
+            ledger_id, entry_id, batch_index = message_id
+            position = Position(ledger_id, entry_id)
+            if not service.managed_ledger.has_entry(position):
+                raise BadRequestError(f"{service.name} holds no entry {ledger_id}:{entry_id}")
+            header = (await service.managed_ledger.read_entry(position)).header
+            if batch_index >= header.message_count:
+                raise BadRequestError(f"entry {ledger_id}:{entry_id} holds {header.message_count} messages")
+            offset = header.first_offset + batch_index
+        elif offset is None:
+            raise BadRequestError("a seek names an offset, a message id or a publish time")
+        await subscription.seek(offset)
+        if close_consumers:
+            # As Pulsar does: every consumer of the subscription subscribes
+            # again, so that nothing delivered before the seek is mistaken
+            # for what follows it.
+            self.close_consumers(service, subscription_name)
+        return offset
+
+    def close_consumers(self, service: PartitionService, subscription_name: str) -> None:
+        """Every consumer of the subscription, whichever protocol it speaks, subscribes again."""
+        self._close_consumers(service, subscription_name)
+        if self.pulsar is not None:
+            self.pulsar.close_consumers(service, subscription_name)
+
     def _close_consumers(self, service: PartitionService, subscription_name: str) -> None:
         for connection in list(self._connections):
             for handle, (owner, name, consumer_id) in list(connection.consumers.items()):
@@ -324,6 +393,8 @@ class BrokerServer:
 
     def _close_clients(self, service: PartitionService) -> None:
         """Tell every producer and consumer of the partition to look it up again."""
+        if self.pulsar is not None:
+            self.pulsar.close_clients(service)
         for connection in list(self._connections):
             for handle, (owner, link) in list(connection.producers.items()):
                 if owner is service:
@@ -476,7 +547,7 @@ class BrokerServer:
             # The batch's bytes (its keys' objects included) count until it is
             # answered, whatever answers it (the permit is released once, by
             # whichever path ends it).
-            await service.publish(link, message, self.publish_buffer.take(batch_cost_bytes(message.body, message.keys)))
+            await service.publish(link, message, self.publish_buffer.take(batch_cost_bytes(message.body, message.message_count)))
         elif kind is Flow or kind is Redeliver:
             # For a consumer closed meanwhile: nothing to do.
             found = connection.consumers.get(message.consumer_handle)
@@ -561,27 +632,8 @@ class BrokerServer:
             await subscription.acknowledge(message.offsets, cumulative=message.cumulative)
             return None
         if kind is Seek:
-            subscription = self._subscription(service, subscription_name)
-            if message.offset is not None:
-                offset = message.offset
-            elif message.publish_time_ms is not None:
-                offset = await service.managed_ledger.offset_at_time(message.publish_time_ms)
-            elif message.message_id is not None and len(message.message_id) == 3:
-                ledger_id, entry_id, batch_index = message.message_id
-                position = Position(ledger_id, entry_id)
-                if not service.managed_ledger.has_entry(position):
-                    raise BadRequestError(f"{service.name} holds no entry {ledger_id}:{entry_id}")
-                header = (await service.managed_ledger.read_entry(position)).header
-                if batch_index >= header.message_count:
-                    raise BadRequestError(f"entry {ledger_id}:{entry_id} holds {header.message_count} messages")
-                offset = header.first_offset + batch_index
-            else:
-                raise BadRequestError("a seek names an offset, a message id or a publish time")
-            await subscription.seek(offset)
-            # As Pulsar does: every consumer of the subscription subscribes
-            # again, so that nothing delivered before the seek is mistaken
-            # for what follows it.
-            self._close_consumers(service, subscription_name)
+            offset = await self.seek(service, subscription_name, offset=message.offset,
+                                     publish_time_ms=message.publish_time_ms, message_id=message.message_id)
             return {"offset": offset}
         if kind is Unsubscribe:
             await service.unsubscribe(subscription_name, consumer_id)

@@ -35,7 +35,7 @@ from broker.errors import (
 from broker.lease import Lease
 from broker.managed_ledger import EntryCache, ManagedLedger, Position
 from broker.metrics import PartitionStats
-from broker.message_format import BatchHeader, Codec, check_batch, encode_entry
+from broker.message_format import BatchHeader, CheckedBatch, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
 from broker import partition_core
@@ -93,8 +93,7 @@ class PublishedBatch:
     link: ProducerLink
     send: Send
     permit: PublishPermit
-    codec: Codec = Codec.NONE
-    keys: tuple | None = None
+    checked: CheckedBatch | None = None  # what checking its message told
 
     def answer(self, status: BrokerStatus, message: str = "", position: Position | None = None, first_offset: int = -1) -> None:
         self.permit.release()
@@ -355,7 +354,7 @@ class PartitionService:
         the wait loses nothing: the batch was not taken, and its producer
         resends it after reconnecting."""
         if permit is None:
-            permit = PublishPermit.unbounded(batch_cost_bytes(send.body, send.keys))
+            permit = PublishPermit.unbounded(batch_cost_bytes(send.body, send.message_count))
         batch = PublishedBatch(link, send, permit)
         queued = False
         try:
@@ -364,11 +363,11 @@ class PartitionService:
                 # Before anything is queued: a batch whose body does not hold
                 # what it declares would take offsets for messages no consumer
                 # can read (MalformedBatchError, answered to this producer only).
-                batch.codec = check_batch(send)
+                batch.checked = check_batch(send.body, send.first_sequence_id, send.last_sequence_id, send.message_count,
+                                            link.producer_id)
             except BrokerError as error:
                 batch.answer(error.status, str(error))
                 return
-            batch.keys = None if send.keys is None or all(key is None for key in send.keys) else tuple(send.keys)
             try:
                 try:
                     # No scheduling point while the queue has room: one per batch
@@ -423,10 +422,13 @@ class PartitionService:
             batch.answer(judgement.status, judgement.detail)
             return False
 
+        checked = batch.checked
+        assert checked is not None, "a batch is checked before it is queued"
+
         def make_entry(first_offset: int, publish_ms: int) -> bytes:
             header = BatchHeader(producer_id, first_sequence_id, last_sequence_id, first_offset, send.message_count,
-                                 publish_ms, batch.codec, batch.keys)
-            return encode_entry(header, send.body)
+                                 publish_ms, checked.codec, checked.keys)
+            return encode_entry(header, send.body, store_keys=checked.store_keys)
 
         def done(position: Position | None, first_offset: int, error: BrokerError | None) -> None:
             self._batch_finished_for(producer_id)

@@ -39,6 +39,7 @@ BROKERS = "/brokers"
 TOPICS = "/topics"
 OWNERS = "/owners"
 MANAGED_LEDGERS = "/managed-ledgers"
+SCHEMAS = "/schemas"  # a topic's schema, as Pulsar's clients give it (one per topic)
 
 
 def check_name(name: str, what: str = "topic") -> str:
@@ -81,6 +82,10 @@ def owner_path(partition: str) -> str:
 
 def managed_ledger_path(partition: str) -> str:
     return f"{MANAGED_LEDGERS}/{partition}"
+
+
+def schema_path(topic: str) -> str:
+    return f"{SCHEMAS}/{topic}"
 
 
 def dedup_path(partition: str) -> str:

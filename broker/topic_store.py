@@ -11,6 +11,7 @@ from broker.topic_records import (
     MANAGED_LEDGERS,
     OWNERS,
     PARTITIONS_MAX,
+    SCHEMAS,
     TOPICS,
     ManagedLedgerRecord,
     TopicRecord,
@@ -19,6 +20,7 @@ from broker.topic_records import (
     cursors_path,
     dedup_path,
     managed_ledger_path,
+    schema_path,
     topic_path,
 )
 from coordination.async_store import AsyncMetadataStore
@@ -35,7 +37,7 @@ class TopicStore:
         self.store = store
 
     async def ensure_layout(self) -> None:
-        for path in (BROKERS, TOPICS, OWNERS, MANAGED_LEDGERS):
+        for path in (BROKERS, TOPICS, OWNERS, MANAGED_LEDGERS, SCHEMAS):
             await self.store.ensure_path(path)
 
     # topics
@@ -67,6 +69,32 @@ class TopicStore:
             return sorted(await self.store.children(TOPICS))
         except NoNodeError:
             return []
+
+    # schemas (the bytes a Pulsar client gave; the node's version is the schema's)
+
+    async def read_schema(self, topic: str) -> tuple[bytes, int] | None:
+        try:
+            data, stat = await self.store.get(schema_path(topic))
+        except NoNodeError:
+            return None
+        return data, stat.version
+
+    async def create_schema(self, topic: str, data: bytes) -> tuple[bytes, int]:
+        """Store a topic's first schema; the one stored (this one, or the
+        one another broker stored first) and its version."""
+        try:
+            await self.store.create(schema_path(topic), data, make_parents=True)
+            return data, 0
+        except NodeExistsError:
+            existing = await self.read_schema(topic)
+            assert existing is not None, "a schema vanished while being created"
+            return existing
+
+    async def delete_schema(self, topic: str) -> None:
+        try:
+            await self.store.delete(schema_path(topic))
+        except NoNodeError:
+            pass
 
     # managed ledgers
 

@@ -74,6 +74,12 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advertised-listeners", type=Listeners(), default={}, metavar="NAME:HOST:PORT,...",
                         help="more addresses clients may dial, each under a name they ask for with --listener-name "
                              "(Pulsar's advertisedListeners), e.g. external:localhost:6700; 'internal' is the advertised address")
+    parser.add_argument("--pulsar-port", type=port_number, metavar="PORT",
+                        help="serve Pulsar's binary protocol on this port, for Pulsar's own clients (no Pulsar listener without it)")
+    parser.add_argument("--pulsar-advertised-listeners", type=Listeners(), default={}, metavar="NAME:HOST:PORT,...",
+                        help="the Pulsar listeners other than the internal one (the names of --advertised-listeners), "
+                             "e.g. external:localhost:6650")
+    parser.add_argument("--cluster-name", default="standalone", help="the cluster's name as Pulsar's clients and admin API see it (default %(default)s)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
     parser.add_argument(
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",
@@ -107,6 +113,12 @@ def run(arguments: argparse.Namespace) -> int:
     host = arguments.host
     if arguments.metrics_port == arguments.port:
         raise UsageError(f"--metrics-port must differ from --port ({arguments.port})")
+    if arguments.pulsar_port is not None and arguments.pulsar_port != 0 and arguments.pulsar_port in (arguments.port, arguments.metrics_port):
+        raise UsageError(f"--pulsar-port must differ from --port and --metrics-port ({arguments.pulsar_port})")
+    if arguments.pulsar_advertised_listeners and arguments.pulsar_port is None:
+        raise UsageError("--pulsar-advertised-listeners needs --pulsar-port")
+    if "internal" in arguments.pulsar_advertised_listeners:
+        raise UsageError("--pulsar-advertised-listeners: the internal Pulsar listener is the advertised host with --pulsar-port")
     if arguments.startup_timeout < 1:
         raise UsageError(f"--startup-timeout must be positive, got {arguments.startup_timeout}ms")
     listeners = arguments.advertised_listeners
@@ -132,6 +144,9 @@ def run(arguments: argparse.Namespace) -> int:
             default_policies=TopicPolicies.from_dict(policies_from(arguments)),
             retention_check_interval_s=arguments.retention_check_interval / 1000,
             metrics_port=arguments.metrics_port,
+            pulsar_port=arguments.pulsar_port,
+            pulsar_advertised_listeners=arguments.pulsar_advertised_listeners,
+            cluster_name=arguments.cluster_name,
             **peer_limits_from(arguments),
         )
     except ValueError as error:

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
+from broker.codecs import Codec
 from ledger_client.exception_groups import unwrap_single_exception
 from quire import cli_ranges as ranges
 from quire.broker_commands import add_policies, check_quorums, policies_from
@@ -64,7 +65,8 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="message key (generated messages: KEY-<n %% --keys>)")
     parser.add_argument("--keys", type=ranges.key_count, help="with --key and --count: this many distinct keys (default 1)")
     parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE", help="a property of every message (repeat for more)")
-    parser.add_argument("--codec", choices=["none", "zstd", "lz4", "gzip"], default="none", help="compression of each batch")
+    parser.add_argument("--codec", choices=[codec.value for codec in Codec], default="none",
+                        help="compression of each batch, as Pulsar frames it")
     parser.add_argument("--batching", action="store_true", help="batch messages into entries")
     parser.add_argument("--window", type=ranges.window, default=1000, help="messages in flight (default 1000)")
 

@@ -33,7 +33,8 @@ from broker.managed_ledger_core import (
     Writable,
     WriteRecord,
 )
-from broker.message_format import BatchHeader, Codec, body_items, decode_entry, encode_body, encode_entry
+from broker.message_format import body_items, decode_entry, entry_of
+from broker.pulsar_message import OutMessage
 from broker.topic_records import ManagedLedgerRecord, TopicPolicies, managed_ledger_path
 from coordination.store import BadVersionError, NodeExistsError, NoNodeError
 from ledger_client.errors import BKError, NotEnoughBookiesError
@@ -56,11 +57,9 @@ OnAppended = Callable[[LogEntry | None, bool], None]
 
 def entry_bytes(producer_id: str, sequence_ids: tuple[int, ...], keys: tuple[str | None, ...], first_offset: int,
                 publish_ms: int) -> bytes:
-    """A producer batch as the broker stores it (each message's sequence id in its body)."""
-    body = encode_body([(sequence_id, publish_ms, None, b"") for sequence_id in sequence_ids], Codec.NONE)
-    header = BatchHeader(producer_id, sequence_ids[0], sequence_ids[-1], first_offset, len(sequence_ids), publish_ms, Codec.NONE,
-                         None if all(key is None for key in keys) else tuple(keys))
-    return encode_entry(header, body)
+    """A producer batch as the broker stores it (each message's sequence id in its metadata)."""
+    return entry_of(producer_id, first_offset, publish_ms,
+                    [OutMessage(sequence_id, b"", key) for sequence_id, key in zip(sequence_ids, keys)], batched=True)
 
 
 def log_entry(ledger_id: int, entry_id: int, data: bytes) -> tuple[LogEntry, int]:

@@ -4,7 +4,8 @@
 from broker.client.client import Client
 from broker.client.consumer import Consumer, ConsumerOptions
 from broker.client.messages import Message, MessageId, SendResult
-from broker.client.producer import Producer, ProducerOptions, SendFuture, partition_for_key
+from broker.client.producer import Producer, ProducerOptions, SendFuture
+from broker.client.routing import HashingScheme, partition_for_key
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
     BrokerError,
@@ -15,7 +16,7 @@ from broker.errors import (
     TopicExistsError,
     TopicNotFoundError,
 )
-from broker.message_format import Codec
+from broker.codecs import Codec
 
 __all__ = [
     "BrokerError",
@@ -25,6 +26,7 @@ __all__ = [
     "Consumer",
     "ConsumerBusyError",
     "ConsumerOptions",
+    "HashingScheme",
     "Message",
     "MessageId",
     "PartitionOverflowError",

@@ -27,7 +27,8 @@ from broker.client.consumer import Consumer, ConsumerOptions, PartitionConsumer
 from broker.client.producer import Producer, ProducerOptions, PartitionProducer
 from broker.dispatcher import SubscriptionType
 from broker.errors import ConnectionClosedError, ServiceUnavailableError
-from broker.message_format import Codec
+from broker.client.routing import HashingScheme
+from broker.codecs import Codec
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo
 from broker.protocol import FRAME_BYTES_MAX_DEFAULT, Admin, Lookup
 from broker.topic_records import check_name, partition_name
@@ -243,19 +244,24 @@ class Client:
         batch_delay_ms: float = 1.0,
         codec: Codec | str = Codec.NONE,
         pending_messages_max: int = 10_000,
+        hashing_scheme: HashingScheme | str = HashingScheme.JAVA_STRING,
     ) -> Producer:
         """A producer on `topic` (created on first use if the brokers allow
         it). A `producer_id` makes publishing exactly-once across restarts:
-        the producer learns the last sequence id the partition persisted for it."""
+        the producer learns the last sequence id the partition persisted for it.
+        `codec`: none, lz4, zlib, zstd or snappy (Pulsar's). `hashing_scheme`:
+        how a key picks its partition, java_string (as Pulsar's Java and Go
+        clients do) or murmur3_32."""
         producer_id = check_name(producer_id or f"producer-{uuid.uuid4().hex[:12]}", "producer")
+        scheme = HashingScheme.parse(hashing_scheme)
         options = ProducerOptions(batching, batch_messages_max, batch_bytes_max, batch_delay_ms, Codec.parse(codec),
-                                  pending_messages_max)
+                                  pending_messages_max, scheme)
         partitions = []
         for name, index in await self.partition_names(topic, create=True):
             partition = PartitionProducer(self._services, topic, name, index, producer_id, options)
             await self.nursery.start(partition.run)
             partitions.append(partition)
-        producer = Producer(topic, producer_id, partitions)
+        producer = Producer(topic, producer_id, partitions, scheme)
         self._closables.append(producer)
         return producer
 

@@ -203,10 +203,10 @@ class PartitionConsumer:
                 if offset <= acked_through or offset in acks_pending:
                     dropped += 1  # redelivered, and acknowledged already
                     continue
-            sequence_id, publish_ms, properties, payload = items[index]
+            sequence_id, publish_ms, properties, payload, event_time_ms = items[index]
             append(Message(topic, partition, MessageId(ledger_id, entry_id, index, partition_index), first_offset + index,
                            payload, None if keys is None else keys[index], properties, publish_ms, producer_id,
-                           sequence_id, codec, redelivery_count))
+                           sequence_id, codec, redelivery_count, event_time_ms))
         self.consumer._enqueue(self, self._generation, messages)
         if dropped:
             self._permits_used(dropped)

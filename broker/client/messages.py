@@ -61,6 +61,7 @@ class Message:
     sequence_id: int = -1
     codec: str = "none"
     redelivery_count: int = 0
+    event_time_ms: int = 0  # when the event happened, as its producer said (0: not said)
 
     @property
     def payload(self) -> bytes:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import logging
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ import trio
 from broker.client.backoff import HEALTHY_CONNECTION_S, RECONNECT_ERRORS, Backoff
 from broker.client.client_services import ClientServices
 from broker.client.connection import BrokerConnection
+from broker.client.routing import HashingScheme, partition_for_key
 from broker.client.messages import MessageId, SendResult
 from broker.errors import (
     BrokerError,
@@ -29,7 +29,8 @@ from broker.errors import (
     ConnectionClosedError,
     error_for_status,
 )
-from broker.message_format import Codec, encode_body
+from broker.codecs import Codec
+from broker.pulsar_message import OutMessage, build_batch
 from broker.protocol import CloseProducer, ProducerOpen, Send, SendReceipt
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class ProducerOptions:
     batch_delay_ms: float = 1.0
     codec: Codec = Codec.NONE
     pending_messages_max: int = 10_000  # sent and not yet acknowledged by the broker; past it, send waits
+    hashing_scheme: HashingScheme = HashingScheme.JAVA_STRING  # how a key picks its partition (broker/client/routing.py)
 
     def __post_init__(self) -> None:
         if self.batch_messages_max < 1 or self.batch_bytes_max < 1 or self.pending_messages_max < 1:
@@ -116,6 +118,7 @@ class _OutMessage:
     key: str | None
     properties: dict[str, str] | None
     payload: bytes
+    event_time_ms: int
     future: SendFuture
 
 
@@ -243,12 +246,17 @@ class PartitionProducer:
         key: str | None = None,
         properties: dict[str, str] | None = None,
         sequence_id: int | None = None,
+        event_time_ms: int | None = None,
     ) -> SendFuture:
         """Hand a message over (waiting only for room under
-        `pending_messages_max`); the future gives its result."""
+        `pending_messages_max`); the future gives its result.
+        `event_time_ms`: when the event happened, as the application
+        knows it (Pulsar's event time; none by default)."""
         if self._closed:
             raise ClientClosedError(f"producer {self.producer_id} is closed")
         _check_message(data, key, properties)
+        if event_time_ms is not None and (type(event_time_ms) is not int or event_time_ms <= 0):
+            raise ValueError(f"event_time_ms must be a positive integer (ms since the epoch), got {event_time_ms!r}")
         if len(data) > MESSAGE_BYTES_MAX:
             raise ValueError(f"a message holds at most {MESSAGE_BYTES_MAX} bytes, got {len(data)}")
         if sequence_id is not None:
@@ -274,7 +282,7 @@ class PartitionProducer:
         self.last_sequence_id = max(self.last_sequence_id, sequence_id)
         future = SendFuture(sequence_id)
         self._by_sequence[sequence_id] = future
-        message = _OutMessage(sequence_id, int(time.time() * 1000), key, properties, bytes(data), future)
+        message = _OutMessage(sequence_id, int(time.time() * 1000), key, properties, bytes(data), event_time_ms or 0, future)
         if self._building.messages and self._building.bytes + len(data) > self.options.batch_bytes_max:
             self._flush_building()  # a batch stays within its byte bound
         building = self._building
@@ -323,11 +331,12 @@ class PartitionProducer:
     def _send_frame(self, batch: _Batch) -> None:
         if batch.frame is None:
             messages = batch.messages
-            codec = self.options.codec
-            body = encode_body(((m.sequence_id, m.publish_time_ms, m.properties, m.payload) for m in messages), codec)
-            keys = [m.key for m in messages] if any(m.key is not None for m in messages) else None
-            batch.frame = Send(self.handle, messages[0].sequence_id, messages[-1].sequence_id, len(messages),
-                               messages[0].publish_time_ms, codec.value, keys, body)
+            # Built as Pulsar's clients build it: a producer without batching
+            # sends each message on its own, one with batching sends batches.
+            body = build_batch(self.producer_id, messages[0].publish_time_ms,
+                               [OutMessage(m.sequence_id, m.payload, m.key, m.properties, m.event_time_ms) for m in messages],
+                               self.options.codec, batched=self.options.batching or len(messages) > 1)
+            batch.frame = Send(self.handle, messages[0].sequence_id, messages[-1].sequence_id, len(messages), body)
         connection = self._connection
         if connection is None:
             return  # sent on reconnection
@@ -399,27 +408,24 @@ def _check_message(data: Any, key: Any, properties: Any) -> None:
         raise TypeError("properties must be a dict of str to str")
 
 
-def partition_for_key(key: str, partitions: int) -> int:
-    """Same key, same partition, in every process (crc32, not Python's hash)."""
-    return zlib.crc32(key.encode()) % partitions
-
-
 class Producer:
     """A producer on a topic: one partition producer per partition; a
     message with a key goes to the partition its key hashes to, one without
     to the next partition in turn. Sequence ids are per partition."""
 
-    def __init__(self, topic: str, producer_id: str, partitions: list[PartitionProducer]) -> None:
+    def __init__(self, topic: str, producer_id: str, partitions: list[PartitionProducer],
+                 hashing_scheme: HashingScheme = HashingScheme.JAVA_STRING) -> None:
         self.topic = topic
         self.producer_id = producer_id
         self.partitions = partitions
+        self.hashing_scheme = hashing_scheme
         self._round_robin = 0
 
     def _route(self, key: str | None) -> PartitionProducer:
         if len(self.partitions) == 1:
             return self.partitions[0]
         if key is not None:
-            return self.partitions[partition_for_key(key, len(self.partitions))]
+            return self.partitions[partition_for_key(key, len(self.partitions), self.hashing_scheme)]
         self._round_robin = (self._round_robin + 1) % len(self.partitions)
         return self.partitions[self._round_robin]
 
@@ -429,14 +435,18 @@ class Producer:
         return self.partitions[0].last_sequence_id if len(self.partitions) == 1 else -1
 
     async def send_async(self, data: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
-                         sequence_id: int | None = None, partition: int | None = None) -> SendFuture:
+                         sequence_id: int | None = None, partition: int | None = None,
+                         event_time_ms: int | None = None) -> SendFuture:
         target = self.partitions[partition] if partition is not None else self._route(key)
-        return await target.send_async(data, key=key, properties=properties, sequence_id=sequence_id)
+        return await target.send_async(data, key=key, properties=properties, sequence_id=sequence_id,
+                                       event_time_ms=event_time_ms)
 
     async def send(self, data: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
-                   sequence_id: int | None = None, partition: int | None = None) -> MessageId:
+                   sequence_id: int | None = None, partition: int | None = None,
+                   event_time_ms: int | None = None) -> MessageId:
         """Send and wait until persisted; returns the message id."""
-        future = await self.send_async(data, key=key, properties=properties, sequence_id=sequence_id, partition=partition)
+        future = await self.send_async(data, key=key, properties=properties, sequence_id=sequence_id, partition=partition,
+                                       event_time_ms=event_time_ms)
         return (await future.wait()).message_id
 
     async def flush(self) -> None:

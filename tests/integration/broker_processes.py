@@ -24,10 +24,16 @@ SESSION_TIMEOUT_MS = 4_000  # how long a killed broker keeps its partitions
 @dataclass
 class BrokerProcess(QuireProcess):
     role = "broker"
+    pulsar_port: int = 0  # Pulsar's protocol (every test broker serves it)
+
+    @property
+    def pulsar_url(self) -> str:
+        return f"pulsar://127.0.0.1:{self.pulsar_port}"
 
     def arguments(self) -> list[str]:
         return [
             "broker", "run", "--zk", self.zk_hosts, "--root", self.root, "--port", str(self.port),
+            "--pulsar-port", str(self.pulsar_port),
             "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--retention-check-interval", "500ms",
         ]
 
@@ -56,7 +62,8 @@ class BrokerFactory:
     created: list[BrokerProcess] = field(default_factory=list)
 
     def new(self, *options: str) -> BrokerProcess:
-        broker = BrokerProcess(self.zk_hosts, self.root, self.base / f"broker-{len(self.created) + 1}", free_port(), list(options))
+        broker = BrokerProcess(self.zk_hosts, self.root, self.base / f"broker-{len(self.created) + 1}", free_port(), list(options),
+                               pulsar_port=free_port())
         self.created.append(broker)
         return broker
 

@@ -32,8 +32,8 @@ frames = st.one_of(
                  min_size=1, max_size=12),
     ),
     st.just(struct.pack(">I", 2**31)),  # far past the frame bound
-    st.just(encode(Send(1, 0, 0, 1, 0, "none", None, b"a send for no producer"))),
-    st.just(encode(Send(1, 0, 0, 1, 0, "no-such-codec", None, b""))),
+    st.just(encode(Send(1, 0, 0, 1, b"a send for no producer"))),
+    st.just(encode(Send(1, 0, 0, 1, b""))),
 )
 
 

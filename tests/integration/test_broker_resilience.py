@@ -13,7 +13,8 @@ import trio
 
 from broker.client import Client
 from broker.errors import BrokerError
-from broker.message_format import Codec, encode_body
+from broker.codecs import Codec
+from broker.pulsar_message import OutMessage, build_batch
 from broker.protocol import PROTOCOL_VERSION, Connect, ProducerOpen, Send, SendReceipt, decode, encode
 from broker.topic_records import dedup_path
 from coordination.store import NoNodeError
@@ -115,8 +116,8 @@ async def test_a_message_too_large_is_refused_and_breaks_nothing(shared_cluster)
         await stream.send_all(encode(Connect(PROTOCOL_VERSION, "raw")))
         await receive_first_frames(stream, decoder)
         await stream.send_all(encode(ProducerOpen(1, 7, "large", "raw-producer")))
-        body = encode_body([(0, 0, None, b"y" * (16 * 1024 * 1024 - 2000))], Codec.NONE)
-        await stream.send_all(encode(Send(7, 0, 0, 1, 0, "none", None, body)))
+        body = build_batch("raw-producer", 0, [OutMessage(0, b"y" * (16 * 1024 * 1024 - 2000))], Codec.NONE, batched=False)
+        await stream.send_all(encode(Send(7, 0, 0, 1, body)))
         receipt = None
         with trio.fail_after(30):
             while receipt is None:

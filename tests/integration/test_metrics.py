@@ -105,7 +105,7 @@ async def test_metrics_scraped_over_http_move_under_load(zk_hosts, zk_root, book
         await producer.send(b"message 0 again", sequence_id=0)  # persisted before: answered DUPLICATE
         # A batch for a producer its connection does not have: answered TOPIC_FENCED, and counted.
         await trio.to_thread.run_sync(lambda: raw_exchange(
-            broker.address, encode(Send(1, 0, 0, 1, 0, "none", None, b"no producer")),
+            broker.address, encode(Send(1, 0, 0, 1, b"no producer")),
             prefix=encode(Connect(PROTOCOL_VERSION, "meter")),
         ))
         consumer = await client.subscribe("metered", subscription="audit", initial_position="earliest")

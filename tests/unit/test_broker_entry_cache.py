@@ -11,19 +11,26 @@ import tracemalloc
 import pytest
 
 from broker.entry_cache import ENTRY_OVERHEAD_BYTES, EntryCache, Position, StoredEntry, entry_cost_bytes
-from broker.message_format import BatchHeader, Codec, decode_entry, encode_entry
+from broker.message_format import decode_entry, entry_of
+from broker.pulsar_message import OutMessage
 
 LEDGER_ID = 1_234_567
 PUBLISH_TIME_MS = 1_790_000_000_000
 
 
+def entry_bytes(first_offset: int, publish_ms: int, body: bytes, keys: tuple[str | None, ...] | None = None) -> bytes:
+    """An entry of len(keys) messages (one without keys) sharing `body` in equal parts."""
+    count = 1 if keys is None else len(keys)
+    size = len(body) // count
+    return entry_of("producer-1", first_offset, publish_ms,
+                    [OutMessage(first_offset + index, body[index * size:(index + 1) * size], None if keys is None else keys[index])
+                     for index in range(count)])
+
+
 def make_entry(entry_id: int, body: bytes, keys: tuple[str | None, ...] | None = None) -> StoredEntry:
     """An entry as the managed ledger caches it: built, then its header
     decoded from its bytes (every field a fresh object, as after a read)."""
-    first_offset = 10_000_000 + entry_id
-    count = 1 if keys is None else len(keys)
-    data = encode_entry(BatchHeader("producer-1", first_offset, first_offset + count - 1, first_offset, count,
-                                    PUBLISH_TIME_MS + entry_id, Codec.NONE, keys), body)
+    data = entry_bytes(10_000_000 + entry_id, PUBLISH_TIME_MS + entry_id, body, keys)
     header, _ = decode_entry(data)
     # entry_id + 1 - 1: a fresh integer, as the ledger handle makes one per entry.
     return StoredEntry(Position(LEDGER_ID, entry_id + 1 - 1), header, data)
@@ -49,7 +56,7 @@ def traced_bytes_of_filled_cache(bytes_max: int, count: int, body: bytes, keys=N
 @pytest.mark.parametrize(
     "body, keys",
     [
-        (b"12345678", None),  # one 8-byte message: 56 bytes stored, ten times that in objects
+        (b"12345678", None),  # one 8-byte message: some 50 bytes stored, ten times that in objects
         (b"x" * 1000, None),
         (b"12345678" * 20, tuple(f"key-{index}" for index in range(20))),  # a key-shared batch
         (b"12345678" * 4, ("ключ-1", None, "ключ-3", "k")),  # keys that are not ASCII, and none
@@ -57,7 +64,7 @@ def traced_bytes_of_filled_cache(bytes_max: int, count: int, body: bytes, keys=N
 )
 def test_tiny_entries_stay_under_the_bound_measured_with_tracemalloc(body, keys):
     bytes_max = 512 * 1024
-    count = 3 * bytes_max // len(encode_entry(BatchHeader("p", 0, 0, 0, 1, 0, Codec.NONE, keys), body))
+    count = 3 * bytes_max // len(entry_bytes(0, 0, body, keys))
     cache, held = traced_bytes_of_filled_cache(bytes_max, count, body, keys)
     assert len(cache) < count, "the cache must have dropped entries to stay under its bound"
     assert cache.bytes <= bytes_max

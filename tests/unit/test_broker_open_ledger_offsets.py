@@ -14,7 +14,8 @@ from bookie.protocol.entry_format import Entry
 from broker.entry_cache import EntryCache, Position
 from broker.managed_ledger import ManagedLedger
 from broker.managed_ledger_core import ManagedLedgerCore
-from broker.message_format import BatchHeader, Codec, encode_entry
+from broker.message_format import entry_of
+from broker.pulsar_message import OutMessage
 from broker.topic_records import ManagedLedgerRecord, TopicPolicies
 
 LEDGER_ID = 77
@@ -48,7 +49,7 @@ def open_ledger_of(message_counts: list[int], *, points_max: int, cache_bytes: i
     managed_ledger.handle = handle
     first_offset = 0
     for entry_id, count in enumerate(message_counts):
-        data = encode_entry(BatchHeader("p", first_offset, first_offset + count - 1, first_offset, count, 1, Codec.NONE, None), b"x" * count)
+        data = entry_of("p", first_offset, 1, [OutMessage(first_offset + index, b"x") for index in range(count)], batched=True)
         handle.entries.append(data)
         managed_ledger._persisted(handle, entry_id, first_offset, count, data)
         first_offset += count

@@ -14,7 +14,8 @@ import trio
 from broker import topic
 from broker.entry_cache import EntryCache, Position
 from broker.errors import BadRequestError, BrokerStatus, TopicFencedError
-from broker.message_format import Codec, encode_body
+from broker.codecs import Codec
+from broker.pulsar_message import OutMessage, build_batch
 from broker.protocol import Send
 from broker.publish_buffer import PublishBuffer, PublishPermit, batch_cost_bytes
 from broker.topic import BrokerContext, PartitionService, ProducerLink
@@ -145,19 +146,20 @@ class Harness:
     async def _no_topic(name):
         return None
 
-    def send(self, sequence_id: int, payload: bytes = b"x" * 100, *, codec: str = "none") -> Send:
-        body = encode_body([(sequence_id, 0, None, payload)], Codec.NONE)
-        return Send(1, sequence_id, sequence_id, 1, 0, codec, None, body)
+    def send(self, sequence_id: int, payload: bytes = b"x" * 100, *, malformed: bool = False) -> Send:
+        body = build_batch(self.link.producer_id, 0, [OutMessage(sequence_id, payload)], Codec.NONE, batched=False)
+        # Malformed: it says it holds two messages, its body holds one.
+        return Send(1, sequence_id, sequence_id + 1 if malformed else sequence_id, 2 if malformed else 1, body)
 
     def keyed_send(self, first_sequence_id: int, keys: list[str]) -> Send:
         """One batch of len(keys) 1-byte messages, one key each."""
-        messages = [(first_sequence_id + index, 0, None, b"x") for index in range(len(keys))]
+        messages = [OutMessage(first_sequence_id + index, b"x", key) for index, key in enumerate(keys)]
         last_sequence_id = first_sequence_id + len(keys) - 1
-        return Send(1, first_sequence_id, last_sequence_id, len(keys), 0, "none", keys, encode_body(messages, Codec.NONE))
+        return Send(1, first_sequence_id, last_sequence_id, len(keys), build_batch(self.link.producer_id, 0, messages, Codec.NONE))
 
     async def publish(self, send: Send) -> None:
         # As the server takes it.
-        await self.service.publish(self.link, send, self.buffer.take(batch_cost_bytes(send.body, send.keys)))
+        await self.service.publish(self.link, send, self.buffer.take(batch_cost_bytes(send.body, send.message_count)))
 
     def statuses(self) -> list[str]:
         return [BrokerStatus(receipt.status).name for receipt in self.receipts]
@@ -192,7 +194,7 @@ async def test_refused_and_failed_batches_give_their_bytes_back(monkeypatch):
     with trio.fail_after(DEADLINE_S):  # a batch left waiting fails, not hangs
         async with trio.open_nursery() as nursery:
             await nursery.start(harness.service.run)
-            await harness.publish(harness.send(0, codec="snappy"))  # malformed: refused before the queue
+            await harness.publish(harness.send(0, malformed=True))  # malformed: refused before the queue
             await harness.publish(harness.send(1))
             await harness.settle()
             harness.ledger.fail_all(TopicFencedError("ledger failed"))  # a failed write
@@ -263,18 +265,17 @@ async def test_a_connection_closed_while_its_batch_waits_for_room_gives_the_byte
 
 
 async def test_a_keyed_batch_counts_its_keys_until_it_is_answered(monkeypatch):
-    # 10,000 messages of 1 byte, each with its own 5-character key: decoded,
-    # the keys are 10,000 string objects in a list (and the partition's tuple
-    # copy), several times the body. The buffer counts them, and gives them
-    # all back once the batch is persisted.
+    # 10,000 messages of 1 byte, each with its own 5-character key: checked,
+    # the keys are 10,000 string objects in a tuple, several times the bytes
+    # they took in the body. The buffer counts them, and gives them all back
+    # once the batch is persisted.
     keys = [f"k{index:04d}" for index in range(10_000)]
     harness = Harness(monkeypatch)
     send = harness.keyed_send(0, keys)
-    cost = batch_cost_bytes(send.body, send.keys)
+    cost = batch_cost_bytes(send.body, send.message_count)
     strings_bytes = sum(map(sys.getsizeof, keys))
-    assert cost >= len(send.body) + strings_bytes + 2 * 8 * len(keys)  # the strings, a slot in the list and in the tuple
-    assert cost > 3 * len(send.body)
-    assert batch_cost_bytes(send.body, None) == len(send.body)
+    assert cost >= len(send.body) + strings_bytes + 8 * len(keys)  # the strings and a slot each in the tuple
+    assert cost > 2 * len(send.body)
     with trio.fail_after(DEADLINE_S):  # a batch left waiting fails, not hangs
         async with trio.open_nursery() as nursery:
             await nursery.start(harness.service.run)

@@ -1,0 +1,984 @@
+"""The broker's Pulsar front-end (trio): client connections on
+`--pulsar-port` speaking Pulsar's binary protocol, each command turned into
+the broker's own calls (lookups, producers, publishing, subscriptions,
+acknowledgements, seeks) and each answer into Pulsar's commands. The rules
+are the broker's, shared with quire's own protocol (`broker/server.py`):
+this module translates, it does not decide.
+
+Pulsar identifies a message by (ledger id, entry id, batch index); quire's
+subscriptions by partition offset. A consumer's connection keeps what it
+delivered (each entry's first offset and the batch indexes sent) until it
+is acknowledged, so that an acknowledgement acknowledges exactly what that
+consumer received; an id it never delivered is looked up in the ledger.
+Receipts go back to a producer in the order it sent its messages, as
+Pulsar's clients require.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import trio
+
+from broker.config import BrokerConfig
+from broker.dispatcher import SubscriptionType
+from broker.errors import (
+    BrokerError,
+    BrokerStatus,
+    ConsumerBusyError,
+    NotAllowedError,
+    ServiceUnavailableError,
+    SubscriptionNotFoundError,
+    TopicFencedError,
+)
+from broker.managed_ledger import EntryGoneError, Position
+from broker.message_format import MalformedEntryError, decode_entry, pulsar_message
+from broker.protocol import MessageDelivery, Send, SendReceipt
+from broker.ownership import BrokerInfo
+from broker.publish_buffer import PublishBuffer, batch_cost_bytes
+from broker.pulsar.pulsar_api_pb2 import (
+    CommandAck,
+    CommandLookupTopicResponse,
+    CommandPartitionedTopicMetadataResponse,
+    CommandSubscribe,
+    FeatureFlags,
+    MessageIdData,
+    Schema,
+    ServerError,
+)
+from broker.pulsar.wire import Frame, PulsarFrameDecoder, Type, command, encode, encode_parts
+from broker.subscription import ConsumerLink
+from broker.topic import PartitionService, ProducerLink
+from broker.topic_names import NAMESPACE, NotPersistentError, TopicNameError, namespace_of, pulsar_name, quire_name
+from broker.topic_records import TopicRecord, split_partition
+from broker.topic_store import TopicStore
+from coordination.store import MetadataError
+from framing.codec import ProtocolError
+from framing.peer_limits import ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, wait_for_output_room
+from framing.stream import FrameOutput, enable_keepalive
+from ledger_client import BKError
+
+
+class BrokerAccess(Protocol):
+    """What the front-end needs of its broker (broker.server.BrokerServer is one)."""
+
+    config: BrokerConfig
+    info: BrokerInfo
+    topic_store: TopicStore
+    publish_buffer: PublishBuffer
+    frame_budget: FrameBudget
+    protocol_errors: int
+
+    @property
+    def connection_limits(self) -> ConnectionLimits: ...
+
+    def new_consumer_id(self) -> int: ...
+
+    def spawn(self, async_fn, *args) -> None: ...
+
+    async def wait_publish_resumed(self) -> None: ...
+
+    async def topic_record(self, topic: str, *, create: bool) -> TopicRecord: ...
+
+    async def lookup(self, partition: str, authoritative: bool) -> tuple[BrokerInfo, bool]: ...
+
+    async def serving(self, partition: str) -> PartitionService: ...
+
+    async def seek(self, service: PartitionService, subscription_name: str, *, offset: int | None = None,
+                   publish_time_ms: int | None = None, message_id: list[int] | None = None,
+                   close_consumers: bool = True) -> int: ...
+
+    def close_consumers(self, service: PartitionService, subscription_name: str) -> None: ...
+
+log = logging.getLogger(__name__)
+
+SERVER_VERSION = "quire"
+# The newest protocol version this front-end speaks (Pulsar 3.x's 21);
+# a client's older version is answered with its own.
+PROTOCOL_VERSION_MAX = 21
+PROTOCOL_VERSION_MIN = 6  # checksums on messages; older clients are refused
+HANDSHAKE_TIMEOUT_S = 10.0
+RETRY_DELAY_S = 0.05  # a resend of a message still being written is taken again after this
+ACK_RESOLVE_READS_MAX = 64  # entries read to resolve the ids of one acknowledgement (ids not delivered here)
+
+_SCHEMA_NONE = Schema.Type.Value("None")  # bytes: nothing stored
+
+_SUBSCRIPTION_TYPES = {
+    CommandSubscribe.Exclusive: SubscriptionType.EXCLUSIVE,
+    CommandSubscribe.Shared: SubscriptionType.SHARED,
+    CommandSubscribe.Failover: SubscriptionType.FAILOVER,
+    CommandSubscribe.Key_Shared: SubscriptionType.KEY_SHARED,
+}
+
+# The broker's statuses as Pulsar's server errors (what its clients retry
+# on: ServiceNotReady, TooManyRequests, MetadataError, PersistenceError).
+_SERVER_ERRORS = {
+    BrokerStatus.ERROR: ServerError.PersistenceError,
+    BrokerStatus.BAD_REQUEST: ServerError.UnknownError,
+    BrokerStatus.NOT_OWNER: ServerError.ServiceNotReady,
+    BrokerStatus.TOPIC_NOT_FOUND: ServerError.TopicNotFound,
+    BrokerStatus.TOPIC_EXISTS: ServerError.UnknownError,
+    BrokerStatus.PRODUCER_BUSY: ServerError.ProducerBusy,
+    BrokerStatus.CONSUMER_BUSY: ServerError.ConsumerBusy,
+    BrokerStatus.RETRY: ServerError.ServiceNotReady,
+    BrokerStatus.PARTITION_OVERFLOW: ServerError.ProducerBlockedQuotaExceededException,
+    BrokerStatus.SUBSCRIPTION_NOT_FOUND: ServerError.SubscriptionNotFound,
+    BrokerStatus.TOPIC_FENCED: ServerError.ServiceNotReady,
+    BrokerStatus.SERVICE_UNAVAILABLE: ServerError.ServiceNotReady,
+    BrokerStatus.BAD_VERSION: ServerError.UnsupportedVersionError,
+    BrokerStatus.CHECKSUM: ServerError.ChecksumError,
+    BrokerStatus.NOT_ALLOWED: ServerError.NotAllowedError,
+}
+# Receipts that mean "this partition is not served here (any more)": the
+# producer is closed, and its client looks the topic up again and resends.
+_MOVED = frozenset({BrokerStatus.TOPIC_FENCED, BrokerStatus.NOT_OWNER, BrokerStatus.SERVICE_UNAVAILABLE, BrokerStatus.ERROR})
+
+
+def server_error(error: BaseException) -> tuple[int, str]:
+    """(Pulsar server error, message) of an error a request raised."""
+    if isinstance(error, IncompatibleSchemaError):
+        return ServerError.IncompatibleSchema, str(error)
+    if isinstance(error, BrokerError):
+        return _SERVER_ERRORS.get(error.status, ServerError.UnknownError), str(error)
+    if isinstance(error, NotPersistentError):
+        return ServerError.NotAllowedError, str(error)
+    if isinstance(error, TopicNameError):
+        return ServerError.InvalidTopicName, str(error)
+    if isinstance(error, ValueError):
+        return ServerError.UnknownError, str(error)
+    if isinstance(error, MetadataError):
+        return ServerError.MetadataError, f"{type(error).__name__}: {error}"
+    return ServerError.PersistenceError, f"{type(error).__name__}: {error}"
+
+
+class IncompatibleSchemaError(NotAllowedError):
+    """A schema other than the one the topic has."""
+
+
+@dataclass(slots=True)
+class _PendingSend:
+    send: Send
+    sequence_id: int  # as the producer sent it (its batch's first)
+    highest_sequence_id: int
+    receipt: bytes | None = None  # the answer's frame, once answered
+
+
+@dataclass(eq=False)
+class _Producer:
+    handle: int
+    name: str
+    service: PartitionService
+    link: ProducerLink
+    pending: collections.deque[_PendingSend] = field(default_factory=collections.deque)
+    closed: bool = False
+
+
+@dataclass(eq=False)
+class _Consumer:
+    handle: int
+    service: PartitionService
+    subscription: str
+    consumer_id: int
+    subscription_type: SubscriptionType
+    # What was delivered and not yet acknowledged: (ledger id, entry id) ->
+    # (first offset of the entry, batch indexes delivered, whether a batch).
+    delivered: dict[tuple[int, int], tuple[int, tuple[int, ...], bool]] = field(default_factory=dict)
+    active: bool | None = None  # as last told (Failover and Exclusive)
+
+
+@dataclass(eq=False)
+class _Connection:
+    peer: str
+    stream: trio.SocketStream
+    output: FrameOutput
+    reader: FrameReader | None = None
+    producers: dict[int, _Producer] = field(default_factory=dict)
+    consumers: dict[int, _Consumer] = field(default_factory=dict)
+    closed: bool = False
+    pinged: bool = False
+    cancel_scope: trio.CancelScope | None = None
+    output_bytes_max: int = 64 * 1024 * 1024
+    protocol_version: int = PROTOCOL_VERSION_MAX
+
+    def send(self, frame: bytes) -> None:
+        if self.closed:
+            return
+        self.output.queue(frame)
+        self.output.flush()
+
+    def send_parts(self, parts: list, nbytes: int) -> None:
+        if self.closed:
+            return
+        self.output.queue_parts(parts, nbytes)
+        self.output.flush()
+
+    async def wait_for_room(self) -> None:
+        while self.output.bytes > self.output_bytes_max and not self.closed:
+            with trio.move_on_after(1.0):
+                await self.output.wait_drained()
+
+
+class PulsarFrontEnd:
+    def __init__(self, broker: BrokerAccess) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self._connections: set[_Connection] = set()
+        self._listeners: list[trio.SocketListener] = []
+        self._producer_names = itertools.count(0)
+        self.protocol_errors = 0
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._connections)
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    async def listen(self, port: int) -> int:
+        self._listeners = await trio.open_tcp_listeners(port, host=self.config.host)
+        return self._listeners[0].socket.getsockname()[1]
+
+    async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._keepalive_loop)
+            await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+            task_status.started()
+
+    async def _keepalive_loop(self) -> None:
+        """As the broker's own protocol: a PING after an interval of silence,
+        closed after two."""
+        interval_s = self.config.keepalive_interval_s
+        while True:
+            await trio.sleep(interval_s / 4)
+            now = trio.current_time()
+            for connection in list(self._connections):
+                if connection.reader is None or connection.cancel_scope is None:
+                    continue
+                silent_s = connection.reader.silence_s(now)
+                if silent_s >= 2 * interval_s:
+                    log.info("closing Pulsar connection from %s: silent for %.0fs", connection.peer, silent_s)
+                    connection.cancel_scope.cancel()
+                elif silent_s >= interval_s and not connection.pinged:
+                    connection.pinged = True
+                    connection.send(encode(command(Type.PING)))
+
+    # --- what the broker tells its clients -----------------------------------------------------
+
+    def close_clients(self, service: PartitionService) -> None:
+        """The partition moved: its producers and consumers are closed, and
+        their clients look it up again."""
+        for connection in list(self._connections):
+            for handle, producer in list(connection.producers.items()):
+                if producer.service is service:
+                    self._close_producer(connection, producer)
+            for handle, consumer in list(connection.consumers.items()):
+                if consumer.service is service:
+                    del connection.consumers[handle]
+                    connection.send(encode(command(Type.CLOSE_CONSUMER, consumer_id=handle, request_id=0)))
+
+    def close_consumers(self, service: PartitionService, subscription_name: str) -> None:
+        """After a seek: every consumer of the subscription subscribes again."""
+        for connection in list(self._connections):
+            for handle, consumer in list(connection.consumers.items()):
+                if consumer.service is service and consumer.subscription == subscription_name:
+                    del connection.consumers[handle]
+                    service.remove_consumer(subscription_name, consumer.consumer_id, keep=True)
+                    connection.send(encode(command(Type.CLOSE_CONSUMER, consumer_id=handle, request_id=0)))
+
+    def _close_producer(self, connection: _Connection, producer: _Producer) -> None:
+        if connection.producers.get(producer.handle) is producer:
+            del connection.producers[producer.handle]
+        producer.closed = True
+        producer.pending.clear()  # its client resends them to wherever the partition goes
+        producer.service.remove_producer(producer.link.producer_id, producer.link.handle)
+        connection.send(encode(command(Type.CLOSE_PRODUCER, producer_id=producer.handle, request_id=0)))
+
+    # --- connections -----------------------------------------------------------------------------
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        await serve_admitted(stream, self.broker.connection_limits, log, lambda peer: self._serve_connection(stream, peer))
+
+    def _count_protocol_error(self) -> None:
+        self.protocol_errors += 1
+        self.broker.protocol_errors += 1
+
+    async def _serve_connection(self, stream: trio.SocketStream, peer: str) -> None:
+        connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max)
+        decoder = PulsarFrameDecoder(self.config.frame_bytes_max)
+        connection.reader = FrameReader(stream, decoder, self.broker.frame_budget, self.config.frame_deadline_s)
+        enable_keepalive(stream)
+        try:
+            early: list[Frame] | None = None
+            with peer_faults(log, peer, self._count_protocol_error):
+                with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                    early = await self._handshake(connection, decoder)
+            if early is None:
+                return
+            self._connections.add(connection)
+            slots = trio.Semaphore(self.config.requests_in_flight_max)
+            async with trio.open_nursery() as nursery:
+                connection.cancel_scope = nursery.cancel_scope
+                nursery.start_soon(self._write_loop, connection, nursery.cancel_scope)
+                with peer_faults(log, peer, self._count_protocol_error):
+                    try:
+                        for frame in early:
+                            await self._handle(connection, frame, nursery, slots)
+                        await self._read_loop(connection, decoder, nursery, slots)
+                    except ProtocolError as error:
+                        # An ERROR first, where one can be sent; then only this connection closes.
+                        connection.send(encode(command(Type.ERROR, request_id=0, error=ServerError.UnknownError,
+                                                       message=f"protocol error: {error}"[:500])))
+                        with trio.move_on_after(1.0):
+                            await connection.output.wait_drained()
+                        raise
+                nursery.cancel_scope.cancel()
+        finally:
+            connection.reader.close()
+            connection.closed = True
+            self._connections.discard(connection)
+            self._forget_connection(connection)
+            await trio.aclose_forcefully(stream)
+
+    async def _handshake(self, connection: _Connection, decoder: PulsarFrameDecoder) -> list[Frame] | None:
+        frames = list(decoder.frames())
+        while not frames:
+            if not await connection.reader.receive():
+                return None
+            frames = list(decoder.frames())
+        hello = frames[0]
+        if hello.type != Type.CONNECT:
+            raise ProtocolError(f"the first command must be CONNECT, got {Type.Name(hello.type)}")
+        connect = hello.body
+        version = min(connect.protocol_version, PROTOCOL_VERSION_MAX)
+        if version < PROTOCOL_VERSION_MIN:
+            await connection.stream.send_all(encode(command(
+                Type.ERROR, request_id=0, error=ServerError.UnsupportedVersionError,
+                message=f"protocol version {connect.protocol_version} is too old: quire brokers speak {PROTOCOL_VERSION_MIN} and later")))
+            return None
+        if connect.HasField("proxy_to_broker_url"):
+            raise ProtocolError("this is a broker, not a proxy: proxy_to_broker_url is not served")
+        connection.protocol_version = version
+        await connection.stream.send_all(encode(command(
+            Type.CONNECTED, server_version=SERVER_VERSION, protocol_version=version,
+            max_message_size=self.config.pulsar_max_message_size, feature_flags=FeatureFlags())))
+        return frames[1:]
+
+    async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
+        try:
+            await connection.output.run_writer()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            cancel_scope.cancel()
+
+    async def _read_loop(self, connection: _Connection, decoder: PulsarFrameDecoder, nursery: trio.Nursery,
+                         slots: trio.Semaphore) -> None:
+        broker = self.broker
+        while True:
+            for frame in decoder.frames():
+                await self._handle(connection, frame, nursery, slots)
+            await wait_for_output_room(connection.output, self.config.connection_output_bytes_max, self.config.frame_deadline_s)
+            while broker.publish_buffer.paused and connection.producers and not connection.closed:
+                with trio.move_on_after(self.config.keepalive_interval_s) as waited:
+                    await broker.wait_publish_resumed()
+                if waited.cancelled_caught:
+                    connection.send(encode(command(Type.PING)))
+            if not await connection.reader.receive():
+                return
+            connection.pinged = False
+
+    def _forget_connection(self, connection: _Connection) -> None:
+        for producer in connection.producers.values():
+            producer.closed = True
+            producer.service.remove_producer(producer.link.producer_id, producer.link.handle)
+        for consumer in connection.consumers.values():
+            consumer.service.remove_consumer(consumer.subscription, consumer.consumer_id)
+        connection.producers.clear()
+        connection.consumers.clear()
+
+    # --- commands ----------------------------------------------------------------------------------
+
+    async def _handle(self, connection: _Connection, frame: Frame, nursery: trio.Nursery, slots: trio.Semaphore) -> None:
+        kind = frame.type
+        body = frame.body
+        if kind == Type.SEND:
+            await self._send(connection, body, frame.payload)
+        elif kind == Type.FLOW:
+            consumer = connection.consumers.get(body.consumer_id)
+            subscription = None if consumer is None else consumer.service.subscriptions.get(consumer.subscription)
+            if subscription is not None:
+                subscription.flow(consumer.consumer_id, body.messagePermits)
+        elif kind == Type.ACK:
+            consumer = connection.consumers.get(body.consumer_id)
+            if consumer is None:
+                if body.HasField("request_id"):
+                    connection.send(encode(command(Type.ACK_RESPONSE, consumer_id=body.consumer_id, request_id=body.request_id,
+                                                   error=ServerError.ConsumerNotFound, message="no such consumer")))
+                return
+            await slots.acquire()
+            nursery.start_soon(self._ack, connection, consumer, body, slots)
+        elif kind == Type.REDELIVER_UNACKNOWLEDGED_MESSAGES:
+            consumer = connection.consumers.get(body.consumer_id)
+            subscription = None if consumer is None else consumer.service.subscriptions.get(consumer.subscription)
+            if subscription is not None:
+                offsets = None
+                if body.message_ids:
+                    offsets = [offset for message_id in body.message_ids
+                               for offset in self._delivered_offsets(consumer, message_id, forget=False)]
+                subscription.redeliver(consumer.consumer_id, offsets)
+        elif kind == Type.PING:
+            connection.send(encode(command(Type.PONG)))
+        elif kind == Type.PONG:
+            pass
+        elif kind == Type.CLOSE_PRODUCER:
+            producer = connection.producers.pop(body.producer_id, None)
+            if producer is not None:
+                producer.closed = True
+                producer.service.remove_producer(producer.link.producer_id, producer.link.handle)
+            connection.send(encode(command(Type.SUCCESS, request_id=body.request_id)))
+        elif kind == Type.CLOSE_CONSUMER:
+            consumer = connection.consumers.pop(body.consumer_id, None)
+            if consumer is not None:
+                consumer.service.remove_consumer(consumer.subscription, consumer.consumer_id)
+            connection.send(encode(command(Type.SUCCESS, request_id=body.request_id)))
+        elif kind in _REQUESTS:
+            await slots.acquire()
+            nursery.start_soon(self._request, connection, frame, slots)
+        elif kind in (Type.TC_CLIENT_CONNECT_REQUEST, Type.NEW_TXN):
+            response = Type.TC_CLIENT_CONNECT_RESPONSE if kind == Type.TC_CLIENT_CONNECT_REQUEST else Type.NEW_TXN_RESPONSE
+            connection.send(encode(command(response, request_id=body.request_id, error=ServerError.NotAllowedError,
+                                           message="transactions are not supported by quire brokers")))
+        else:
+            raise ProtocolError(f"{Type.Name(kind)} is not a command a client sends to a quire broker")
+
+    async def _request(self, connection: _Connection, frame: Frame, slots: trio.Semaphore) -> None:
+        body = frame.body
+        try:
+            answer = await _REQUESTS[frame.type](self, connection, body)
+        except (BrokerError, ValueError, BKError, MetadataError, trio.TooSlowError) as error:
+            answer = self._error_answer(frame, *server_error(error))
+        except AssertionError:
+            raise
+        except Exception as error:
+            log.exception("Pulsar %s from %s failed unexpectedly", Type.Name(frame.type), connection.peer)
+            answer = self._error_answer(frame, ServerError.UnknownError, f"{type(error).__name__}: {error}")
+        finally:
+            slots.release()
+        if answer is not None:
+            connection.send(encode(answer))
+
+    @staticmethod
+    def _error_answer(frame: Frame, error: int, message: str):
+        body = frame.body
+        message = message[:1000]
+        if frame.type == Type.LOOKUP:
+            return command(Type.LOOKUP_RESPONSE, request_id=body.request_id, response=CommandLookupTopicResponse.Failed,
+                           error=error, message=message)
+        if frame.type == Type.PARTITIONED_METADATA:
+            return command(Type.PARTITIONED_METADATA_RESPONSE, request_id=body.request_id,
+                           response=CommandPartitionedTopicMetadataResponse.Failed, error=error, message=message)
+        if frame.type == Type.GET_SCHEMA:
+            return command(Type.GET_SCHEMA_RESPONSE, request_id=body.request_id, error_code=error, error_message=message)
+        if frame.type == Type.GET_OR_CREATE_SCHEMA:
+            return command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, request_id=body.request_id, error_code=error,
+                           error_message=message)
+        if frame.type == Type.CONSUMER_STATS:
+            return command(Type.CONSUMER_STATS_RESPONSE, request_id=body.request_id, error_code=error, error_message=message)
+        return command(Type.ERROR, request_id=body.request_id, error=error, message=message)
+
+    # --- topics --------------------------------------------------------------------------------
+
+    async def _partitioned_metadata(self, connection: _Connection, body) -> Any:
+        name = quire_name(body.topic)
+        topic, index = split_partition(name)
+        if index >= 0 and (await self.broker.topic_store.read_topic(name)) is None:
+            partitions = 0  # a partition of a partitioned topic is a topic of its own to a client
+        else:
+            record = await self.broker.topic_record(name, create=body.metadata_auto_creation_enabled)
+            partitions = record.partitions
+        return command(Type.PARTITIONED_METADATA_RESPONSE, request_id=body.request_id, partitions=partitions,
+                       response=CommandPartitionedTopicMetadataResponse.Success)
+
+    async def _lookup(self, connection: _Connection, body) -> Any:
+        name = quire_name(body.topic)
+        await self._ensure_topic(name)
+        info, redirect = await self.broker.lookup(name, body.authoritative)
+        listener = body.advertised_listener_name or None  # clients send "" for none
+        address = info.pulsar_address_for(listener)
+        if address is None:
+            raise ServiceUnavailableError(f"broker {info.broker_id} serves {name} and has no Pulsar listener"
+                                          + (f" named {listener[:100]!r}" if listener else ""))
+        return command(Type.LOOKUP_RESPONSE, request_id=body.request_id, brokerServiceUrl=f"pulsar://{address}",
+                       response=CommandLookupTopicResponse.Redirect if redirect else CommandLookupTopicResponse.Connect,
+                       authoritative=redirect)
+
+    async def _ensure_topic(self, name: str) -> None:
+        """A topic named for the first time is created, not partitioned (as
+        Pulsar does by default); a partition's topic must exist."""
+        topic, index = split_partition(name)
+        if index >= 0 and (await self.broker.topic_store.read_topic(topic)) is not None:
+            return
+        await self.broker.topic_record(name, create=True)
+
+    async def _topics_of_namespace(self, connection: _Connection, body) -> Any:
+        namespace_of(body.namespace)
+        if body.mode == body.NON_PERSISTENT:
+            names: list[str] = []
+        else:
+            names = []
+            for topic in await self.broker.topic_store.list_topics():
+                found = await self.broker.topic_store.read_topic(topic)
+                if found is None:
+                    continue
+                names.extend(pulsar_name(partition) for partition in found[0].partition_names(topic))
+        filtered = False
+        if body.HasField("topics_pattern"):
+            try:
+                pattern = re.compile(body.topics_pattern)
+            except re.error as error:
+                raise TopicNameError(f"topics pattern does not compile: {error}") from None
+            names = [name for name in names if pattern.fullmatch(name)]
+            filtered = True
+        return command(Type.GET_TOPICS_OF_NAMESPACE_RESPONSE, request_id=body.request_id, topics=sorted(names),
+                       filtered=filtered, changed=True)
+
+    async def _get_schema(self, connection: _Connection, body) -> Any:
+        name = await self._schema_topic(quire_name(body.topic))
+        stored = await self.broker.topic_store.read_schema(name)
+        if stored is None:
+            return command(Type.GET_SCHEMA_RESPONSE, request_id=body.request_id, error_code=ServerError.TopicNotFound,
+                           error_message=f"no schema for {name}")
+        data, version = stored
+        return command(Type.GET_SCHEMA_RESPONSE, request_id=body.request_id, schema=Schema.FromString(data),
+                       schema_version=version.to_bytes(8, "big"))
+
+    async def _get_or_create_schema(self, connection: _Connection, body) -> Any:
+        version = await self._schema_version(quire_name(body.topic), body.schema)
+        return command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, request_id=body.request_id, schema_version=version)
+
+    async def _schema_topic(self, name: str) -> str:
+        """The topic whose schema a partition has."""
+        topic, index = split_partition(name)
+        if index >= 0 and (await self.broker.topic_store.read_topic(topic)) is not None:
+            return topic
+        return name
+
+    async def _schema_version(self, name: str, schema) -> bytes:
+        """The version of `schema` on the topic, storing it if the topic has
+        none. quire keeps one schema per topic, stored and returned as
+        given, and checks no compatibility: a schema of another type or
+        definition is refused (IncompatibleSchema)."""
+        name = await self._schema_topic(name)
+        stored = await self.broker.topic_store.read_schema(name)
+        if stored is None:
+            stored = await self.broker.topic_store.create_schema(name, schema.SerializeToString())
+        data, version = stored
+        existing = Schema.FromString(data)
+        if (existing.type, existing.schema_data) != (schema.type, schema.schema_data):
+            raise IncompatibleSchemaError(
+                f"{name} has a schema of type {Schema.Type.Name(existing.type)}; quire keeps one schema per topic "
+                f"and refuses a different one ({Schema.Type.Name(schema.type)})")
+        return version.to_bytes(8, "big")
+
+    # --- producers -----------------------------------------------------------------------------
+
+    async def _producer(self, connection: _Connection, body) -> Any:
+        name = quire_name(body.topic)
+        if body.producer_id in connection.producers:
+            raise ConsumerBusyError(f"producer id {body.producer_id} is in use on this connection")
+        if body.txn_enabled:
+            raise NotAllowedError("transactions are not supported by quire brokers")
+        if body.encrypted:
+            raise NotAllowedError("encrypted messages are not supported by quire brokers")
+        if body.producer_access_mode != 0:
+            raise NotAllowedError("quire brokers take Shared producers only")
+        producer_name = body.producer_name if body.HasField("producer_name") and body.producer_name else \
+            f"{self.config.cluster_name}-{self.broker.info.broker_id}-{next(self._producer_names)}"
+        await self._ensure_topic(name)
+        schema_version = None
+        if body.HasField("schema") and body.schema.type != _SCHEMA_NONE:
+            schema_version = await self._schema_version(name, body.schema)
+        service = await self.broker.serving(name)
+        link = ProducerLink(body.producer_id, producer_name, lambda receipt: None)
+        producer = _Producer(body.producer_id, producer_name, service, link)
+        link.send_receipt = lambda receipt: self._receipt(connection, producer, receipt)
+        last_sequence_id = await service.add_producer(link)
+        if connection.closed:
+            service.remove_producer(producer_name, link.handle)
+            return None
+        connection.producers[body.producer_id] = producer
+        answer = command(Type.PRODUCER_SUCCESS, request_id=body.request_id, producer_name=producer_name,
+                         last_sequence_id=last_sequence_id, producer_ready=True)
+        if schema_version is not None:
+            answer.producer_success.schema_version = schema_version
+        return answer
+
+    async def _send(self, connection: _Connection, body, payload: bytes | None) -> None:
+        producer = connection.producers.get(body.producer_id)
+        if producer is None or producer.closed:
+            connection.send(encode(command(Type.SEND_ERROR, producer_id=body.producer_id, sequence_id=body.sequence_id,
+                                           error=ServerError.ServiceNotReady, message="no such producer on this connection")))
+            return
+        if payload is None:
+            raise ProtocolError("a SEND without its message")
+        if body.txnid_most_bits or body.txnid_least_bits:
+            self._answer_now(connection, producer, body, ServerError.NotAllowedError, "transactions are not supported")
+            return
+        count = body.num_messages
+        first = body.sequence_id
+        last = max(body.highest_sequence_id, first + count - 1)
+        send = Send(body.producer_id, first, last, count, payload)
+        pending = _PendingSend(send, first, body.highest_sequence_id if body.HasField("highest_sequence_id") else last)
+        producer.pending.append(pending)
+        await self._publish(producer, send)
+
+    async def _publish(self, producer: _Producer, send: Send) -> None:
+        await producer.service.publish(producer.link, send,
+                                       self.broker.publish_buffer.take(batch_cost_bytes(send.body, send.message_count)))
+
+    def _answer_now(self, connection: _Connection, producer: _Producer, body, error: int, message: str) -> None:
+        connection.send(encode(command(Type.SEND_ERROR, producer_id=producer.handle, sequence_id=body.sequence_id,
+                                       error=error, message=message)))
+
+    def _receipt(self, connection: _Connection, producer: _Producer, receipt: SendReceipt) -> None:
+        """The broker's answer to one of the producer's messages: kept until
+        every message sent before it is answered, then sent in order."""
+        if producer.closed:
+            return
+        status = BrokerStatus(receipt.status) if receipt.status in BrokerStatus._value2member_map_ else BrokerStatus.ERROR
+        pending = next((item for item in producer.pending if item.receipt is None
+                        and item.send.last_sequence_id == receipt.last_sequence_id), None)
+        if pending is None:
+            return
+        if status is BrokerStatus.RETRY:
+            # Its earlier copy is still being written: ask again shortly (it
+            # is then a duplicate, or stored if the earlier copy failed).
+            self.broker.spawn(self._resend_later, producer, pending)
+            return
+        if status in _MOVED:
+            self._close_producer(connection, producer)
+            return
+        if status in (BrokerStatus.OK, BrokerStatus.DUPLICATE):
+            ledger_id = receipt.ledger_id if status is BrokerStatus.OK else -1
+            entry_id = receipt.entry_id if status is BrokerStatus.OK else -1
+            pending.receipt = encode(command(
+                Type.SEND_RECEIPT, producer_id=producer.handle, sequence_id=pending.sequence_id,
+                highest_sequence_id=pending.highest_sequence_id,
+                message_id=MessageIdData(ledgerId=ledger_id & 0xFFFFFFFFFFFFFFFF, entryId=entry_id & 0xFFFFFFFFFFFFFFFF)))
+        else:
+            pending.receipt = encode(command(
+                Type.SEND_ERROR, producer_id=producer.handle, sequence_id=pending.sequence_id,
+                error=_SERVER_ERRORS.get(status, ServerError.UnknownError), message=receipt.message[:1000]))
+        while producer.pending and producer.pending[0].receipt is not None:
+            connection.send(producer.pending.popleft().receipt)
+
+    async def _resend_later(self, producer: _Producer, pending: _PendingSend) -> None:
+        await trio.sleep(RETRY_DELAY_S)
+        if not producer.closed and pending in producer.pending:
+            try:
+                await self._publish(producer, pending.send)
+            except trio.BrokenResourceError:
+                pass
+
+    # --- consumers -----------------------------------------------------------------------------
+
+    async def _subscribe(self, connection: _Connection, body) -> Any:
+        name = quire_name(body.topic)
+        if body.consumer_id in connection.consumers:
+            raise ConsumerBusyError(f"consumer id {body.consumer_id} is in use on this connection")
+        if body.replicate_subscription_state:
+            raise NotAllowedError("geo-replication is not supported by quire brokers")
+        subscription_type = _SUBSCRIPTION_TYPES.get(body.subType)
+        if subscription_type is None:
+            raise ValueError(f"unknown subscription type {body.subType}")
+        if body.force_topic_creation:
+            await self._ensure_topic(name)
+        service = await self.broker.serving(name)
+        start_offset = None
+        if not body.durable and body.HasField("start_message_id"):
+            start_offset = await self._start_offset(service, body.start_message_id)
+        consumer_id = self.broker.new_consumer_id()
+        consumer = _Consumer(body.consumer_id, service, body.subscription, consumer_id, subscription_type)
+        link = ConsumerLink(consumer_id, body.consumer_id, body.consumer_name or f"consumer-{consumer_id}",
+                            lambda delivery: self._deliver(connection, consumer, delivery), connection.wait_for_room)
+        subscription = await service.subscribe(
+            link, body.subscription, subscription_type, priority=body.priority_level,
+            initial_position="earliest" if body.initialPosition == CommandSubscribe.Earliest else "latest",
+            durable=body.durable, important=False, start_offset=start_offset,
+        )
+        if connection.closed:
+            service.remove_consumer(subscription.name, consumer_id)
+            return None
+        connection.consumers[body.consumer_id] = consumer
+        if subscription_type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            self._tell_active(subscription.name, service)
+        return command(Type.SUCCESS, request_id=body.request_id)
+
+    async def _start_offset(self, service: PartitionService, message_id: MessageIdData) -> int | None:
+        """Where a reader starting at `message_id` starts: the entry that
+        holds it (its client skips what comes before the id within it)."""
+        ledger_id, entry_id = _signed(message_id.ledgerId), _signed(message_id.entryId)
+        managed_ledger = service.managed_ledger
+        if ledger_id < 0 or entry_id < 0:
+            return managed_ledger.first_offset  # MessageId.earliest
+        if ledger_id >= 2**63 - 1:
+            return managed_ledger.confirmed_offset + 1  # MessageId.latest
+        position = Position(ledger_id, entry_id)
+        if not managed_ledger.has_entry(position):
+            return managed_ledger.first_offset if ledger_id < (managed_ledger.first_position() or position).ledger_id \
+                else managed_ledger.confirmed_offset + 1
+        return (await managed_ledger.read_entry(position)).header.first_offset
+
+    def _tell_active(self, subscription_name: str, service: PartitionService) -> None:
+        """ACTIVE_CONSUMER_CHANGE to the subscription's Pulsar consumers
+        whose state changed (Failover: the client shows it)."""
+        subscription = service.subscriptions.get(subscription_name)
+        if subscription is None:
+            return
+        active_id = subscription.dispatcher.active_consumer_id
+        for connection in list(self._connections):
+            for consumer in connection.consumers.values():
+                if consumer.service is service and consumer.subscription == subscription_name:
+                    active = consumer.consumer_id == active_id
+                    if consumer.active is not active:
+                        consumer.active = active
+                        connection.send(encode(command(Type.ACTIVE_CONSUMER_CHANGE, consumer_id=consumer.handle,
+                                                       is_active=active)))
+
+    def _deliver(self, connection: _Connection, consumer: _Consumer, delivery: MessageDelivery) -> None:
+        try:
+            header, body = decode_entry(delivery.entry)
+            message = pulsar_message(header, body)
+        except MalformedEntryError as error:
+            log.error("Pulsar consumer %s of %s: entry %d:%d is malformed, not delivered: %s", consumer.handle,
+                      consumer.service.name, delivery.ledger_id, delivery.entry_id, error)
+            return
+        indexes = tuple(delivery.batch_indexes)
+        batched = header.batched or header.legacy
+        consumer.delivered[(delivery.ledger_id, delivery.entry_id)] = (header.first_offset, indexes, batched)
+        message_command = command(Type.MESSAGE, consumer_id=consumer.handle,
+                                  message_id=MessageIdData(ledgerId=delivery.ledger_id, entryId=delivery.entry_id),
+                                  redelivery_count=delivery.redelivery_count)
+        if batched and len(indexes) < header.message_count:
+            message_command.message.ack_set.extend(_bit_set(indexes, header.message_count))
+        parts, nbytes = encode_parts(message_command, message)
+        connection.send_parts(parts, nbytes)
+
+    def _delivered_offsets(self, consumer: _Consumer, message_id: MessageIdData, *, forget: bool) -> list[int]:
+        """The offsets `message_id` names among what this consumer was
+        delivered: the messages of an entry (those its ack set leaves
+        unset, or the one its batch index names for a cumulative id)."""
+        key = (_signed(message_id.ledgerId), _signed(message_id.entryId))
+        found = consumer.delivered.get(key)
+        if found is None:
+            return []
+        first_offset, indexes, batched = found
+        if message_id.ack_set:
+            still = _indexes_of(message_id.ack_set)
+            acked = tuple(index for index in indexes if index not in still)
+            left = tuple(index for index in indexes if index in still)
+        else:
+            acked, left = indexes, ()
+        if forget:
+            if left:
+                consumer.delivered[key] = (first_offset, left, batched)
+            else:
+                del consumer.delivered[key]
+        return [first_offset + index for index in acked]
+
+    async def _ack(self, connection: _Connection, consumer: _Consumer, body, slots: trio.Semaphore) -> None:
+        error: tuple[int, str] | None = None
+        try:
+            subscription = consumer.service.subscriptions.get(consumer.subscription)
+            if subscription is None or subscription.closed:
+                raise TopicFencedError(f"subscription {consumer.subscription} is no longer served here")
+            if body.txnid_most_bits or body.txnid_least_bits:
+                raise NotAllowedError("transactions are not supported by quire brokers")
+            if body.ack_type == CommandAck.Cumulative:
+                offset = await self._cumulative_offset(consumer, body.message_id[-1])
+                if offset is not None:
+                    await subscription.acknowledge([offset], cumulative=True)
+            else:
+                offsets: list[int] = []
+                reads = 0
+                for message_id in body.message_id:
+                    found = self._delivered_offsets(consumer, message_id, forget=True)
+                    if not found and reads < ACK_RESOLVE_READS_MAX:
+                        reads += 1
+                        found = await self._offsets_in_ledger(consumer, message_id)
+                    offsets.extend(found)
+                if offsets:
+                    await subscription.acknowledge(offsets, cumulative=False)
+        except (BrokerError, BKError, MetadataError, EntryGoneError, MalformedEntryError) as caught:
+            error = server_error(caught)
+            log.debug("Pulsar ack from %s refused: %s", connection.peer, caught)
+        finally:
+            slots.release()
+        if body.HasField("request_id"):
+            answer = command(Type.ACK_RESPONSE, consumer_id=consumer.handle, request_id=body.request_id)
+            if error is not None:
+                answer.ackResponse.error = error[0]
+                answer.ackResponse.message = error[1][:1000]
+            connection.send(encode(answer))
+
+    async def _cumulative_offset(self, consumer: _Consumer, message_id: MessageIdData) -> int | None:
+        """The offset a cumulative acknowledgement reaches: the message its
+        batch index names (the whole entry without one)."""
+        key = (_signed(message_id.ledgerId), _signed(message_id.entryId))
+        found = consumer.delivered.get(key)
+        if found is not None:
+            first_offset, indexes, batched = found
+            count_hint = max(indexes) + 1 if indexes else 1
+        else:
+            try:
+                header = (await consumer.service.managed_ledger.read_entry(Position(*key))).header
+            except EntryGoneError:
+                return None
+            first_offset, count_hint = header.first_offset, header.message_count
+        batch_index = message_id.batch_index
+        offset = first_offset + (batch_index if batch_index >= 0 else count_hint - 1)
+        for delivered_key in [item for item in consumer.delivered if item <= key]:
+            first, indexes, batched = consumer.delivered[delivered_key]
+            left = tuple(index for index in indexes if first + index > offset)
+            if left:
+                consumer.delivered[delivered_key] = (first, left, batched)
+            else:
+                del consumer.delivered[delivered_key]
+        return offset
+
+    async def _offsets_in_ledger(self, consumer: _Consumer, message_id: MessageIdData) -> list[int]:
+        """An id this connection did not deliver (acknowledged after a
+        reconnection): the messages of its entry the ack set leaves unset."""
+        try:
+            header = (await consumer.service.managed_ledger.read_entry(
+                Position(_signed(message_id.ledgerId), _signed(message_id.entryId)))).header
+        except EntryGoneError:
+            return []
+        if message_id.ack_set:
+            still = _indexes_of(message_id.ack_set)
+            return [header.first_offset + index for index in range(header.message_count) if index not in still]
+        if message_id.batch_index >= 0 and not header.batched:
+            return [header.first_offset]
+        return list(range(header.first_offset, header.first_offset + header.message_count))
+
+    async def _seek(self, connection: _Connection, body) -> Any:
+        consumer = connection.consumers.get(body.consumer_id)
+        if consumer is None:
+            raise TopicFencedError(f"no consumer {body.consumer_id} on this connection: subscribe again")
+        message_id = None
+        if body.HasField("message_id"):
+            ledger_id, entry_id = _signed(body.message_id.ledgerId), _signed(body.message_id.entryId)
+            batch_index = max(body.message_id.batch_index, 0)
+            managed_ledger = consumer.service.managed_ledger
+            if ledger_id < 0 or entry_id < 0:
+                offset = managed_ledger.first_offset
+            elif ledger_id >= 2**63 - 1:
+                offset = managed_ledger.confirmed_offset + 1
+            else:
+                message_id = [ledger_id, entry_id, batch_index]
+                offset = None
+        elif body.HasField("message_publish_time"):
+            offset = None
+        else:
+            raise ValueError("a seek names a message id or a publish time")
+        await self.broker.seek(consumer.service, consumer.subscription, offset=offset,
+                               publish_time_ms=body.message_publish_time if body.HasField("message_publish_time") else None,
+                               message_id=message_id, close_consumers=False)
+        connection.send(encode(command(Type.SUCCESS, request_id=body.request_id)))
+        self.broker.close_consumers(consumer.service, consumer.subscription)
+        return None
+
+    async def _last_message_id(self, connection: _Connection, body) -> Any:
+        consumer = connection.consumers.get(body.consumer_id)
+        if consumer is None:
+            raise TopicFencedError(f"no consumer {body.consumer_id} on this connection: subscribe again")
+        managed_ledger = consumer.service.managed_ledger
+        last = managed_ledger.confirmed_offset
+        last_id = MessageIdData(ledgerId=(managed_ledger.current_ledger_id or 0), entryId=2**64 - 1)  # entry -1: none yet
+        if last >= managed_ledger.first_offset:
+            position = await managed_ledger.position_of_offset(last)
+            if position is not None:
+                header = (await managed_ledger.read_entry(position)).header
+                last_id = MessageIdData(ledgerId=position.ledger_id, entryId=position.entry_id,
+                                        batch_index=(last - header.first_offset) if header.batched else -1)
+        answer = command(Type.GET_LAST_MESSAGE_ID_RESPONSE, request_id=body.request_id, last_message_id=last_id)
+        subscription = consumer.service.subscriptions.get(consumer.subscription)
+        if subscription is not None and subscription.cursor.mark_delete >= managed_ledger.first_offset:
+            position = await managed_ledger.position_of_offset(subscription.cursor.mark_delete)
+            if position is not None:
+                answer.getLastMessageIdResponse.consumer_mark_delete_position.CopyFrom(
+                    MessageIdData(ledgerId=position.ledger_id, entryId=position.entry_id))
+        return answer
+
+    async def _unsubscribe(self, connection: _Connection, body) -> Any:
+        consumer = connection.consumers.get(body.consumer_id)
+        if consumer is None:
+            raise SubscriptionNotFoundError(f"no consumer {body.consumer_id} on this connection")
+        if body.force:
+            self.close_consumers(consumer.service, consumer.subscription)
+            await consumer.service.unsubscribe(consumer.subscription, None)
+        else:
+            await consumer.service.unsubscribe(consumer.subscription, consumer.consumer_id)
+        connection.consumers.pop(body.consumer_id, None)
+        return command(Type.SUCCESS, request_id=body.request_id)
+
+    async def _consumer_stats(self, connection: _Connection, body) -> Any:
+        consumer = connection.consumers.get(body.consumer_id)
+        if consumer is None:
+            return command(Type.CONSUMER_STATS_RESPONSE, request_id=body.request_id, error_code=ServerError.ConsumerNotFound,
+                           error_message="no such consumer")
+        subscription = consumer.service.subscriptions.get(consumer.subscription)
+        stats = command(Type.CONSUMER_STATS_RESPONSE, request_id=body.request_id, consumerName=str(consumer.consumer_id),
+                        type=consumer.subscription_type.value, address=connection.peer)
+        if subscription is not None:
+            response = stats.consumerStatsResponse
+            response.availablePermits = subscription.dispatcher.permits(consumer.consumer_id)
+            response.unackedMessages = subscription.dispatcher.unacked_count(consumer.consumer_id)
+            response.msgBacklog = subscription.backlog()
+        return stats
+
+
+_REQUESTS = {
+    Type.PARTITIONED_METADATA: PulsarFrontEnd._partitioned_metadata,
+    Type.LOOKUP: PulsarFrontEnd._lookup,
+    Type.GET_TOPICS_OF_NAMESPACE: PulsarFrontEnd._topics_of_namespace,
+    Type.GET_SCHEMA: PulsarFrontEnd._get_schema,
+    Type.GET_OR_CREATE_SCHEMA: PulsarFrontEnd._get_or_create_schema,
+    Type.PRODUCER: PulsarFrontEnd._producer,
+    Type.SUBSCRIBE: PulsarFrontEnd._subscribe,
+    Type.SEEK: PulsarFrontEnd._seek,
+    Type.GET_LAST_MESSAGE_ID: PulsarFrontEnd._last_message_id,
+    Type.UNSUBSCRIBE: PulsarFrontEnd._unsubscribe,
+    Type.CONSUMER_STATS: PulsarFrontEnd._consumer_stats,
+}
+
+
+def _signed(value: int) -> int:
+    """A uint64 on the wire as the signed long Pulsar's Java side means (-1: none)."""
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _bit_set(indexes: tuple[int, ...], count: int) -> list[int]:
+    """Java's BitSet.toLongArray of the set `indexes` (bits set: still to be acknowledged)."""
+    words = [0] * ((count + 63) // 64)
+    for index in indexes:
+        words[index >> 6] |= 1 << (index & 63)
+    return [word - (1 << 64) if word >= 1 << 63 else word for word in words]
+
+
+def _indexes_of(words) -> set[int]:
+    """The set bits of a BitSet's long array."""
+    indexes = set()
+    for word_index, word in enumerate(words):
+        word &= 0xFFFFFFFFFFFFFFFF
+        while word:
+            low = word & -word
+            indexes.add(word_index * 64 + low.bit_length() - 1)
+            word ^= low
+    return indexes
+
+
+__all__ = ["PulsarFrontEnd"]
