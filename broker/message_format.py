@@ -39,8 +39,8 @@ from broker.pulsar_message import (
     build_batch,
     codec_of,
     frame_message,
-    parse_message,
     iterate_batch,
+    parse_message,
     properties_of,
     uncompressed_payload,
 )
@@ -68,9 +68,10 @@ def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, mess
     here and nothing quire does not do (encryption, chunks, transactions,
     markers); its payload decompresses to exactly the size declared (within
     BODY_BYTES_MAX) and, for a batch, holds exactly its messages, whose
-    sequence ids (where given) rise from the first to at most the last; the
-    last is the metadata's (its highest, or the first plus the count); keys
-    and properties are UTF-8. Raises MalformedBatchError, ChecksumMismatchError or NotAllowedError."""
+    sequence ids (where given) rise from the first to at most the last,
+    the metadata's own (its highest, or the first plus the count); keys and
+    properties are UTF-8.
+    Raises MalformedBatchError, ChecksumMismatchError or NotAllowedError."""
     try:
         message = parse_message(body)
     except ChecksumError as error:
@@ -115,8 +116,9 @@ def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, mess
             single_metadata = single.metadata
             sequence_id = single_metadata.sequence_id if single_metadata.HasField("sequence_id") else previous + 1
             if sequence_id <= previous or sequence_id > last_sequence_id or (index == 0 and sequence_id != first_sequence_id):
-                raise MalformedBatchError(f"malformed batch: message {index}: sequence id {sequence_id} is not "
-                                          + ("the batch's first" if index == 0 else f"above {previous} and at most {last_sequence_id}"))
+                raise MalformedBatchError(
+                    f"malformed batch: message {index}: sequence id {sequence_id} is not "
+                    + ("the batch's first" if index == 0 else f"above {previous} and at most {last_sequence_id}"))
             previous = sequence_id
             if not _text(single_metadata):
                 raise MalformedBatchError(f"malformed batch: message {index}: its key or properties are not UTF-8")
@@ -210,8 +212,9 @@ def decode_entry(data: bytes | memoryview) -> tuple[BatchHeader, memoryview]:
         keys = (metadata.partition_key,) * count
     else:
         keys = None
-    header = BatchHeader(metadata.producer_name, metadata.sequence_id, _last_sequence_id(metadata, count), broker_metadata.index - count + 1,
-                         count, broker_metadata.broker_timestamp, codec, keys, start, message.batched)
+    header = BatchHeader(metadata.producer_name, metadata.sequence_id, _last_sequence_id(metadata, count),
+                         broker_metadata.index - count + 1, count, broker_metadata.broker_timestamp, codec, keys, start,
+                         message.batched)
     return header, view[start:]
 
 

@@ -31,6 +31,7 @@ from broker.client.routing import HashingScheme
 from broker.codecs import Codec
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo
 from broker.protocol import FRAME_BYTES_MAX_DEFAULT, Admin, Lookup
+from broker.topic_names import quire_name
 from broker.topic_records import check_name, partition_name
 from ledger_client.exception_groups import unwrap_single_exception
 
@@ -202,6 +203,7 @@ class Client:
 
     async def lookup(self, partition: str) -> str:
         """The address of the broker serving `partition`."""
+        partition = quire_name(partition)
         body = await self._ask_any(lambda request_id: Lookup(request_id, partition, False))
         for _ in range(LOOKUP_HOPS_MAX):
             if not body["redirect"]:
@@ -224,7 +226,7 @@ class Client:
     async def partition_names(self, topic: str, *, create: bool) -> list[tuple[str, int]]:
         """(partition name, index) of each partition of a topic; a topic that
         is not partitioned is its own partition, index -1."""
-        check_name(topic)
+        topic = check_name(quire_name(topic))
         body = await self.admin("topic_metadata", topic=topic, create=create)
         count = body["partitions"]
         if count == 0:
@@ -256,6 +258,7 @@ class Client:
         scheme = HashingScheme.parse(hashing_scheme)
         options = ProducerOptions(batching, batch_messages_max, batch_bytes_max, batch_delay_ms, Codec.parse(codec),
                                   pending_messages_max, scheme)
+        topic = quire_name(topic)
         partitions = []
         for name, index in await self.partition_names(topic, create=True):
             partition = PartitionProducer(self._services, topic, name, index, producer_id, options)
@@ -307,6 +310,7 @@ class Client:
         return await self._consumer(topic, f"reader-{uuid.uuid4().hex[:12]}", options)
 
     async def _consumer(self, topic: str, subscription: str, options: ConsumerOptions) -> Consumer:
+        topic = quire_name(topic)
         consumer = Consumer(topic, subscription)
         for name, index in await self.partition_names(topic, create=True):
             partition = PartitionConsumer(self._services, consumer, topic, name, index, subscription, options)
@@ -318,10 +322,10 @@ class Client:
     # --- admin -----------------------------------------------------------------------------------
 
     async def create_topic(self, topic: str, partitions: int = 0, **policies: Any) -> dict:
-        return await self.admin("create_topic", topic=topic, partitions=partitions, policies=policies)
+        return await self.admin("create_topic", topic=quire_name(topic), partitions=partitions, policies=policies)
 
     async def set_policies(self, topic: str, **policies: Any) -> dict:
-        return await self.admin("set_policies", topic=topic, policies=policies)
+        return await self.admin("set_policies", topic=quire_name(topic), policies=policies)
 
     async def list_topics(self) -> list[dict]:
         return (await self.admin("list_topics"))["topics"]
@@ -332,6 +336,7 @@ class Client:
     async def topic_stats(self, topic: str) -> dict:
         """Each partition's stats, from its owner: offsets, rates, stored
         bytes, producers, subscriptions with their backlog, ledgers."""
+        topic = quire_name(topic)
         partitions = await self.partition_names(topic, create=False)
         return {
             "topic": topic,
@@ -344,7 +349,7 @@ class Client:
         unless forced."""
         for name, _ in await self.partition_names(topic, create=False):
             await self.admin_at_owner(name, "delete_partition", force=force)
-        await self.admin("delete_topic_record", topic=topic)
+        await self.admin("delete_topic_record", topic=quire_name(topic))
 
     async def unload(self, topic: str) -> None:
         """Have each partition's owner give it up (another broker, or the

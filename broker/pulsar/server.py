@@ -394,10 +394,11 @@ class PulsarFrontEnd:
         for producer in connection.producers.values():
             producer.closed = True
             producer.service.remove_producer(producer.link.producer_id, producer.link.handle)
-        for consumer in connection.consumers.values():
-            consumer.service.remove_consumer(consumer.subscription, consumer.consumer_id)
+        consumers = list(connection.consumers.values())
         connection.producers.clear()
         connection.consumers.clear()
+        for consumer in consumers:
+            self._remove_consumer(consumer)
 
     # --- commands ----------------------------------------------------------------------------------
 
@@ -442,7 +443,7 @@ class PulsarFrontEnd:
         elif kind == Type.CLOSE_CONSUMER:
             consumer = connection.consumers.pop(body.consumer_id, None)
             if consumer is not None:
-                consumer.service.remove_consumer(consumer.subscription, consumer.consumer_id)
+                self._remove_consumer(consumer)
             connection.send(encode(command(Type.SUCCESS, request_id=body.request_id)))
         elif kind in _REQUESTS:
             await slots.acquire()
@@ -731,6 +732,11 @@ class PulsarFrontEnd:
             return managed_ledger.first_offset if ledger_id < (managed_ledger.first_position() or position).ledger_id \
                 else managed_ledger.confirmed_offset + 1
         return (await managed_ledger.read_entry(position)).header.first_offset
+
+    def _remove_consumer(self, consumer: _Consumer) -> None:
+        consumer.service.remove_consumer(consumer.subscription, consumer.consumer_id)
+        if consumer.subscription_type in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            self._tell_active(consumer.subscription, consumer.service)
 
     def _tell_active(self, subscription_name: str, service: PartitionService) -> None:
         """ACTIVE_CONSUMER_CHANGE to the subscription's Pulsar consumers
