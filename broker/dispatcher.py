@@ -22,9 +22,12 @@ Subscription types:
   the others take over, with what it had not acknowledged, if it goes.
 - shared: round-robin over consumers with permits; an entry's messages go
   together to one consumer.
-- key_shared: a message goes to the consumer its key hashes to (a hash
-  ring with `VIRTUAL_NODES` points per consumer; no key counts as the empty
-  key). A consumer that joins while others are connected gets no message at
+- key_shared: a message goes to the consumer its key hashes to, as Pulsar
+  hashes it: Murmur3 (32 bits, seed 0) of the key's UTF-8 bytes (of
+  "NONE_KEY" for a message without one) modulo 65,536. Either the
+  consumers share the hash range on a ring (`VIRTUAL_NODES` points each,
+  Pulsar's AUTO_SPLIT), or each names the ranges it takes (Pulsar's STICKY:
+  ranges may not overlap; a hash no consumer takes waits). A consumer that joins while others are connected gets no message at
   or after the read position of its joining until every message before it is
   acknowledged, so that a key moving to it never overtakes an earlier message
   of that key still out at another consumer (Pulsar's "recently joined
@@ -37,9 +40,10 @@ from __future__ import annotations
 
 import bisect
 import enum
-import hashlib
 from dataclasses import dataclass, field
 from typing import Iterable
+
+import mmh3
 
 from framing.codec import describe
 from broker.cursor import Cursor
@@ -49,6 +53,9 @@ UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past i
 UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT = 200_000  # ... by all of a subscription's consumers together
 PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
+KEY_HASH_RANGE = 65_536  # key-shared hashes are 0 .. KEY_HASH_RANGE - 1 (Pulsar's range size)
+NONE_KEY = b"NONE_KEY"  # what a message without a key hashes as (as Pulsar does)
+HashRanges = tuple[tuple[int, int], ...]  # inclusive (start, end) pairs
 
 
 class SubscriptionType(str, enum.Enum):
@@ -106,6 +113,7 @@ class _Consumer:
     permits: int = 0
     unacked: dict[int, EntryRef] = field(default_factory=dict)  # offset -> entry
     join_offset: int | None = None  # key-shared: held back from here until the mark-delete passes it
+    hash_ranges: HashRanges | None = None  # key-shared STICKY: the key hashes it takes
 
 
 class Dispatcher:
@@ -135,6 +143,7 @@ class Dispatcher:
         self.read_offset = cursor.mark_delete + 1  # the next offset a read gives
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
+        self._sticky: list[tuple[int, int, int]] = []  # key-shared: (start, end, consumer id) of the named ranges, sorted
         self._active: int | None = None  # exclusive / failover
         # Key-shared: key -> consumer id -> offsets of that key out at it (sorted).
         self._out_by_key: dict[str, dict[int, list[int]]] = {}
@@ -149,15 +158,45 @@ class Dispatcher:
     def active_consumer_id(self) -> int | None:
         return self._active
 
-    def add_consumer(self, consumer_id: int, name: str, *, priority: int = 0) -> None:
+    def add_consumer(self, consumer_id: int, name: str, *, priority: int = 0, hash_ranges: HashRanges | None = None) -> None:
+        """`hash_ranges`: a key-shared consumer that takes these key hashes
+        only (STICKY); None shares the hashes with the others (AUTO_SPLIT).
+        A subscription's consumers are all of one kind."""
         assert consumer_id not in self._consumers, f"consumer {consumer_id} added twice"
         if self.subscription_type is SubscriptionType.EXCLUSIVE and self._consumers:
             raise ConsumerRefusedError("the exclusive subscription already has a consumer")
-        consumer = _Consumer(consumer_id, name, priority)
+        if hash_ranges is not None:
+            self._check_ranges(hash_ranges)
+        consumer = _Consumer(consumer_id, name, priority, hash_ranges=hash_ranges)
         if self.subscription_type is SubscriptionType.KEY_SHARED and self._consumers:
+            if hash_ranges is None and any(other.hash_ranges is not None for other in self._consumers.values()):
+                raise ConsumerRefusedError("the subscription's consumers name their hash ranges (sticky): a consumer "
+                                           "sharing key hashes (auto split) cannot join them")
             consumer.join_offset = self.read_offset
         self._consumers[consumer_id] = consumer
         self._membership_changed()
+
+    def _check_ranges(self, hash_ranges: HashRanges) -> None:
+        if self.subscription_type is not SubscriptionType.KEY_SHARED:
+            raise ConsumerRefusedError("hash ranges are for key-shared subscriptions")
+        if not hash_ranges:
+            raise ConsumerRefusedError("a sticky key-shared consumer names at least one hash range")
+        for start, end in hash_ranges:
+            if not 0 <= start <= end < KEY_HASH_RANGE:
+                raise ConsumerRefusedError(f"hash range [{start}, {end}] is not within [0, {KEY_HASH_RANGE - 1}]")
+        if any(consumer.hash_ranges is None for consumer in self._consumers.values()):
+            raise ConsumerRefusedError("the subscription's consumers share key hashes (auto split): a consumer "
+                                       "naming hash ranges (sticky) cannot join them")
+        ordered = sorted(hash_ranges)
+        for (_, end), (start, _) in zip(ordered, ordered[1:]):
+            if start <= end:
+                raise ConsumerRefusedError(f"the consumer's hash ranges overlap at {start}")
+        for other in self._consumers.values():
+            for start, end in hash_ranges:
+                for other_start, other_end in other.hash_ranges or ():
+                    if start <= other_end and other_start <= end:
+                        raise ConsumerRefusedError(f"hash range [{start}, {end}] overlaps [{other_start}, {other_end}] "
+                                                   f"of consumer {other.name}")
 
     def remove_consumer(self, consumer_id: int) -> None:
         """The consumer went away: what it had not acknowledged is delivered again."""
@@ -171,10 +210,12 @@ class Dispatcher:
         kind = self.subscription_type
         if kind is SubscriptionType.KEY_SHARED:
             self._ring = sorted(
-                (_hash(f"{consumer.name}\0{consumer.consumer_id}\0{point}"), consumer.consumer_id)
-                for consumer in self._consumers.values()
+                (_ring_point(f"{consumer.name}\0{consumer.consumer_id}\0{point}"), consumer.consumer_id)
+                for consumer in self._consumers.values() if consumer.hash_ranges is None
                 for point in range(VIRTUAL_NODES)
             )
+            self._sticky = sorted((start, end, consumer.consumer_id) for consumer in self._consumers.values()
+                                  for start, end in consumer.hash_ranges or ())
         elif kind in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
             ordered = sorted(self._consumers.values(), key=lambda consumer: (consumer.priority, consumer.name, consumer.consumer_id))
             if not ordered:
@@ -457,15 +498,25 @@ class Dispatcher:
                 and len(self._owner) < self.unacked_per_subscription_max)
 
     def _key_consumer(self, key: str | None) -> int | None:
+        hashed = key_hash(key)
+        if self._sticky:
+            index = bisect.bisect_right(self._sticky, (hashed, KEY_HASH_RANGE, 0)) - 1
+            if index >= 0 and self._sticky[index][0] <= hashed <= self._sticky[index][1]:
+                return self._sticky[index][2]
+            return None  # no consumer takes this hash: its messages wait
         if not self._ring:
             return None
-        index = bisect.bisect_left(self._ring, (_hash(key or ""), -1))
+        index = bisect.bisect_left(self._ring, (hashed, -1))
         return self._ring[index % len(self._ring)][1]
 
 
-def _hash(text: str) -> int:
-    """A hash that is the same in every process (Python's `hash` is not)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big")
+def key_hash(key: str | None) -> int:
+    """A key's hash as Pulsar's key-shared dispatch computes it."""
+    return mmh3.hash(NONE_KEY if key is None else key.encode(), 0, signed=False) % KEY_HASH_RANGE
+
+
+def _ring_point(text: str) -> int:
+    return mmh3.hash(text.encode(), 0, signed=False) % KEY_HASH_RANGE
 
 
 __all__ = [
@@ -473,10 +524,13 @@ __all__ = [
     "Delivery",
     "Dispatcher",
     "EntryRef",
+    "HashRanges",
+    "KEY_HASH_RANGE",
     "PERMITS_MAX",
     "REPLAY_MAX_DEFAULT",
     "SubscriptionType",
     "UNACKED_PER_CONSUMER_MAX_DEFAULT",
     "UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT",
     "VIRTUAL_NODES",
+    "key_hash",
 ]

@@ -18,7 +18,7 @@ from typing import Awaitable, Callable, Protocol
 import trio
 
 from broker.cursor import Cursor
-from broker.dispatcher import Delivery, Dispatcher, EntryRef, SubscriptionType
+from broker.dispatcher import Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
 from broker.message_format import MalformedEntryError
@@ -133,8 +133,9 @@ class Subscription:
 
     # --- consumers ---------------------------------------------------------------------
 
-    def add_consumer(self, link: ConsumerLink, subscription_type: SubscriptionType, priority: int) -> None:
-        if self.core.add_consumer(link.consumer_id, link.name, subscription_type, priority):
+    def add_consumer(self, link: ConsumerLink, subscription_type: SubscriptionType, priority: int,
+                     hash_ranges: HashRanges | None = None) -> None:
+        if self.core.add_consumer(link.consumer_id, link.name, subscription_type, priority, hash_ranges):
             self.read_position = None  # a new dispatcher reads from the cursor
         self.consumers[link.consumer_id] = link
         self.wake()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from broker.cursor import RANGES_PERSISTED_MAX_DEFAULT, Cursor
-from broker.dispatcher import ConsumerRefusedError, Dispatcher, SubscriptionType
+from broker.dispatcher import ConsumerRefusedError, Dispatcher, HashRanges, SubscriptionType
 from broker.errors import BadRequestError, ConsumerBusyError, TopicFencedError
 
 ACKED_RANGES_MAX = 100_000  # individually acknowledged ranges a cursor holds in memory
@@ -94,10 +94,12 @@ class SubscriptionCore(Generic[Waiter]):
 
     # --- consumers ---------------------------------------------------------------------------
 
-    def add_consumer(self, consumer_id: int, name: str, subscription_type: SubscriptionType, priority: int) -> bool:
+    def add_consumer(self, consumer_id: int, name: str, subscription_type: SubscriptionType, priority: int,
+                     hash_ranges: HashRanges | None = None) -> bool:
         """Add a consumer (raises ConsumerBusyError or TopicFencedError);
         True when the subscription changed type (nobody was connected: it
-        takes the new one, and the driver reads again from the cursor)."""
+        takes the new one, and the driver reads again from the cursor).
+        `hash_ranges`: the key hashes a sticky key-shared consumer takes."""
         if self.closed:
             raise TopicFencedError(f"subscription {self.name} is closing")
         changed = False
@@ -111,7 +113,7 @@ class SubscriptionCore(Generic[Waiter]):
             self.dispatcher = self.dispatcher_class(subscription_type, self.cursor, partition_index=self.partition_index)
             changed = True
         try:
-            self.dispatcher.add_consumer(consumer_id, name, priority=priority)
+            self.dispatcher.add_consumer(consumer_id, name, priority=priority, hash_ranges=hash_ranges)
         except ConsumerRefusedError as error:
             raise ConsumerBusyError(f"subscription {self.name}: {error}") from None
         self.consumer_count += 1

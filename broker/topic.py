@@ -21,7 +21,7 @@ import trio
 
 from framing.codec import describe
 from broker.cursor import Cursor
-from broker.dispatcher import SubscriptionType
+from broker.dispatcher import HashRanges, SubscriptionType
 from broker.errors import (
     BadRequestError,
     BrokerError,
@@ -472,6 +472,7 @@ class PartitionService:
         durable: bool,
         important: bool,
         start_offset: int | None,
+        hash_ranges: HashRanges | None = None,
     ) -> Subscription:
         self._check_serving()
         check_name(subscription_name, "subscription")
@@ -507,7 +508,7 @@ class PartitionService:
             elif important and not subscription.important:
                 subscription.important = True
                 await subscription.write_cursor()
-            subscription.add_consumer(link, subscription_type, priority)
+            subscription.add_consumer(link, subscription_type, priority, hash_ranges)
             return subscription
 
     async def _adopt_cursor(self, subscription_name: str) -> Subscription:

@@ -48,6 +48,7 @@ from broker.pulsar.pulsar_api_pb2 import (
     CommandPartitionedTopicMetadataResponse,
     CommandSubscribe,
     FeatureFlags,
+    KeySharedMode,
     MessageIdData,
     Schema,
     ServerError,
@@ -701,6 +702,11 @@ class PulsarFrontEnd:
         start_offset = None
         if not body.durable and body.HasField("start_message_id"):
             start_offset = await self._start_offset(service, body.start_message_id)
+        hash_ranges = None
+        if subscription_type is SubscriptionType.KEY_SHARED and body.HasField("keySharedMeta"):
+            meta = body.keySharedMeta
+            if meta.keySharedMode == KeySharedMode.Value("STICKY"):
+                hash_ranges = tuple((item.start, item.end) for item in meta.hashRanges)
         consumer_id = self.broker.new_consumer_id()
         consumer = _Consumer(body.consumer_id, service, body.subscription, consumer_id, subscription_type)
         link = ConsumerLink(consumer_id, body.consumer_id, body.consumer_name or f"consumer-{consumer_id}",
@@ -708,7 +714,7 @@ class PulsarFrontEnd:
         subscription = await service.subscribe(
             link, body.subscription, subscription_type, priority=body.priority_level,
             initial_position="earliest" if body.initialPosition == CommandSubscribe.Earliest else "latest",
-            durable=body.durable, important=False, start_offset=start_offset,
+            durable=body.durable, important=False, start_offset=start_offset, hash_ranges=hash_ranges,
         )
         if connection.closed:
             service.remove_consumer(subscription.name, consumer_id)

@@ -293,3 +293,79 @@ async def test_keyed_messages_of_both_clients_land_on_the_same_partitions(shared
 
     assert await in_thread(run) == quire_partitions
     assert len(set(quire_partitions.values())) == 4
+
+
+async def test_key_shared_on_a_partitioned_topic_keeps_each_key_at_one_consumer_in_order(shared_cluster):
+    topic = "pulsar-key-shared"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, partitions=3)
+    keys = [f"key-{index}" for index in range(30)]
+
+    def run() -> dict:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            consumers = [client.subscribe(full(topic), "key-shared", consumer_type=pulsar.ConsumerType.KeyShared,
+                                          consumer_name=f"c{index}", initial_position=pulsar.InitialPosition.Earliest)
+                         for index in range(3)]
+            # Default batching: a batch holds messages of many keys, which
+            # the broker splits among the consumers by key.
+            producer = client.create_producer(full(topic), batching_enabled=True, batching_max_publish_delay_ms=5,
+                                              block_if_queue_full=True)
+            for index in range(1_500):
+                producer.send_async(b"%d" % index, None, partition_key=keys[index % len(keys)])
+            producer.flush()
+            by_consumer: dict[int, list] = collections.defaultdict(list)
+            deadline = time.monotonic() + 60
+            while sum(map(len, by_consumer.values())) < 1_500 and time.monotonic() < deadline:
+                for number, consumer in enumerate(consumers):
+                    try:
+                        message = consumer.receive(50)
+                    except pulsar.Timeout:
+                        continue
+                    by_consumer[number].append((message.partition_key(), int(message.data())))
+                    consumer.acknowledge(message)
+            return by_consumer
+        finally:
+            client.close()
+
+    by_consumer = await in_thread(run)
+    assert sum(map(len, by_consumer.values())) == 1_500
+    consumers_of_key = collections.defaultdict(set)
+    for number, messages in by_consumer.items():
+        for key in {key for key, _ in messages}:
+            consumers_of_key[key].add(number)
+            numbers = [value for other, value in messages if other == key]
+            assert numbers == sorted(numbers), f"key {key} out of order at consumer {number}"
+    assert all(len(numbers) == 1 for numbers in consumers_of_key.values()), "a key went to two consumers"
+    assert len(by_consumer) == 3, "every consumer takes some keys"
+
+
+async def test_sticky_key_shared_consumers_take_the_hash_ranges_they_name(shared_cluster):
+    from broker.dispatcher import key_hash
+
+    topic = full("pulsar-sticky")
+
+    def run() -> tuple[list, list]:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            low, high = (client.subscribe(topic, "sticky", consumer_type=pulsar.ConsumerType.KeyShared,
+                                          key_shared_policy=pulsar.ConsumerKeySharedPolicy(
+                                              pulsar.KeySharedMode.Sticky, sticky_ranges=[ranges]))
+                         for ranges in ((0, 32_767), (32_768, 65_535)))
+            with pytest.raises(Exception):  # overlapping ranges are refused
+                client.subscribe(topic, "sticky", consumer_type=pulsar.ConsumerType.KeyShared,
+                                 key_shared_policy=pulsar.ConsumerKeySharedPolicy(pulsar.KeySharedMode.Sticky,
+                                                                                  sticky_ranges=[(30_000, 40_000)]))
+            producer = client.create_producer(topic, batching_enabled=False)
+            for index in range(40):
+                producer.send(b"%d" % index, partition_key=f"user-{index}")
+            return ([message.partition_key() for message in receive_all(low, sum(
+                        key_hash(f"user-{index}") <= 32_767 for index in range(40)))],
+                    [message.partition_key() for message in receive_all(high, sum(
+                        key_hash(f"user-{index}") > 32_767 for index in range(40)))])
+        finally:
+            client.close()
+
+    low_keys, high_keys = await in_thread(run)
+    assert low_keys and high_keys
+    assert all(key_hash(key) <= 32_767 for key in low_keys) and all(key_hash(key) > 32_767 for key in high_keys)
