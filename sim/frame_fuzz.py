@@ -21,10 +21,15 @@ import msgpack
 from bookie.protocol import wire
 from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from broker import protocol as broker_protocol
+from broker.codecs import Codec
+from broker.pulsar import wire as pulsar_wire
+from broker.pulsar.pulsar_api_pb2 import MessageIdData
+from broker.pulsar_message import OutMessage, build_batch
 from framing.codec import LENGTH_PREFIX
 
 BOOKIE = "bookie"
 BROKER = "broker"
+PULSAR = "pulsar"  # a broker's Pulsar listener
 DEPTH_CHOICES = (2, 15, 16, 17, 100, 1000, 1023, 1024, 1025, 5000)
 
 
@@ -38,6 +43,8 @@ class FuzzCase:
 def handshake(protocol: str) -> bytes:
     if protocol == BOOKIE:
         return wire.encode_hello(wire.Hello(wire.PROTOCOL_VERSION, "fuzz"))
+    if protocol == PULSAR:
+        return pulsar_wire.encode(pulsar_wire.command(pulsar_wire.Type.CONNECT, client_version="fuzz", protocol_version=21))
     return broker_protocol.encode(broker_protocol.Connect(broker_protocol.PROTOCOL_VERSION, "fuzz"))
 
 
@@ -110,7 +117,7 @@ def _broker_requests(rng: random.Random) -> list[list[Any]]:
     return [
         [2, request_id, topic, False],
         [3, request_id, 1, topic, "fuzz-producer"],
-        [4, 1, 0, 0, 1, 0, "none", None, b"\x00"],
+        [4, 1, 0, 0, 1, b"\x00"],
         [6, request_id, 1],
         [7, request_id, 1, topic, "sub", "shared", "fuzz", 0, "earliest", True, False, None],
         [8, 1, 100],
@@ -171,8 +178,70 @@ def _frame_body(body: bytes) -> bytes:
     return LENGTH_PREFIX.pack(len(body)) + body
 
 
+def _pulsar_requests(rng: random.Random) -> list[bytes]:
+    """Well-formed Pulsar commands (frames), as a client sends them."""
+    Type, command, encode = pulsar_wire.Type, pulsar_wire.command, pulsar_wire.encode
+    request_id = rng.randrange(1 << 32)
+    topic = f"persistent://public/default/fuzz-{rng.randrange(8)}"
+    message = build_batch("fuzz-producer", 0, [OutMessage(index, b"x" * rng.randrange(20), rng.choice((None, "k")))
+                                               for index in range(rng.randrange(1, 5))], rng.choice(list(Codec)))
+    return [
+        encode(command(Type.LOOKUP, topic=topic, request_id=request_id)),
+        encode(command(Type.PARTITIONED_METADATA, topic=topic, request_id=request_id)),
+        encode(command(Type.PRODUCER, topic=topic, producer_id=1, request_id=request_id, producer_name="fuzz-producer")),
+        encode(command(Type.SEND, producer_id=1, sequence_id=0, num_messages=rng.randrange(0, 6)), message),
+        encode(command(Type.SUBSCRIBE, topic=topic, subscription="sub", subType=rng.randrange(4), consumer_id=1,
+                       request_id=request_id)),
+        encode(command(Type.FLOW, consumer_id=1, messagePermits=rng.randrange(1 << 32))),
+        encode(command(Type.ACK, consumer_id=1, ack_type=rng.randrange(2),
+                       message_id=[MessageIdData(ledgerId=rng.randrange(1 << 64), entryId=rng.randrange(1 << 64),
+                                                 ack_set=[rng.randrange(-(1 << 63), 1 << 63)])])),
+        encode(command(Type.REDELIVER_UNACKNOWLEDGED_MESSAGES, consumer_id=1)),
+        encode(command(Type.SEEK, consumer_id=1, request_id=request_id, message_publish_time=rng.randrange(1 << 64))),
+        encode(command(Type.GET_TOPICS_OF_NAMESPACE, request_id=request_id, namespace="public/default",
+                       topics_pattern=rng.choice(("fuzz.*", "(", "[a-")))),
+        encode(command(Type.GET_LAST_MESSAGE_ID, consumer_id=1, request_id=request_id)),
+        encode(command(Type.CLOSE_CONSUMER, consumer_id=1, request_id=request_id)),
+        encode(command(Type.CLOSE_PRODUCER, producer_id=1, request_id=request_id)),
+        encode(command(Type.PING)),
+    ]
+
+
+def _pulsar_frame(command_bytes: bytes, payload: bytes = b"") -> bytes:
+    return struct.pack(">II", 4 + len(command_bytes) + len(payload), len(command_bytes)) + command_bytes + payload
+
+
+def _flip(rng: random.Random, data: bytes) -> bytes:
+    """`data` with a few bytes changed (past the frame's sizes, mostly)."""
+    changed = bytearray(data)
+    for _ in range(rng.randrange(1, 4)):
+        changed[rng.randrange(min(8, len(changed) - 1) if rng.random() < 0.1 else 8, len(changed))] = rng.randrange(256)
+    return bytes(changed)
+
+
+def _pulsar_case(rng: random.Random) -> tuple[str, bytes]:
+    requests = _pulsar_requests(rng)
+    kinds: list[tuple[str, Callable[[], bytes]]] = [
+        ("random bytes", lambda: rng.randbytes(rng.randrange(1, 2048))),
+        ("random command", lambda: _pulsar_frame(rng.randbytes(rng.randrange(1, 200)))),
+        ("truncated", lambda: (lambda whole: whole[: rng.randrange(1, len(whole))])(rng.choice(requests))),
+        ("flipped bytes", lambda: _flip(rng, rng.choice(requests))),
+        ("hostile sizes", lambda: struct.pack(">II", rng.choice((0, 3, 4, 1 << 31, (1 << 32) - 1, rng.randrange(1 << 32))),
+                                              rng.randrange(1 << 32)) + rng.randbytes(rng.randrange(40))),
+        ("command past its frame", lambda: struct.pack(">II", 20, 100) + rng.randbytes(16)),
+        ("type without its command", lambda: _pulsar_frame(bytes([0x08, rng.choice((4, 5, 6, 9, 10, 23, 99, 200))]))),
+        ("many commands", lambda: b"".join(rng.choice(requests) for _ in range(rng.randrange(2, 50)))),
+        ("valid then bad", lambda: rng.choice(requests) + _pulsar_frame(rng.randbytes(rng.randrange(1, 50)))),
+    ]
+    kind, make = rng.choice(kinds)
+    return kind, make()
+
+
 def fuzz_case(rng: random.Random, protocol: str) -> FuzzCase:
-    """One hostile case for `protocol` (BOOKIE or BROKER)."""
+    """One hostile case for `protocol` (BOOKIE, BROKER or PULSAR)."""
+    if protocol == PULSAR:
+        kind, payload = _pulsar_case(rng)
+        return FuzzCase(kind, rng.random() < 0.8, payload)
     requests = _bookie_requests(rng) if protocol == BOOKIE else _broker_requests(rng)
     kinds: list[tuple[str, Callable[[], bytes]]] = [
         ("random bytes", lambda: rng.randbytes(rng.randrange(1, 2048))),
@@ -243,4 +312,4 @@ def send_case(host: str, port: int, protocol: str, case: FuzzCase, timeout_s: fl
             answered += data
 
 
-__all__ = ["BOOKIE", "BROKER", "FuzzCase", "frame", "fuzz_case", "handshake", "nested", "random_value", "send_case"]
+__all__ = ["BOOKIE", "BROKER", "PULSAR", "FuzzCase", "frame", "fuzz_case", "handshake", "nested", "random_value", "send_case"]

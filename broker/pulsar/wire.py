@@ -83,8 +83,12 @@ class PulsarFrameDecoder(FrameDecoder):
                     raise ProtocolError(f"a command of {command_size} bytes in a frame of {length}")
                 command_end = start + 8 + command_size
                 self.frames_decoded += 1
-                yield Frame(parse_command(view[start + 8:command_end]),
-                            bytes(view[command_end:end]) if command_end < end else None)
+                # Copies (a command is small): no view of the buffer may
+                # outlive this step, or a failed parse would keep the buffer
+                # from being resized ever after.
+                command_bytes = bytes(view[start + 8:command_end])
+                payload = bytes(view[command_end:end]) if command_end < end else None
+                yield Frame(parse_command(command_bytes), payload)
         finally:
             view.release()
             if self._position and self._position == len(buffer):
@@ -98,6 +102,10 @@ def parse_command(data) -> BaseCommand:
         command.ParseFromString(data)
     except DecodeError as error:
         raise ProtocolError(f"a command that does not decode: {error}"[:300]) from None
+    # A type number this broker does not know is kept aside by protobuf
+    # (the field then reads as its default): it is missing, not CONNECT.
+    if not command.HasField("type"):
+        raise ProtocolError("a command of a type this broker does not know")
     field = FIELD_OF_TYPE.get(command.type)
     if field is None:
         raise ProtocolError(f"unknown command type {command.type}")

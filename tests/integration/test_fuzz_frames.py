@@ -1,4 +1,5 @@
-"""Hostile frames against a real bookie and a real broker: random bytes,
+"""Hostile frames against a real bookie and a real broker (both its
+protocols, quire's and Pulsar's): random bytes,
 truncations, values nested at many depths, wrong types, huge declared counts
 and lengths, valid requests with invalid fields (sim/frame_fuzz.py). Each
 case closes only its own connection: after every batch the process is still
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.client import Client
-from sim.frame_fuzz import BOOKIE, BROKER, fuzz_case, send_case
+from sim.frame_fuzz import BOOKIE, BROKER, PULSAR, fuzz_case, send_case
 from tests.integration.bookie_processes import bookie_takes_an_add
 from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
 
@@ -40,9 +41,25 @@ def _broker_serves(cluster, topic: str) -> None:
     trio.run(produce_and_consume)
 
 
+def _pulsar_client_serves(url: str, topic: str) -> None:
+    import pulsar
+
+    client = pulsar.Client(url, operation_timeout_seconds=20, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        consumer = client.subscribe(f"persistent://public/default/{topic}", "check")
+        client.create_producer(f"persistent://public/default/{topic}").send(b"check")
+        message = consumer.receive(20_000)
+        assert message.data() == b"check"
+        consumer.acknowledge(message)
+    finally:
+        client.close()
+
+
 def _fuzz(cluster, protocol: str, cases: int) -> None:
     process = cluster.bookies[0] if protocol == BOOKIE else cluster.brokers[0]
     host, port = process.address.rsplit(":", 1)
+    if protocol == PULSAR:
+        port = process.pulsar_port
     sent = {"cases": 0, "checks": 0}
 
     def check() -> None:
@@ -50,6 +67,8 @@ def _fuzz(cluster, protocol: str, cases: int) -> None:
         sent["checks"] += 1
         if protocol == BOOKIE:
             bookie_takes_an_add(process.address, (1 << 50) + sent["checks"])
+        elif protocol == PULSAR:
+            _pulsar_client_serves(process.pulsar_url, f"fuzz-pulsar-check-{sent['checks']}")
         else:
             _broker_serves(cluster, f"fuzz-check-{sent['checks']}")
 
@@ -71,13 +90,13 @@ def _fuzz(cluster, protocol: str, cases: int) -> None:
     assert sent["cases"] >= cases // 2  # hypothesis may stop early only on a tiny space
 
 
-@pytest.mark.parametrize("protocol", [BOOKIE, BROKER])
+@pytest.mark.parametrize("protocol", [BOOKIE, BROKER, PULSAR])
 def test_hostile_frames_close_only_their_own_connection(shared_cluster, protocol):
     _fuzz(shared_cluster, protocol, CASES_DEFAULT)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("protocol", [BOOKIE, BROKER])
+@pytest.mark.parametrize("protocol", [BOOKIE, BROKER, PULSAR])
 def test_a_hundred_thousand_hostile_frames(shared_cluster, protocol):
     _fuzz(shared_cluster, protocol, CASES_SLOW)
 
