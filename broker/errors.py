@@ -25,6 +25,7 @@ class BrokerStatus(enum.IntEnum):
     BAD_VERSION = 14  # protocol versions differ
     CHECKSUM = 15  # a message's checksum did not match: corrupted on the way
     NOT_ALLOWED = 16  # something quire does not do (transactions, non-persistent topics, ...)
+    PRODUCER_FENCED = 17  # an exclusive producer took the partition: this producer may not publish there
 
 
 class BrokerError(Exception):
@@ -72,6 +73,13 @@ class TopicExistsError(BrokerError):
 
 class ProducerBusyError(BrokerError):
     status = BrokerStatus.PRODUCER_BUSY
+
+
+class ProducerFencedError(BrokerError):
+    """A producer fenced out by an exclusive one (Pulsar's ProducerFenced):
+    it is closed, and refused until that one goes."""
+
+    status = BrokerStatus.PRODUCER_FENCED
 
 
 class ConsumerBusyError(BrokerError):
@@ -141,6 +149,7 @@ _BY_STATUS = {
         ProtocolVersionError,
         ChecksumMismatchError,
         NotAllowedError,
+        ProducerFencedError,
     )
 }
 
@@ -163,6 +172,7 @@ __all__ = [
     "NotOwnerError",
     "PartitionOverflowError",
     "ProducerBusyError",
+    "ProducerFencedError",
     "ProtocolVersionError",
     "RetryLaterError",
     "ServiceUnavailableError",

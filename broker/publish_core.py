@@ -1,5 +1,6 @@
 """The publishing rules of one loaded partition, as a pure state machine:
-which producers are connected, what a (re)connecting producer is told to
+which producers are connected (and with which access: Pulsar's Shared,
+Exclusive, WaitForExclusive, ExclusiveWithFencing), what a (re)connecting producer is told to
 continue after, what each batch gets (taken, a duplicate, "retry", refused
 over the backlog quota, or refused because the partition is unloading),
 and when the deduplication map is snapshotted.
@@ -23,6 +24,15 @@ DEDUP_SNAPSHOT_ENTRIES = 1_000  # entries between two snapshots of the deduplica
 Link = TypeVar("Link")
 
 
+class AccessMode(str, enum.Enum):
+    """How a producer shares the partition (Pulsar's ProducerAccessMode)."""
+
+    SHARED = "shared"  # with any other shared producer
+    EXCLUSIVE = "exclusive"  # alone: refused while other producers are connected
+    WAIT_FOR_EXCLUSIVE = "wait_for_exclusive"  # alone: waits until the others are gone
+    EXCLUSIVE_WITH_FENCING = "exclusive_with_fencing"  # alone: the others are closed and refused from then on
+
+
 class ProducerAnswer(enum.Enum):
     """What a producer asking to publish is told."""
 
@@ -30,6 +40,8 @@ class ProducerAnswer(enum.Enum):
     BUSY = "busy"  # a producer with this id is connected already
     WAIT = "wait"  # batches of an earlier connection are still being written: ask again once they are done
     FENCED = "fenced"  # the partition is being unloaded
+    EXCLUDED = "excluded"  # another producer has (or, shared, others have) the access it asks for
+    WAIT_EXCLUSIVE = "wait_exclusive"  # other producers are connected: ask again once producers leave
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +72,10 @@ class PublishCore(Generic[Link]):
         self.snapshot_entries = snapshot_entries
         self.dedup: Dedup = self.dedup_class()
         self.producers: dict[str, Link] = {}
+        self.exclusive: str | None = None  # the producer that has the partition to itself, if one has
+        self.fenced_by: str | None = None  # the exclusive producer that fenced the others out, while it is connected
+        self.topic_epoch = 0  # one more each time a producer is given exclusive access (Pulsar's topic epoch)
+        self._to_close: list[Link] = []  # producers fenced out, for the driver to close
         self.stopped: str | None = None  # why it takes no more batches (fenced or unloading)
         self._batches_taken: dict[str, int] = {}  # producer id -> batches taken and not yet answered
         self._entries_since_snapshot = 0
@@ -106,21 +122,46 @@ class PublishCore(Generic[Link]):
 
     # --- producers ---------------------------------------------------------------------------
 
-    def add_producer(self, producer_id: str, link: Link) -> tuple[ProducerAnswer, int]:
+    def add_producer(self, producer_id: str, link: Link, access: AccessMode = AccessMode.SHARED) -> tuple[ProducerAnswer, int]:
         """Register a producer; with OK, the last sequence id persisted for
         it. Not while a batch it sent on an earlier connection is taken and
         unanswered: until then its last persisted id is not known, and a
         producer that took the wrong one would lose messages (new ones taken
-        for copies, or copies of ones that then failed taken for new)."""
+        for copies, or copies of ones that then failed taken for new).
+
+        Access: a shared producer is refused while one has exclusive access;
+        an exclusive one while any other is connected (WAIT_FOR_EXCLUSIVE
+        is told to wait instead); EXCLUSIVE_WITH_FENCING takes the partition
+        from the others, which the driver closes (`take_fenced`)."""
         if self.stopped is not None:
             return ProducerAnswer.FENCED, -1
         if producer_id in self.producers:
             return ProducerAnswer.BUSY, -1
+        others = [other for other in self.producers if other != producer_id]
+        if self.exclusive is not None and access is not AccessMode.EXCLUSIVE_WITH_FENCING:
+            return ProducerAnswer.EXCLUDED, -1
+        if access is AccessMode.EXCLUSIVE and others:
+            return ProducerAnswer.EXCLUDED, -1
+        if access is AccessMode.WAIT_FOR_EXCLUSIVE and others:
+            return ProducerAnswer.WAIT_EXCLUSIVE, -1
+        if access is AccessMode.SHARED and self.fenced_by is not None:
+            return ProducerAnswer.EXCLUDED, -1
         last_sequence_id = self.resume_after(producer_id)
         if last_sequence_id is None:
             return ProducerAnswer.WAIT, -1
+        if access is AccessMode.EXCLUSIVE_WITH_FENCING:
+            self._to_close += [self.producers.pop(other) for other in others]
+            self.fenced_by = producer_id
+        if access is not AccessMode.SHARED:
+            self.exclusive = producer_id
+            self.topic_epoch += 1
         self.producers[producer_id] = link
         return ProducerAnswer.OK, last_sequence_id
+
+    def take_fenced(self) -> list[Link]:
+        """The producers an exclusive one fenced out, to be closed (once)."""
+        fenced, self._to_close = self._to_close, []
+        return fenced
 
     def resume_after(self, producer_id: str) -> int | None:
         """What a (re)connecting producer continues after, once known."""
@@ -128,9 +169,16 @@ class PublishCore(Generic[Link]):
             return None
         return self.dedup.last_persisted(producer_id)
 
-    def remove_producer(self, producer_id: str, link: Link) -> None:
-        if self.producers.get(producer_id) is link:
-            del self.producers[producer_id]
+    def remove_producer(self, producer_id: str, link: Link) -> bool:
+        """A producer went away; True if it was registered (producers
+        waiting for exclusive access may ask again)."""
+        if self.producers.get(producer_id) is not link:
+            return False
+        del self.producers[producer_id]
+        if self.exclusive == producer_id:
+            self.exclusive = None
+            self.fenced_by = None
+        return True
 
     def last_persisted(self, producer_id: str) -> int:
         return self.dedup.last_persisted(producer_id)
@@ -249,6 +297,7 @@ class PublishCore(Generic[Link]):
     def forget_producers(self) -> dict[str, Link]:
         """The producers, let go of (the driver tells each to look the partition up again)."""
         producers, self.producers = self.producers, {}
+        self.exclusive = self.fenced_by = None
         return producers
 
     @property
@@ -256,4 +305,4 @@ class PublishCore(Generic[Link]):
         return self.dedup.producer_count
 
 
-__all__ = ["DEDUP_SNAPSHOT_ENTRIES", "TAKE", "TAKE_DEDUPLICATED", "Judgement", "ProducerAnswer", "PublishCore"]
+__all__ = ["DEDUP_SNAPSHOT_ENTRIES", "TAKE", "TAKE_DEDUPLICATED", "AccessMode", "Judgement", "ProducerAnswer", "PublishCore"]

@@ -391,6 +391,13 @@ class BrokerServer:
                     service.remove_consumer(name, consumer_id, keep=True)
                     connection.send(Closed("consumer", handle, f"subscription {name} was moved: subscribe again"))
 
+    @staticmethod
+    def _close_producer(connection: _Connection, link: ProducerLink, reason: str) -> None:
+        found = connection.producers.get(link.handle)
+        if found is not None and found[1] is link:
+            del connection.producers[link.handle]
+            connection.send(Closed("producer", link.handle, reason))
+
     def _close_clients(self, service: PartitionService) -> None:
         """Tell every producer and consumer of the partition to look it up again."""
         if self.pulsar is not None:
@@ -606,6 +613,7 @@ class BrokerServer:
                 raise BadRequestError(f"producer handle {message.producer_handle} is in use on this connection")
             service = await self.serving(message.topic)
             link = ProducerLink(message.producer_handle, message.producer_id, connection.send_receipt)
+            link.close = lambda reason: self._close_producer(connection, link, reason)
             last_sequence_id = await service.add_producer(link)
             connection.producers[message.producer_handle] = (service, link)
             return {"last_sequence_id": last_sequence_id, "partition": service.name}

@@ -28,6 +28,7 @@ from broker.errors import (
     BrokerStatus,
     ConsumerBusyError,
     ProducerBusyError,
+    ProducerFencedError,
     RetryLaterError,
     SubscriptionNotFoundError,
     TopicFencedError,
@@ -40,7 +41,7 @@ from broker.protocol import Send, SendReceipt
 from broker.publish_buffer import PublishPermit, batch_cost_bytes
 from broker import partition_core
 from broker.partition_core import UNLOAD_WRITES_MS, PartitionCore
-from broker.publish_core import DEDUP_SNAPSHOT_ENTRIES, ProducerAnswer, PublishCore
+from broker.publish_core import DEDUP_SNAPSHOT_ENTRIES, AccessMode, ProducerAnswer, PublishCore
 from broker.subscription import ConsumerLink, Subscription
 from broker.subscription_core import SubscriptionCore
 from broker.topic_records import TopicPolicies, check_name
@@ -80,6 +81,9 @@ class ProducerLink:
     producer_id: str
     send_receipt: Callable[[SendReceipt], None]
     messages_in: int = 0
+    # Closes the producer on its connection, saying why (an exclusive
+    # producer fenced it out); None: nothing to tell.
+    close: Callable[[str], None] | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -131,6 +135,7 @@ class PartitionService:
         self._lifecycle_wakeup = trio.Event()
         self._stopped = trio.Event()
         self._batch_finished = trio.Event()
+        self._producers_left = trio.Event()  # set when a producer goes (one waiting for exclusive access asks again)
         self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
 
@@ -310,20 +315,45 @@ class PartitionService:
 
     # --- producers ---------------------------------------------------------------------------
 
-    async def add_producer(self, link: ProducerLink) -> int:
+    async def add_producer(self, link: ProducerLink, access: AccessMode = AccessMode.SHARED,
+                           on_waiting: Callable[[], None] | None = None) -> int:
         """Register a producer; returns the last sequence id persisted for
         it, once none of its batches (from an earlier connection) is still
-        queued or being written (PublishCore.add_producer)."""
-        with trio.move_on_after(PRODUCER_EARLIER_BATCHES_WAIT_S):
-            while True:
-                answer, last_sequence_id = self.publishing.add_producer(link.producer_id, link)
-                if answer is not ProducerAnswer.WAIT:
+        queued or being written (PublishCore.add_producer). A producer
+        waiting for exclusive access waits until the others are gone (for
+        as long as its caller waits), `on_waiting` called once when it starts
+        to; the producers an exclusive one fences out are closed."""
+        deadline = trio.current_time() + PRODUCER_EARLIER_BATCHES_WAIT_S
+        told_waiting = False
+        while True:
+            answer, last_sequence_id = self.publishing.add_producer(link.producer_id, link, access)
+            if answer is ProducerAnswer.WAIT:
+                with trio.move_on_at(deadline):
+                    await self._batch_finished.wait()
+                if trio.current_time() >= deadline:
                     break
-                await self._batch_finished.wait()
+                continue
+            if answer is ProducerAnswer.WAIT_EXCLUSIVE:
+                if not told_waiting and on_waiting is not None:
+                    told_waiting = True
+                    on_waiting()
+                await self._producers_left.wait()
+                continue
+            break
         if answer is ProducerAnswer.OK:
+            for fenced in self.publishing.take_fenced():
+                if fenced.close is not None:
+                    fenced.close(f"producer {link.producer_id!r} took {self.name} with exclusive access and fenced this one out")
             return last_sequence_id
         if answer is ProducerAnswer.BUSY:
             raise ProducerBusyError(f"producer {link.producer_id!r} is already connected to {self.name}")
+        if answer is ProducerAnswer.EXCLUDED:
+            if self.publishing.fenced_by is not None:
+                raise ProducerFencedError(f"producer {self.publishing.fenced_by!r} has {self.name} to itself and fenced "
+                                          f"the others out")
+            holder = self.publishing.exclusive
+            raise ProducerBusyError(f"producer {holder!r} has exclusive access to {self.name}" if holder is not None else
+                                    f"{self.name} has other producers connected: exclusive access refused")
         if answer is ProducerAnswer.WAIT:
             raise RetryLaterError(f"producer {link.producer_id!r} still has batches being written to {self.name}; retry")
         self._check_serving()
@@ -336,8 +366,9 @@ class PartitionService:
 
     def remove_producer(self, producer_id: str, handle: int) -> None:
         link = self.producers.get(producer_id)
-        if link is not None and link.handle == handle:
-            self.publishing.remove_producer(producer_id, link)
+        if link is not None and link.handle == handle and self.publishing.remove_producer(producer_id, link):
+            left, self._producers_left = self._producers_left, trio.Event()
+            left.set()
 
     def _check_serving(self) -> None:
         if self.fenced is not None:

@@ -194,6 +194,7 @@ nonnegative_int = Bounded("integer", 0, INT64_MAX, why="a 64-bit integer")
 positive_int = Bounded("integer", 1, INT64_MAX, why="a 64-bit integer")
 port_number = Bounded("port", 1, PORT_MAX)
 metrics_port = Bounded("metrics port", 0, PORT_MAX)  # 0: no metrics endpoint
+port_or_zero = Bounded("port", 0, PORT_MAX)  # 0: none
 fraction = Bounded("fraction", 0, 1, low_open=True)
 
 
@@ -308,6 +309,7 @@ __all__ = [
     "parse_number",
     "parse_size",
     "port_number",
+    "port_or_zero",
     "positive_int",
     "range_text",
 ]

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from quire import cli_ranges as ranges
-from quire.cli_parsing import UsageError, metrics_port, port_number
+from quire.cli_parsing import UsageError, metrics_port, port_number, port_or_zero
 
 
 def add_data_dir(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +19,9 @@ def add_up(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brokers", type=ranges.processes_or_none, default=1, help="brokers to start")
     parser.add_argument("--zk-port", type=port_number, default=2181, help="port of the cluster's ZooKeeper")
     parser.add_argument("--bookie-base-port", type=port_number, default=3181, help="bookie i listens on BASE+i")
-    parser.add_argument("--broker-base-port", type=port_number, default=6700, help="broker i listens on BASE+i")
+    parser.add_argument("--broker-base-port", type=port_number, default=6700, help="broker i serves quire's protocol on BASE+i")
+    parser.add_argument("--pulsar-base-port", type=port_or_zero, default=6650,
+                        help="broker i serves Pulsar's protocol on BASE+2i (0: no Pulsar listener; default %(default)s)")
     parser.add_argument(
         "--metrics-base-port", type=metrics_port, default=8000,
         help="Prometheus /metrics: bookie i on BASE+i, broker j on BASE+BOOKIES+j (0: no metrics; default %(default)s)",
@@ -41,11 +43,15 @@ def up(arguments: argparse.Namespace) -> int:
             brokers=arguments.brokers,
             broker_base_port=arguments.broker_base_port,
             metrics_base_port=arguments.metrics_base_port,
+            pulsar_base_port=arguments.pulsar_base_port,
             root=arguments.root,
         )
     except ClusterError as error:
         raise UsageError(str(error)) from None
     print(f"cluster up: --zk {state.zk_hosts} --root {state.root}; logs in {arguments.data_dir}/logs")
+    pulsar_urls = [record.pulsar_url.removeprefix("pulsar://") for record in state.processes if record.pulsar_url]
+    if pulsar_urls:
+        print(f"Pulsar clients: pulsar://{','.join(pulsar_urls)}")
     return 0
 
 
@@ -62,11 +68,11 @@ def status(arguments: argparse.Namespace) -> int:
     if not rows:
         print(f"cluster in {arguments.data_dir} is stopped")
         return 1
-    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}  METRICS")
+    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}  {'PULSAR':<28} METRICS")
     for row in rows:
         print(
             f"{row['name']:<12} {row['role']:<10} {row['pid']:>7} {row['address']:<21} "
-            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB  {row['metrics']}"
+            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB  {row['pulsar']:<28} {row['metrics']}"
         )
     return 0 if all(row["state"] != "down" for row in rows) else 1
 

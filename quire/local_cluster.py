@@ -19,6 +19,7 @@ from pathlib import Path
 
 STATE_FILE = "cluster.json"
 METRICS_BASE_PORT = 8000  # BookKeeper's prometheusStatsHttpPort
+PULSAR_BASE_PORT = 6650  # Pulsar's brokerServicePort; broker i takes BASE+2i (and BASE+2i+1 for TLS)
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 STATUS_ZK_PROBE_S = 1.0  # `ruok` to ZooKeeper
@@ -39,6 +40,7 @@ class ProcessRecord:
     log: str
     data_dirs: list[str] = field(default_factory=list)
     metrics_address: str = ""  # HOST:PORT of its /metrics, if any
+    pulsar_url: str = ""  # a broker's pulsar:// service URL, if it serves Pulsar's protocol
 
 
 @dataclass
@@ -143,19 +145,23 @@ def up(
     broker_base_port: int = 6700,
     broker_options: list[str] | None = None,
     metrics_base_port: int = METRICS_BASE_PORT,
+    pulsar_base_port: int = PULSAR_BASE_PORT,
     progress=print,
 ) -> ClusterState:
     """`metrics_base_port`: bookie i serves /metrics on BASE+i, broker j on
-    BASE+bookies+j (0: no metrics)."""
+    BASE+bookies+j (0: no metrics). `pulsar_base_port`: broker i serves
+    Pulsar's protocol on BASE+2i (the next port is its TLS listener's);
+    0: no Pulsar listener."""
     from bookie.durable_files import directory_problem
 
     # The ports first: they are arithmetic on the arguments, checked before
     # anything (even the data directory) is made.
     metrics_ports = [metrics_base_port + index for index in range(bookies + brokers)] if metrics_base_port else []
+    pulsar_ports = [pulsar_base_port + 2 * index for index in range(brokers)] if pulsar_base_port else []
     ports = [zk_port] + [bookie_base_port + index for index in range(bookies)] + [broker_base_port + index for index in range(brokers)]
-    ports += metrics_ports
+    ports += metrics_ports + pulsar_ports
     if len(set(ports)) != len(ports):
-        raise ClusterError(f"the ports of ZooKeeper, bookies, brokers and metrics overlap: {sorted(ports)}")
+        raise ClusterError(f"the ports of ZooKeeper, bookies, brokers, Pulsar listeners and metrics overlap: {sorted(ports)}")
     if max(ports) > 65535:
         raise ClusterError(f"ports run past 65535: {sorted(ports)}")
     data_dir = Path(data_dir).resolve()
@@ -204,11 +210,14 @@ def up(
             port = broker_base_port + index
             name = f"broker-{index + 1}"
             metrics = _metrics_options(metrics_ports, bookies + index)
+            pulsar = ["--pulsar-port", str(pulsar_ports[index])] if pulsar_ports else []
             _spawn(
                 state,
-                dict(role="broker", name=name, address=f"127.0.0.1:{port}", metrics_address=_metrics_address(metrics)),
+                dict(role="broker", name=name, address=f"127.0.0.1:{port}", metrics_address=_metrics_address(metrics),
+                     pulsar_url=f"pulsar://127.0.0.1:{pulsar_ports[index]}" if pulsar_ports else ""),
                 quire_command(
-                    "broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *metrics, *(broker_options or []),
+                    "broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *pulsar, *metrics,
+                    *(broker_options or []),
                 ),
                 data_dir / "logs" / f"{name}.log",
             )
@@ -375,6 +384,7 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
             dict(
                 name=record.name, role=record.role, pid=record.pid, address=record.address,
                 metrics=f"http://{record.metrics_address}/metrics" if record.metrics_address else "-",
+                pulsar=record.pulsar_url or "-",
                 state=process_state, disk_bytes=directory_bytes(record.data_dirs), log=record.log,
             )
         )

@@ -42,6 +42,7 @@ from broker.message_format import MalformedEntryError, decode_entry, pulsar_mess
 from broker.protocol import MessageDelivery, Send, SendReceipt
 from broker.ownership import BrokerInfo
 from broker.publish_buffer import PublishBuffer, batch_cost_bytes
+from broker.publish_core import AccessMode
 from broker.pulsar.pulsar_api_pb2 import (
     CommandAck,
     CommandLookupTopicResponse,
@@ -50,6 +51,7 @@ from broker.pulsar.pulsar_api_pb2 import (
     FeatureFlags,
     KeySharedMode,
     MessageIdData,
+    ProducerAccessMode,
     Schema,
     ServerError,
 )
@@ -109,6 +111,12 @@ RETRY_DELAY_S = 0.05  # a resend of a message still being written is taken again
 ACK_RESOLVE_READS_MAX = 64  # entries read to resolve the ids of one acknowledgement (ids not delivered here)
 
 _SCHEMA_NONE = Schema.Type.Value("None")  # bytes: nothing stored
+_ACCESS_MODES = {
+    ProducerAccessMode.Value("Shared"): AccessMode.SHARED,
+    ProducerAccessMode.Value("Exclusive"): AccessMode.EXCLUSIVE,
+    ProducerAccessMode.Value("WaitForExclusive"): AccessMode.WAIT_FOR_EXCLUSIVE,
+    ProducerAccessMode.Value("ExclusiveWithFencing"): AccessMode.EXCLUSIVE_WITH_FENCING,
+}
 
 _SUBSCRIPTION_TYPES = {
     CommandSubscribe.Exclusive: SubscriptionType.EXCLUSIVE,
@@ -135,6 +143,7 @@ _SERVER_ERRORS = {
     BrokerStatus.BAD_VERSION: ServerError.UnsupportedVersionError,
     BrokerStatus.CHECKSUM: ServerError.ChecksumError,
     BrokerStatus.NOT_ALLOWED: ServerError.NotAllowedError,
+    BrokerStatus.PRODUCER_FENCED: ServerError.ProducerFenced,
 }
 # Receipts that mean "this partition is not served here (any more)": the
 # producer is closed, and its client looks the topic up again and resends.
@@ -595,8 +604,9 @@ class PulsarFrontEnd:
             raise NotAllowedError("transactions are not supported by quire brokers")
         if body.encrypted:
             raise NotAllowedError("encrypted messages are not supported by quire brokers")
-        if body.producer_access_mode != 0:
-            raise NotAllowedError("quire brokers take Shared producers only")
+        access = _ACCESS_MODES.get(body.producer_access_mode)
+        if access is None:
+            raise ValueError(f"unknown producer access mode {body.producer_access_mode}")
         producer_name = body.producer_name if body.HasField("producer_name") and body.producer_name else \
             f"{self.config.cluster_name}-{self.broker.info.broker_id}-{next(self._producer_names)}"
         await self._ensure_topic(name)
@@ -607,13 +617,23 @@ class PulsarFrontEnd:
         link = ProducerLink(body.producer_id, producer_name, lambda receipt: None)
         producer = _Producer(body.producer_id, producer_name, service, link)
         link.send_receipt = lambda receipt: self._receipt(connection, producer, receipt)
-        last_sequence_id = await service.add_producer(link)
+        link.close = lambda reason: self._close_producer(connection, producer)
+
+        def waiting() -> None:
+            # WaitForExclusive: the client waits (without a timeout) for a
+            # second answer, ready, once the other producers are gone.
+            connection.send(encode(command(Type.PRODUCER_SUCCESS, request_id=body.request_id, producer_name=producer_name,
+                                           producer_ready=False)))
+
+        last_sequence_id = await service.add_producer(link, access, waiting)
         if connection.closed:
             service.remove_producer(producer_name, link.handle)
             return None
         connection.producers[body.producer_id] = producer
         answer = command(Type.PRODUCER_SUCCESS, request_id=body.request_id, producer_name=producer_name,
                          last_sequence_id=last_sequence_id, producer_ready=True)
+        if access is not AccessMode.SHARED:
+            answer.producer_success.topic_epoch = service.publishing.topic_epoch
         if schema_version is not None:
             answer.producer_success.schema_version = schema_version
         return answer

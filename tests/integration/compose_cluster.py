@@ -28,6 +28,7 @@ PORT_VARIABLES = (
     "QUIRE_ZK_PORT", "QUIRE_BOOKIE_1_PORT", "QUIRE_BOOKIE_2_PORT", "QUIRE_BOOKIE_3_PORT",
     "QUIRE_BOOKIE_1_METRICS_PORT", "QUIRE_BOOKIE_2_METRICS_PORT", "QUIRE_BOOKIE_3_METRICS_PORT",
     "QUIRE_BROKER_1_PORT", "QUIRE_BROKER_2_PORT", "QUIRE_BROKER_1_METRICS_PORT", "QUIRE_BROKER_2_METRICS_PORT",
+    "QUIRE_BROKER_1_PULSAR_PORT", "QUIRE_BROKER_2_PULSAR_PORT",
 )
 
 
@@ -59,6 +60,10 @@ class ComposeCluster:
     def broker_url(self, *numbers: int) -> str:
         """The brokers' published addresses, as clients on the host dial them."""
         return ",".join(f"localhost:{self.ports[f'QUIRE_BROKER_{number}_PORT']}" for number in numbers or (1, 2))
+
+    def pulsar_url(self) -> str:
+        """The brokers' published Pulsar listeners, as Pulsar clients on the host dial them."""
+        return "pulsar://" + ",".join(f"localhost:{self.ports[f'QUIRE_BROKER_{number}_PULSAR_PORT']}" for number in (1, 2))
 
     def container(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.strip()

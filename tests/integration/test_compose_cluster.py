@@ -54,6 +54,31 @@ def test_produce_and_consume_inside_the_network_and_from_the_host(compose):
     assert listed.returncode == 0 and "outside-in" in listed.stdout and "inside-out" in listed.stdout, listed
 
 
+def test_a_pulsar_client_on_the_host_names_the_external_listener(compose):
+    import pulsar
+
+    client = pulsar.Client(compose.pulsar_url(), listener_name="external", operation_timeout_seconds=60,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        topic = "persistent://public/default/from-pulsar"
+        consumer = client.subscribe(topic, "host", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic, compression_type=pulsar.CompressionType.ZSTD)
+        for number in range(100):
+            producer.send_async(b"%d" % number, None, partition_key=f"k{number % 4}")
+        producer.flush()
+        received = []
+        for _ in range(100):
+            message = consumer.receive(60_000)
+            received.append(int(message.data()))
+            consumer.acknowledge(message)
+        assert received == list(range(100))
+    finally:
+        client.close()
+    consumed = compose.quire_inside("broker-2", "consume", "from-pulsar", "--service-url", "broker-2:6701", "--subscription",
+                                    "inside", "--initial-position", "earliest", "--count", "100", *INSIDE)
+    assert "received 100 messages" in consumed.stderr, consumed.stderr
+
+
 async def produce_while(compose, topic: str, producer_id: str, fault, *, before: int, after: int) -> dict[bytes, int]:
     """A deduplicating producer on the host sends `before` messages, then
     `fault()` runs (in a thread) while it sends `after` more; returns every

@@ -7,6 +7,7 @@ Each test runs the (blocking) Pulsar client in a worker thread."""
 from __future__ import annotations
 
 import collections
+import threading
 import time
 
 import pulsar
@@ -369,3 +370,38 @@ async def test_sticky_key_shared_consumers_take_the_hash_ranges_they_name(shared
     low_keys, high_keys = await in_thread(run)
     assert low_keys and high_keys
     assert all(key_hash(key) <= 32_767 for key in low_keys) and all(key_hash(key) > 32_767 for key in high_keys)
+
+
+async def test_producer_access_modes(shared_cluster):
+    topic = full("pulsar-access")
+
+    def run() -> None:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            shared = client.create_producer(topic, producer_name="shared-1")
+            with pytest.raises(Exception, match="ProducerBusy|Busy"):
+                client.create_producer(topic, producer_name="exclusive-1", access_mode=pulsar.ProducerAccessMode.Exclusive)
+            # WaitForExclusive waits for the shared producer to go.
+            got: list = []
+            waiter = threading.Thread(target=lambda: got.append(client.create_producer(
+                topic, producer_name="waiting-1", access_mode=pulsar.ProducerAccessMode.WaitForExclusive)))
+            waiter.start()
+            time.sleep(1.0)  # the waiting producer has not been given the topic while the shared one is there
+            assert not got
+            shared.close()
+            waiter.join(30)
+            assert got, "the waiting producer got exclusive access once the shared one left"
+            got[0].send(b"from the waiting producer")
+            # ExclusiveWithFencing takes the topic from it: its sends fail from then on.
+            fencer = client.create_producer(topic, producer_name="fencer-1",
+                                            access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing)
+            fencer.send(b"from the fencer")
+            with pytest.raises(Exception):
+                got[0].send(b"fenced out", )
+            with pytest.raises(Exception, match="ProducerFenced|Fenced|Busy"):
+                client.create_producer(topic, producer_name="shared-2")
+        finally:
+            client.close()
+
+    with trio.fail_after(120):
+        await in_thread(run)

@@ -7,7 +7,7 @@ at a graceful unload)."""
 from __future__ import annotations
 
 from broker.errors import BrokerStatus
-from broker.publish_core import TAKE, TAKE_DEDUPLICATED, ProducerAnswer, PublishCore
+from broker.publish_core import TAKE, TAKE_DEDUPLICATED, AccessMode, ProducerAnswer, PublishCore
 
 
 def test_a_reconnecting_producer_waits_for_its_earlier_batches():
@@ -89,3 +89,27 @@ def test_a_batch_keeps_the_deduplication_policy_it_was_judged_under():
     assert core.last_persisted("a") == 1
     core.deduplication = True
     assert core.judge("a", 2, 2, stored_bytes=0, backlog_quota_bytes=None) == TAKE_DEDUPLICATED  # nothing left in flight
+
+
+def test_producer_access_modes():
+    core: PublishCore[str] = PublishCore("p")
+    assert core.add_producer("shared-1", "link-shared-1") == (ProducerAnswer.OK, -1)
+    # Exclusive access is refused while another producer is there; waiting
+    # for it is told to wait.
+    assert core.add_producer("exclusive-1", "link-x", AccessMode.EXCLUSIVE)[0] is ProducerAnswer.EXCLUDED
+    assert core.add_producer("waiter-1", "link-w", AccessMode.WAIT_FOR_EXCLUSIVE)[0] is ProducerAnswer.WAIT_EXCLUSIVE
+    assert core.remove_producer("shared-1", "link-shared-1")
+    assert core.add_producer("waiter-1", "link-w", AccessMode.WAIT_FOR_EXCLUSIVE)[0] is ProducerAnswer.OK
+    assert core.exclusive == "waiter-1" and core.topic_epoch == 1
+    # Nobody else while it has the partition to itself, shared or exclusive.
+    assert core.add_producer("shared-2", "link-shared-2")[0] is ProducerAnswer.EXCLUDED
+    assert core.add_producer("exclusive-2", "link-x2", AccessMode.EXCLUSIVE)[0] is ProducerAnswer.EXCLUDED
+    # Except one that fences it out: the driver closes the fenced one, and
+    # shared producers stay out while the fencer is there.
+    assert core.add_producer("fencer-1", "link-f", AccessMode.EXCLUSIVE_WITH_FENCING)[0] is ProducerAnswer.OK
+    assert core.take_fenced() == ["link-w"] and core.take_fenced() == []
+    assert set(core.producers) == {"fencer-1"} and core.topic_epoch == 2
+    assert not core.remove_producer("waiter-1", "link-w")  # closed by the driver: no longer registered
+    assert core.add_producer("shared-2", "link-shared-2")[0] is ProducerAnswer.EXCLUDED
+    assert core.remove_producer("fencer-1", "link-f")
+    assert core.add_producer("shared-2", "link-shared-2")[0] is ProducerAnswer.OK
