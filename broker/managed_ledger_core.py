@@ -433,6 +433,12 @@ class ManagedLedgerCore:
     def stored_bytes(self) -> int:
         return stored_bytes(self.record.ledgers, self.open_state.bytes)
 
+    def bytes_from(self, offset: int) -> int:
+        """The bytes of the ledgers that hold `offset` or anything after it
+        (whole ledgers: a closed one's size is all the record knows)."""
+        return sum(info.bytes or 0 for info in self.record.ledgers if info.is_closed and info.last_offset >= offset) \
+            + self.open_state.bytes
+
     @property
     def has_open_ledger(self) -> bool:
         return bool(self.record.ledgers) and not self.record.ledgers[-1].is_closed

@@ -447,7 +447,7 @@ class PartitionService:
         producer_id, first_sequence_id, last_sequence_id = link.producer_id, send.first_sequence_id, send.last_sequence_id
         publishing = self.publishing
         judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id,
-                                     stored_bytes=self.managed_ledger.stored_bytes,
+                                     stored_bytes=self.backlog_bytes() if self.policies.backlog_quota_bytes is not None else 0,
                                      backlog_quota_bytes=self.policies.backlog_quota_bytes)
         if judgement.status is not BrokerStatus.OK:
             batch.answer(judgement.status, judgement.detail)
@@ -630,10 +630,24 @@ class PartitionService:
             log.info("partition %s: policies now %s", self.name, self.policies)
 
     def held_from_offset(self) -> int | None:
-        """The first offset an important subscription has not acknowledged."""
+        """The first offset retention must keep for the subscriptions (None:
+        none holds anything): by Pulsar's model, the first any durable
+        subscription has not acknowledged; by YDB's, the first an important
+        one has not."""
+        every = self.policies.retention_model == "pulsar"
         held = [subscription.cursor.mark_delete + 1 for subscription in self.subscriptions.values()
-                if subscription.durable and subscription.important]
+                if subscription.durable and (every or subscription.important)]
         return min(held) if held else None
+
+    def backlog_bytes(self) -> int:
+        """What the backlog quota bounds: by Pulsar's model, the bytes from
+        the oldest message a durable subscription has not acknowledged on;
+        by YDB's, every byte stored."""
+        managed_ledger = self.managed_ledger
+        if self.policies.retention_model != "pulsar":
+            return managed_ledger.stored_bytes
+        held = self.held_from_offset()
+        return 0 if held is None else managed_ledger.core.bytes_from(held)
 
     async def apply_retention(self) -> list[int]:
         deleted = await self.managed_ledger.trim(self.held_from_offset())

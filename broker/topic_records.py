@@ -34,6 +34,7 @@ NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:=-]{{0,{NAME_CHARS_MAX - 1}
 UNKNOWN_POLICIES_SHOWN_MAX = 5
 PARTITION_SUFFIX = re.compile(r"(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})")
 PARTITIONS_MAX = 10_000
+RETENTION_MODELS = ("pulsar", "ydb")  # see TopicPolicies
 
 BROKERS = "/brokers"
 TOPICS = "/topics"
@@ -105,11 +106,22 @@ def cursor_path(partition: str, subscription: str) -> str:
 
 @dataclass(frozen=True)
 class TopicPolicies:
-    """A topic's limits. None means no limit."""
+    """A topic's limits. None means no limit.
+
+    Retention, by `retention_model`:
+    - "pulsar" (the default, Pulsar's): every durable subscription's
+      unacknowledged backlog is kept until acknowledged; retention time and
+      size apply to what every subscription has acknowledged; the backlog
+      quota bounds the bytes from the oldest unacknowledged message on.
+    - "ydb" (YDB's topics): retention deletes whatever it reaches except what
+      an important subscription has not acknowledged; the backlog quota
+      bounds everything the partition stores.
+    """
 
     retention_time_ms: int | None = None  # closed ledgers older than this may go
     retention_bytes: int | None = None  # beyond the newest this many bytes, ledgers may go
-    backlog_quota_bytes: int | None = None  # a partition holding more refuses producers
+    backlog_quota_bytes: int | None = None  # a partition whose backlog (see above) holds more refuses producers
+    retention_model: str = "pulsar"
     rollover_entries: int = 50_000
     rollover_bytes: int = 256 * 1024 * 1024
     rollover_time_ms: int = 4 * 3600 * 1000  # a ledger older than this is closed and a new one started
@@ -136,6 +148,8 @@ class TopicPolicies:
             raise ValueError(f"rollover_min_time_ms must be a non-negative integer, got {describe(self.rollover_min_time_ms)}")
         if type(self.deduplication) is not bool:
             raise ValueError("deduplication must be true or false")
+        if self.retention_model not in RETENTION_MODELS:
+            raise ValueError(f"retention_model must be one of {', '.join(RETENTION_MODELS)}, got {describe(self.retention_model)}")
         for name in ("ensemble_size", "write_quorum", "ack_quorum"):
             value = getattr(self, name)
             if type(value) is not int:

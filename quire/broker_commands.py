@@ -25,9 +25,14 @@ def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
         return f" ({text} unless set)" if defaults else f" (default: the broker's; {text} unless set there)"
 
     parser.add_argument("--retention-time", type=ranges.age, metavar="DURATION",
-                        help=f"{scope}delete closed ledgers older than this (e.g. 7d) once no important subscription needs them")
+                        help=f"{scope}delete closed ledgers older than this (e.g. 7d) once the subscriptions the retention "
+                             f"model counts have acknowledged them")
     parser.add_argument("--retention-size", type=ranges.storage_bytes, metavar="BYTES",
-                        help=f"{scope}keep at most this much beyond what important subscriptions need")
+                        help=f"{scope}keep at most this much beyond what the subscriptions the retention model counts need")
+    parser.add_argument("--retention-model", choices=["pulsar", "ydb"],
+                        help=f"{scope}pulsar: every durable subscription's backlog is kept until acknowledged and retention "
+                             f"applies to acknowledged data; ydb: retention deletes anything but what important subscriptions "
+                             f"have not acknowledged" + unless_set(built_in.retention_model))
     parser.add_argument("--backlog-quota", type=ranges.storage_bytes, metavar="BYTES",
                         help=f"{scope}refuse producers (partition overflow) while a partition holds this much")
     parser.add_argument("--rollover-entries", type=ranges.entries_per_ledger, help=f"{scope}entries per ledger" + unless_set(str(built_in.rollover_entries)))
@@ -48,7 +53,7 @@ def policies_from(arguments: argparse.Namespace) -> dict:
         "retention_time": "retention_time_ms", "retention_size": "retention_bytes", "backlog_quota": "backlog_quota_bytes",
         "rollover_entries": "rollover_entries", "rollover_size": "rollover_bytes", "rollover_time": "rollover_time_ms",
         "rollover_idle": "rollover_idle_ms", "rollover_min_time": "rollover_min_time_ms", "ensemble_size": "ensemble_size", "write_quorum": "write_quorum",
-        "ack_quorum": "ack_quorum",
+        "ack_quorum": "ack_quorum", "retention_model": "retention_model",
     }
     policies = {field: getattr(arguments, flag) for flag, field in names.items() if getattr(arguments, flag) is not None}
     if arguments.deduplication is not None:

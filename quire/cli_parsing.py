@@ -79,15 +79,24 @@ def _parse_port(text: str) -> int:
     return value
 
 
-def _parse_metrics_port(text: str) -> int:
-    """A port for Prometheus's /metrics, or 0 for none."""
+def _parse_port_or_zero(text: str, zero_means: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a port number: {_shown(text)}") from None
     if not 0 <= value <= PORT_MAX:
-        raise argparse.ArgumentTypeError(f"must be 0 (no endpoint) or a port in 1..{PORT_MAX}, got {value}")
+        raise argparse.ArgumentTypeError(f"must be 0 ({zero_means}) or a port in 1..{PORT_MAX}, got {value}")
     return value
+
+
+def _parse_metrics_port(text: str) -> int:
+    """A port for Prometheus's /metrics, or 0 for none."""
+    return _parse_port_or_zero(text, "no endpoint")
+
+
+def _parse_listener_port(text: str) -> int:
+    """A port for a listener, or 0 for none."""
+    return _parse_port_or_zero(text, "no listener")
 
 
 def _parse_fraction(text: str) -> float:
@@ -137,6 +146,7 @@ class Bounded:
         "duration": (parse_duration_ms, human_duration),
         "port": (_parse_port, str),
         "metrics port": (_parse_metrics_port, str),
+        "listener port": (_parse_listener_port, str),
         "fraction": (_parse_fraction, lambda value: f"{value:g}"),
     }
 
@@ -194,7 +204,7 @@ nonnegative_int = Bounded("integer", 0, INT64_MAX, why="a 64-bit integer")
 positive_int = Bounded("integer", 1, INT64_MAX, why="a 64-bit integer")
 port_number = Bounded("port", 1, PORT_MAX)
 metrics_port = Bounded("metrics port", 0, PORT_MAX)  # 0: no metrics endpoint
-port_or_zero = Bounded("port", 0, PORT_MAX)  # 0: none
+port_or_zero = Bounded("listener port", 0, PORT_MAX)  # 0: no listener
 fraction = Bounded("fraction", 0, 1, low_open=True)
 
 

@@ -252,7 +252,8 @@ async def test_a_slow_consumer_gets_only_its_permits(shared_cluster):
 
 async def test_the_backlog_quota_refuses_producers_until_space_is_freed(shared_cluster):
     async with client_of(shared_cluster) as client:
-        await client.create_topic("quota", backlog_quota_bytes=20_000, rollover_entries=10, rollover_min_time_ms=0, retention_time_ms=0)
+        await client.create_topic("quota", backlog_quota_bytes=20_000, rollover_entries=10, rollover_min_time_ms=0, retention_time_ms=0,
+                                  retention_model="ydb")
         consumer = await client.subscribe("quota", "important-one", important=True, initial_position="earliest")
         producer = await client.create_producer("quota")
         sent = 0
@@ -275,12 +276,47 @@ async def test_the_backlog_quota_refuses_producers_until_space_is_freed(shared_c
         await wait_until_async(accepted_again, deadline_s=20, what="the producer accepted once the backlog was read", poll_s=0.2)
 
 
+async def test_by_pulsar_s_model_every_subscription_s_backlog_is_kept_and_retention_takes_only_what_all_acknowledged(shared_cluster):
+    async with client_of(shared_cluster) as client:
+        # The default model; no retention time: acknowledged data goes at once.
+        await client.create_topic("pulsar-retained", rollover_entries=5, rollover_min_time_ms=0, retention_time_ms=0,
+                                  backlog_quota_bytes=4_000)
+        fast = await client.subscribe("pulsar-retained", "fast", initial_position="earliest")
+        await (await client.subscribe("pulsar-retained", "slow", initial_position="earliest")).close()
+        producer = await client.create_producer("pulsar-retained")
+        for number in range(30):
+            await producer.send(b"%03d" % number)
+
+        async def rolled_over() -> bool:
+            return len((await client.topic_stats("pulsar-retained"))["partitions"]["pulsar-retained"]["ledgers"]) >= 4
+
+        await wait_until_async(rolled_over, deadline_s=15, what="4 ledgers or more")
+        await receive(fast, 30)
+        # The slow subscription has acknowledged nothing: nothing goes.
+        assert (await client.apply_retention("pulsar-retained"))["pulsar-retained"]["deleted_ledgers"] == []
+        # Its backlog counts against the quota (30 messages of some 60 bytes each stored).
+        with pytest.raises(PartitionOverflowError):
+            with trio.fail_after(30):
+                while True:
+                    await producer.send(b"x" * 100)
+        slow = await client.subscribe("pulsar-retained", "slow")
+        got = await receive(slow, 30)
+        assert [int(message.data) for message in got] == list(range(30))
+
+        async def some_deleted() -> list:
+            return (await client.apply_retention("pulsar-retained"))["pulsar-retained"]["deleted_ledgers"]
+
+        await wait_until_async(some_deleted, deadline_s=10, what="ledgers deleted once every subscription acknowledged", poll_s=0.2)
+        assert (await client.topic_stats("pulsar-retained"))["partitions"]["pulsar-retained"]["first_offset"] > 0
+        await producer.send(b"accepted again")
+
+
 async def test_retention_deletes_old_ledgers_and_their_entries_except_what_an_important_subscription_holds(shared_cluster):
     from coordination.async_store import AsyncMetadataStore, connect_zookeeper
     from coordination.cluster_layout import ledger_path
 
     async with client_of(shared_cluster) as client:
-        await client.create_topic("retained", rollover_entries=5, rollover_min_time_ms=0, retention_time_ms=0)
+        await client.create_topic("retained", rollover_entries=5, rollover_min_time_ms=0, retention_time_ms=0, retention_model="ydb")
         important = await client.subscribe("retained", "ledger-keeper", important=True, initial_position="earliest")
         # A subscription without the important mark, whose consumer is away.
         await (await client.subscribe("retained", "casual", initial_position="earliest")).close()

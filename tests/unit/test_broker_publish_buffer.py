@@ -190,7 +190,7 @@ async def test_persisted_duplicate_and_in_flight_batches_give_their_bytes_back(m
 
 
 async def test_refused_and_failed_batches_give_their_bytes_back(monkeypatch):
-    harness = Harness(monkeypatch, policies=TopicPolicies(backlog_quota_bytes=1_000))
+    harness = Harness(monkeypatch, policies=TopicPolicies(backlog_quota_bytes=1_000, retention_model="ydb"))
     with trio.fail_after(DEADLINE_S):  # a batch left waiting fails, not hangs
         async with trio.open_nursery() as nursery:
             await nursery.start(harness.service.run)
