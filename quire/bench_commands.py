@@ -10,6 +10,7 @@ BENCHMARKS = {
     "ledger_write": "the ledger client on 3 bookies, and NATS JetStream as the reference",
     "ledger_read": "catch-up read of a closed 1M-entry ledger",
     "broker_pubsub": "broker publish, end to end and backlog, and NATS JetStream as the reference",
+    "pulsar_client": "the official Pulsar client against quire, with NATS JetStream and quire's own client in the same run",
     "broker_memory": "a broker's RSS while millions of small messages pass, against its entry cache",
     "autorecovery": "time to restore full replication after a bookie is lost",
     "bookie_gc": "disk space the bookies' garbage collection reclaims, and how fast",
