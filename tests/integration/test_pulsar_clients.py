@@ -405,3 +405,67 @@ async def test_producer_access_modes(shared_cluster):
 
     with trio.fail_after(120):
         await in_thread(run)
+
+
+async def test_a_regex_subscription_finds_the_namespace_s_topics(shared_cluster):
+    import re
+
+    def run() -> set:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            for name in ("regex-a", "regex-b"):
+                client.create_producer(full(name)).send(name.encode())
+            consumer = client.subscribe(re.compile(r"persistent://public/default/regex-.*"), "regex",
+                                        initial_position=pulsar.InitialPosition.Earliest)
+            return {message.data() for message in receive_all(consumer, 2)}
+        finally:
+            client.close()
+
+    assert await in_thread(run) == {b"regex-a", b"regex-b"}
+
+
+async def test_a_string_schema_is_stored_and_given_back(shared_cluster):
+    from pulsar.schema import StringSchema
+
+    topic = full("pulsar-schema")
+
+    def run() -> list[str]:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            producer = client.create_producer(topic, schema=StringSchema())
+            consumer = client.subscribe(topic, "strings", schema=StringSchema(), initial_position=pulsar.InitialPosition.Earliest)
+            producer.send("héllo")
+            producer.send("wörld")
+            return [message.value() for message in receive_all(consumer, 2)]
+        finally:
+            client.close()
+
+    assert await in_thread(run) == ["héllo", "wörld"]
+
+
+async def test_a_topic_unloaded_while_a_pulsar_producer_sends_loses_and_duplicates_nothing(shared_cluster):
+    topic = "pulsar-unload"
+    total = 2_000
+
+    def produce(unload) -> None:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            producer = client.create_producer(full(topic), producer_name="unload-producer", batching_enabled=True,
+                                              batching_max_publish_delay_ms=2, send_timeout_millis=0, block_if_queue_full=True)
+            for number in range(total):
+                producer.send_async(b"%d" % number, None)
+                if number == total // 2:
+                    unload()  # the broker closes the producer; its client looks the topic up again and resends
+            producer.flush()
+        finally:
+            client.close()
+
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic)
+        token = trio.lowlevel.current_trio_token()
+        await in_thread(produce, lambda: trio.from_thread.run(client.unload, topic, trio_token=token))
+        reader = await client.create_reader(topic)
+        with trio.fail_after(60):
+            received = [int((await reader.receive()).data) for _ in range(total)]
+        assert received == list(range(total))
+        assert (await client.topic_stats(topic))["partitions"][topic]["next_offset"] == total
