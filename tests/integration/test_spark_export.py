@@ -126,6 +126,44 @@ async def test_every_exported_row_is_what_a_consumer_received_from_the_same_ledg
     assert not {key[1] for key in rows} & open_ledgers
 
 
+async def test_a_topic_written_by_pulsar_clients_exports_one_row_per_message(shared_cluster, spark):
+    # The official Pulsar client writes batches (LZ4, keys, properties) and
+    # single messages; the export reads them as a quire reader does.
+    import pulsar
+
+    topic = "export-from-pulsar"
+
+    def produce() -> None:
+        client = pulsar.Client(shared_cluster.brokers[0].pulsar_url, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+        try:
+            batched = client.create_producer(f"persistent://public/default/{topic}", producer_name="pulsar-batched",
+                                             batching_enabled=True, batching_max_messages=5, batching_max_publish_delay_ms=1,
+                                             compression_type=pulsar.CompressionType.LZ4)
+            single = client.create_producer(f"persistent://public/default/{topic}", producer_name="pulsar-single",
+                                            batching_enabled=False)
+            for number in range(60):
+                properties = {"n": str(number)} if number % 3 else {}
+                batched.send(b"batched-%d" % number, partition_key=f"key-{number % 4}", properties=properties)
+                single.send(b"single-%d" % number, properties=properties)
+        finally:
+            client.close()
+
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, **SMALL_LEDGERS)
+        await trio.to_thread.run_sync(produce)
+        consumed = await read_all(client, topic, 120)
+    closed_before = closed_ledger_ids(shared_cluster, topic)
+    rows = exported_rows(source(spark, shared_cluster, topic))
+    # Housekeeping may close the last ledger while the export runs: what
+    # the export holds lies between what was closed before and after it.
+    closed_after = closed_ledger_ids(shared_cluster, topic)
+    received = dict(as_row(message) for message in consumed)
+    assert len(closed_before) >= 6
+    assert {key: received[key] for key in received if key[1] in closed_before}.items() <= rows.items()
+    assert all(received.get(key) == value and key[1] in closed_after for key, value in rows.items())
+    assert {row[3] for row in rows.values()} == {"pulsar-batched", "pulsar-single"}
+
+
 @pytest.mark.parametrize("messages_per_entry", [1, 7])
 async def test_a_large_ledger_is_read_as_several_input_partitions_without_gaps_or_repeats(shared_cluster, spark,
                                                                                         messages_per_entry):
