@@ -135,6 +135,7 @@ class AdminHandler:
         for partition in found[0].partition_names(topic):
             if await self.server.topic_store.read_managed_ledger(partition) is not None:
                 raise BadRequestError(f"partition {partition} still exists: delete the partitions first")
+        await self.server.topic_store.delete_schema(topic)  # a topic made again under the name starts without one
         await self.server.topic_store.delete_topic_record(topic)
         return {}
 

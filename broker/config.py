@@ -51,7 +51,7 @@ class BrokerConfig:
     # host:port (the names of `advertised_listeners`).
     pulsar_advertised_listeners: dict[str, str] = field(default_factory=dict)
     pulsar_max_message_size: int = 5 * 1024 * 1024  # told to Pulsar clients (Pulsar's maxMessageSize)
-    cluster_name: str = "standalone"  # Pulsar's clusterName: in generated producer names and the admin API
+    cluster_name: str = "standalone"  # Pulsar's clusterName: in the producer names the broker gives
 
     def __post_init__(self) -> None:
         if self.frame_buffer_bytes_max < self.frame_bytes_max:

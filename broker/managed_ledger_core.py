@@ -435,7 +435,10 @@ class ManagedLedgerCore:
 
     def bytes_from(self, offset: int) -> int:
         """The bytes of the ledgers that hold `offset` or anything after it
-        (whole ledgers: a closed one's size is all the record knows)."""
+        (whole ledgers: a closed one's size is all the record knows); 0 when
+        nothing is stored at or after it."""
+        if offset >= self.next_offset:
+            return 0
         return sum(info.bytes or 0 for info in self.record.ledgers if info.is_closed and info.last_offset >= offset) \
             + self.open_state.bytes
 

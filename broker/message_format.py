@@ -39,10 +39,10 @@ from broker.pulsar_message import (
     build_batch,
     codec_of,
     frame_message,
-    iterate_batch,
     parse_message,
     properties_of,
     uncompressed_payload,
+    walk_batch,
 )
 
 ENTRY_MAGIC = 0x0E02
@@ -111,18 +111,25 @@ def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, mess
     previous = first_sequence_id - 1
     keys = []
     try:
-        # One message's metadata at a time (iterate_batch): only the keys are kept.
-        for index, single in enumerate(iterate_batch(raw, count)):
-            single_metadata = single.metadata
+        # One message's metadata at a time (walk_batch): only the keys are kept.
+        index = -1
+        for single_metadata, _, _ in walk_batch(raw, count):
+            index += 1
             sequence_id = single_metadata.sequence_id if single_metadata.HasField("sequence_id") else previous + 1
             if sequence_id <= previous or sequence_id > last_sequence_id or (index == 0 and sequence_id != first_sequence_id):
                 raise MalformedBatchError(
                     f"malformed batch: message {index}: sequence id {sequence_id} is not "
                     + ("the batch's first" if index == 0 else f"above {previous} and at most {last_sequence_id}"))
             previous = sequence_id
-            if not _text(single_metadata):
+            if single_metadata.HasField("partition_key"):
+                key = single_metadata.partition_key
+                if type(key) is not str:
+                    raise MalformedBatchError(f"malformed batch: message {index}: its key or properties are not UTF-8")
+            else:
+                key = None
+            if single_metadata.properties and not _text(single_metadata):
                 raise MalformedBatchError(f"malformed batch: message {index}: its key or properties are not UTF-8")
-            keys.append(single_metadata.partition_key if single_metadata.HasField("partition_key") else None)
+            keys.append(key)
     except MalformedMessageError as error:
         raise MalformedBatchError(f"malformed batch: {error}") from None
     if batch_key is None and all(key is None for key in keys):
@@ -154,7 +161,7 @@ def _refuse_what_quire_does_not_do(metadata: MessageMetadata) -> None:
     if metadata.encryption_keys or metadata.HasField("encryption_algo"):
         raise NotAllowedError("encrypted messages are not supported by quire brokers")
     if metadata.num_chunks_from_msg > 1 or metadata.HasField("chunk_id"):
-        raise NotAllowedError("chunked messages are not supported by quire brokers (raise the message size limit instead)")
+        raise NotAllowedError("chunked messages are not supported by quire brokers (send messages of at most 5 MiB unchunked)")
     if metadata.txnid_most_bits or metadata.txnid_least_bits:
         raise NotAllowedError("transactions are not supported by quire brokers")
     if metadata.HasField("marker_type"):
@@ -233,13 +240,11 @@ def body_items(header: BatchHeader, body: bytes | memoryview) -> list[tuple[int,
         items = []
         append = items.append
         sequence_id = metadata.sequence_id - 1
-        # One message's metadata at a time (iterate_batch), as check_batch.
-        for single in iterate_batch(raw, header.message_count):
-            single_metadata = single.metadata
+        for single_metadata, start, end in walk_batch(raw, header.message_count):
             sequence_id = single_metadata.sequence_id if single_metadata.HasField("sequence_id") else sequence_id + 1
             properties = single_metadata.properties
-            append((sequence_id, publish_ms, properties_of(properties) if properties else {}, single.payload,
-                    single_metadata.event_time))
+            append((sequence_id, publish_ms, {pair.key: pair.value for pair in properties} if properties else {},
+                    raw[start:end], single_metadata.event_time))
     except MalformedMessageError as error:
         raise MalformedEntryError(f"entry body: {error}") from None
     return items

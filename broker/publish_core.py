@@ -211,8 +211,8 @@ class PublishCore(Generic[Link]):
             return Judgement(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
         if backlog_quota_bytes is not None and stored_bytes >= backlog_quota_bytes:
             return Judgement(BrokerStatus.PARTITION_OVERFLOW,
-                             f"partition overflow: {self.name} holds {stored_bytes} bytes, its backlog quota is "
-                             f"{backlog_quota_bytes} (acknowledge messages of important subscriptions or raise the quota)")
+                             f"partition overflow: {self.name} has a backlog of {stored_bytes} bytes, its backlog quota is "
+                             f"{backlog_quota_bytes} (acknowledge messages, or raise the quota)")
         if not self.deduplication:
             return TAKE
         sequence_id = self.judged_sequence_id(first_sequence_id, last_sequence_id)

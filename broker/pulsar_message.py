@@ -145,6 +145,15 @@ def iterate_batch(raw: bytes, count: int) -> Iterator[SingleMessage]:
     message holds one message's metadata at a time: decoded, a metadata
     block of empty properties takes some 30 times its size, and a batch
     may hold megabytes of them."""
+    for metadata, start, end in walk_batch(raw, count):
+        yield SingleMessage(metadata, raw[start:end])
+
+
+def walk_batch(raw: bytes, count: int) -> Iterator[tuple[SingleMessageMetadata, int, int]]:
+    """`iterate_batch` for the hot paths (the broker's check of every batch,
+    a consumer's decoding): each message's metadata and where its payload
+    lies in `raw`, without copying the payload or wrapping the two (a
+    third of the cost per message)."""
     if count < 1:
         raise MalformedMessageError(f"a batch of {count} messages")
     if count * _U32.size > len(raw):
@@ -152,6 +161,7 @@ def iterate_batch(raw: bytes, count: int) -> Iterator[SingleMessage]:
     view = memoryview(raw)
     position = 0
     unpack_size = _U32.unpack_from
+    parse = SingleMessageMetadata.FromString
     end = len(raw)
     for index in range(count):
         if position + _U32.size > end:
@@ -160,16 +170,15 @@ def iterate_batch(raw: bytes, count: int) -> Iterator[SingleMessage]:
         position += _U32.size
         if size > METADATA_BYTES_MAX or position + size > end:
             raise MalformedMessageError(f"message {index}: its metadata of {size} bytes runs past the batch")
-        metadata = SingleMessageMetadata()
         try:
-            metadata.ParseFromString(view[position:position + size])
+            metadata = parse(view[position:position + size])
         except DecodeError as error:
             raise MalformedMessageError(f"message {index}: its metadata does not decode: {error}") from None
         position += size
         payload_size = metadata.payload_size
         if payload_size < 0 or position + payload_size > end:
             raise MalformedMessageError(f"message {index}: its payload of {payload_size} bytes runs past the batch")
-        yield SingleMessage(metadata, raw[position:position + payload_size])
+        yield metadata, position, position + payload_size
         position += payload_size
     if position != end:
         raise MalformedMessageError(f"{end - position} bytes follow the batch's last message")
@@ -226,6 +235,8 @@ def build_batch(producer_name: str, publish_time_ms: int, messages: Sequence[Out
         if len(keys) == 1 and first.key is not None:
             metadata.partition_key = first.key  # one key for the batch, as key-based batching writes
         parts = []
+        append = parts.append
+        pack_size = _U32.pack
         for message in messages:
             single = SingleMessageMetadata(payload_size=len(message.payload), sequence_id=message.sequence_id)
             if message.key is not None:
@@ -235,7 +246,9 @@ def build_batch(producer_name: str, publish_time_ms: int, messages: Sequence[Out
             if message.event_time_ms:
                 single.event_time = message.event_time_ms
             packed = single.SerializeToString()
-            parts += (_U32.pack(len(packed)), packed, message.payload)
+            append(pack_size(len(packed)))
+            append(packed)
+            append(message.payload)
         raw = b"".join(parts)
     if codec is not Codec.NONE:
         metadata.compression = codec.wire_number
@@ -263,4 +276,5 @@ __all__ = [
     "read_batch",
     "split_batch",
     "uncompressed_payload",
+    "walk_batch",
 ]

@@ -190,6 +190,11 @@ class BrokerServer:
     def connection_limits(self) -> ConnectionLimits:
         return self._connection_limits
 
+    @property
+    def session_id(self) -> int:
+        """The broker's ZooKeeper session's id."""
+        return self.store.session_id
+
     def new_consumer_id(self) -> int:
         """A consumer id unique in this broker, whichever protocol the consumer speaks."""
         return next(self._consumer_ids)

@@ -26,6 +26,10 @@ class NotPersistentError(TopicNameError):
     """A `non-persistent://` topic: quire stores every message."""
 
 
+class OtherNamespaceError(TopicNameError):
+    """A topic of a namespace other than public/default."""
+
+
 def quire_name(name: str) -> str:
     """The quire name of a topic or partition given in either form."""
     if not isinstance(name, str):
@@ -46,7 +50,7 @@ def quire_name(name: str) -> str:
                              f"got {name[:200]!r}")
     tenant, namespace, topic = parts
     if (tenant, namespace) != (DEFAULT_TENANT, DEFAULT_NAMESPACE):
-        raise TopicNameError(f"quire serves the namespace {NAMESPACE} only, not {tenant[:100]}/{namespace[:100]}")
+        raise OtherNamespaceError(f"quire serves the namespace {NAMESPACE} only, not {tenant[:100]}/{namespace[:100]}")
     return topic
 
 
@@ -58,8 +62,8 @@ def pulsar_name(name: str) -> str:
 def namespace_of(namespace: str) -> str:
     """A namespace as Pulsar's clients name it (TENANT/NAMESPACE), checked."""
     if namespace != NAMESPACE:
-        raise TopicNameError(f"quire serves the namespace {NAMESPACE} only, not {namespace[:200]!r}")
+        raise OtherNamespaceError(f"quire serves the namespace {NAMESPACE} only, not {namespace[:200]!r}")
     return namespace
 
 
-__all__ = ["NAMESPACE", "NotPersistentError", "TopicNameError", "namespace_of", "pulsar_name", "quire_name"]
+__all__ = ["NAMESPACE", "NotPersistentError", "OtherNamespaceError", "TopicNameError", "namespace_of", "pulsar_name", "quire_name"]

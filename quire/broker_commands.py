@@ -82,9 +82,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pulsar-port", type=port_number, metavar="PORT",
                         help="serve Pulsar's binary protocol on this port, for Pulsar's own clients (no Pulsar listener without it)")
     parser.add_argument("--pulsar-advertised-listeners", type=Listeners(), default={}, metavar="NAME:HOST:PORT,...",
-                        help="the Pulsar listeners other than the internal one (the names of --advertised-listeners), "
-                             "e.g. external:localhost:6650")
-    parser.add_argument("--cluster-name", default="standalone", help="the cluster's name as Pulsar's clients and admin API see it (default %(default)s)")
+                        help="the Pulsar listeners other than the internal one, each under the name a Pulsar client asks "
+                             "for with its listener name, e.g. external:localhost:6650")
+    parser.add_argument("--cluster-name", default="standalone", help="the cluster's name, in the producer names the broker gives Pulsar clients (default %(default)s)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
     parser.add_argument(
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",

@@ -30,7 +30,7 @@ from broker.errors import (
     error_for_status,
 )
 from broker.codecs import Codec
-from broker.pulsar_message import OutMessage, build_batch
+from broker.pulsar_message import build_batch
 from broker.protocol import CloseProducer, ProducerOpen, Send, SendReceipt
 
 log = logging.getLogger(__name__)
@@ -333,9 +333,9 @@ class PartitionProducer:
             messages = batch.messages
             # Built as Pulsar's clients build it: a producer without batching
             # sends each message on its own, one with batching sends batches.
-            body = build_batch(self.producer_id, messages[0].publish_time_ms,
-                               [OutMessage(m.sequence_id, m.payload, m.key, m.properties, m.event_time_ms) for m in messages],
-                               self.options.codec, batched=self.options.batching or len(messages) > 1)
+            # An _OutMessage has OutMessage's fields: it is handed over as it is.
+            body = build_batch(self.producer_id, messages[0].publish_time_ms, messages, self.options.codec,
+                               batched=self.options.batching or len(messages) > 1)
             batch.frame = Send(self.handle, messages[0].sequence_id, messages[-1].sequence_id, len(messages), body)
         connection = self._connection
         if connection is None:

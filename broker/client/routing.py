@@ -2,14 +2,17 @@
 number of partitions, with the hashes Pulsar's clients use, so that a key
 lands on the same partition whichever client sent it.
 
-  java_string  Java's String.hashCode over the key's UTF-16 code units
-               (the default of Pulsar's Java and Go clients)
+  java_string  Java's String.hashCode over the key's UTF-16 code units,
+               its sign bit cleared (Pulsar's JavaStringHash, the Java
+               client's default)
   murmur3_32   Murmur3 (32 bits, seed 0) of the key's UTF-8 bytes, its top
                bit cleared (Pulsar's Murmur3_32Hash)
 
 The C++ client's default (and so the Python `pulsar-client`'s), BoostHash,
-depends on the platform's Boost and is not reproduced: give that client a
-message router with one of these to share partitions with quire's client.
+depends on the platform's Boost and is not reproduced, nor is the Go
+client's (its JavaStringHash sums the UTF-8 bytes, unsigned): give those
+clients a message router with one of these to share partitions with
+quire's client.
 """
 
 from __future__ import annotations
@@ -45,11 +48,12 @@ def murmur3_32_hash(key: str) -> int:
 
 
 def partition_for_key(key: str, partitions: int, scheme: HashingScheme = HashingScheme.JAVA_STRING) -> int:
-    """Pulsar's `signSafeMod(hash(key), partitions)`."""
+    """Pulsar's `signSafeMod(hash(key), partitions)`, where the Java
+    string hash is `hashCode() & Integer.MAX_VALUE`."""
     if partitions < 1:
         raise ValueError(f"a topic has at least one partition, got {partitions}")
-    value = java_string_hash(key) if scheme is HashingScheme.JAVA_STRING else murmur3_32_hash(key)
-    return value % partitions  # Python's modulo is already sign-safe
+    value = java_string_hash(key) & 0x7FFFFFFF if scheme is HashingScheme.JAVA_STRING else murmur3_32_hash(key)
+    return value % partitions
 
 
 __all__ = ["HashingScheme", "java_string_hash", "murmur3_32_hash", "partition_for_key"]

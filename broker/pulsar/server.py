@@ -33,7 +33,6 @@ from broker.errors import (
     BrokerStatus,
     ConsumerBusyError,
     NotAllowedError,
-    ServiceUnavailableError,
     SubscriptionNotFoundError,
     TopicFencedError,
 )
@@ -58,7 +57,7 @@ from broker.pulsar.pulsar_api_pb2 import (
 from broker.pulsar.wire import Frame, PulsarFrameDecoder, Type, command, encode, encode_parts
 from broker.subscription import ConsumerLink
 from broker.topic import PartitionService, ProducerLink
-from broker.topic_names import NAMESPACE, NotPersistentError, TopicNameError, namespace_of, pulsar_name, quire_name
+from broker.topic_names import NotPersistentError, OtherNamespaceError, TopicNameError, namespace_of, pulsar_name, quire_name
 from broker.topic_records import TopicRecord, split_partition
 from broker.topic_store import TopicStore
 from coordination.store import MetadataError
@@ -73,6 +72,9 @@ class BrokerAccess(Protocol):
 
     config: BrokerConfig
     info: BrokerInfo
+
+    @property
+    def session_id(self) -> int: ...
     topic_store: TopicStore
     publish_buffer: PublishBuffer
     frame_budget: FrameBudget
@@ -156,7 +158,9 @@ def server_error(error: BaseException) -> tuple[int, str]:
         return ServerError.IncompatibleSchema, str(error)
     if isinstance(error, BrokerError):
         return _SERVER_ERRORS.get(error.status, ServerError.UnknownError), str(error)
-    if isinstance(error, NotPersistentError):
+    if isinstance(error, (NotPersistentError, OtherNamespaceError)):
+        # Not InvalidTopicName: Pulsar's clients retry that one until their
+        # operation times out; this one they report at once.
         return ServerError.NotAllowedError, str(error)
     if isinstance(error, TopicNameError):
         return ServerError.InvalidTopicName, str(error)
@@ -520,8 +524,10 @@ class PulsarFrontEnd:
         listener = body.advertised_listener_name or None  # clients send "" for none
         address = info.pulsar_address_for(listener)
         if address is None:
-            raise ServiceUnavailableError(f"broker {info.broker_id} serves {name} and has no Pulsar listener"
-                                          + (f" named {listener[:100]!r}" if listener else ""))
+            # A client's setting, not a passing state: refused at once, not retried.
+            raise NotAllowedError(f"broker {info.broker_id} serves {name} and has no Pulsar listener"
+                                  + (f" named {listener[:100]!r} (it has: {', '.join(sorted(info.pulsar_listeners)) or 'none'})"
+                                     if listener else ""))
         return command(Type.LOOKUP_RESPONSE, request_id=body.request_id, brokerServiceUrl=f"pulsar://{address}",
                        response=CommandLookupTopicResponse.Redirect if redirect else CommandLookupTopicResponse.Connect,
                        authoritative=redirect)
@@ -607,8 +613,11 @@ class PulsarFrontEnd:
         access = _ACCESS_MODES.get(body.producer_access_mode)
         if access is None:
             raise ValueError(f"unknown producer access mode {body.producer_access_mode}")
+        # A generated name is new for good (its ZooKeeper session's id is in
+        # it): with deduplication on, a name given again would inherit
+        # another producer's sequence ids.
         producer_name = body.producer_name if body.HasField("producer_name") and body.producer_name else \
-            f"{self.config.cluster_name}-{self.broker.info.broker_id}-{next(self._producer_names)}"
+            f"{self.config.cluster_name}-{self.broker.info.broker_id}-{self.broker.session_id:x}-{next(self._producer_names)}"
         await self._ensure_topic(name)
         schema_version = None
         if body.HasField("schema") and body.schema.type != _SCHEMA_NONE:

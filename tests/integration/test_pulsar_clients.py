@@ -286,7 +286,7 @@ async def test_keyed_messages_of_both_clients_land_on_the_same_partitions(shared
             # The C++ client's default hash is Boost's; Pulsar's Java clients
             # hash keys with Java's String.hashCode, as quire's client does.
             producer = client.create_producer(full(topic), message_routing_mode=pulsar.PartitionsRoutingMode.CustomPartition,
-                                              message_router=lambda message, partitions: java_string_hash(message.partition_key()) % partitions)
+                                              message_router=lambda message, partitions: (java_string_hash(message.partition_key()) & 0x7FFFFFFF) % partitions)
             return {f"customer-{index}": producer.send(b"p", partition_key=f"customer-{index}").partition()
                     for index in range(40)}
         finally:
