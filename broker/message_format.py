@@ -32,6 +32,8 @@ from broker.entry_types import BODY_BYTES_MAX, BatchHeader, BodyColumns, Malform
 from broker.errors import ChecksumMismatchError, MalformedBatchError, NotAllowedError
 from broker.pulsar.pulsar_api_pb2 import BrokerEntryMetadata, MessageKey, MessageMetadata, SingleMessageMetadata
 from broker.pulsar_message import (
+    METADATA_BYTES_MAX,
+    SIZE_PREFIX,
     ChecksumError,
     MalformedMessageError,
     OutMessage,
@@ -219,6 +221,8 @@ def decode_entry(data: bytes | memoryview) -> tuple[BatchHeader, memoryview]:
         keys = (metadata.partition_key,) * count
     else:
         keys = None
+    if type(metadata.producer_name) is not str or (keys is not None and not all(key is None or type(key) is str for key in keys)):
+        raise MalformedEntryError("entry names its producer or keys in bytes that are not UTF-8")
     header = BatchHeader(metadata.producer_name, metadata.sequence_id, _last_sequence_id(metadata, count),
                          broker_metadata.index - count + 1, count, broker_metadata.broker_timestamp, codec, keys, start,
                          message.batched)
@@ -237,16 +241,48 @@ def body_items(header: BatchHeader, body: bytes | memoryview) -> list[tuple[int,
         raw = uncompressed_payload(message, BODY_BYTES_MAX)
         if not message.batched:
             return [(metadata.sequence_id, publish_ms, properties_of(metadata.properties), raw, metadata.event_time)]
-        items = []
-        append = items.append
-        sequence_id = metadata.sequence_id - 1
-        for single_metadata, start, end in walk_batch(raw, header.message_count):
-            sequence_id = single_metadata.sequence_id if single_metadata.HasField("sequence_id") else sequence_id + 1
-            properties = single_metadata.properties
-            append((sequence_id, publish_ms, {pair.key: pair.value for pair in properties} if properties else {},
-                    raw[start:end], single_metadata.event_time))
+        return _batch_items(raw, header.message_count, metadata.sequence_id, publish_ms)
     except MalformedMessageError as error:
         raise MalformedEntryError(f"entry body: {error}") from None
+
+
+def _batch_items(raw: bytes, count: int, first_sequence_id: int, publish_ms: int) -> list:
+    """`walk_batch` and the building of each message's tuple in one loop: a
+    consumer's hot path, where a generator's step per message costs a
+    fifth of the rest (the bounds are walk_batch's)."""
+    if count < 1 or count * SIZE_PREFIX.size > len(raw):
+        raise MalformedMessageError(f"a payload of {len(raw)} bytes cannot hold {count} messages")
+    parse = SingleMessageMetadata.FromString
+    unpack_size = SIZE_PREFIX.unpack_from
+    view = memoryview(raw)
+    end = len(raw)
+    position = 0
+    sequence_id = first_sequence_id - 1
+    items = []
+    append = items.append
+    try:
+        for index in range(count):
+            size = unpack_size(view, position)[0]
+            start = position + SIZE_PREFIX.size
+            stop = start + size
+            if size > METADATA_BYTES_MAX or stop > end:
+                raise MalformedMessageError(f"message {index}: its metadata of {size} bytes runs past the batch")
+            single = parse(view[start:stop])
+            payload_end = stop + single.payload_size
+            if payload_end > end or payload_end < stop:
+                raise MalformedMessageError(f"message {index}: its payload runs past the batch")
+            # Stored ids rise (check_batch saw to it): one that does not
+            # rise was not set (it reads 0), and is the one before plus one.
+            given = single.sequence_id
+            sequence_id = given if given > sequence_id else sequence_id + 1
+            properties = single.properties
+            append((sequence_id, publish_ms, {pair.key: pair.value for pair in properties} if properties else {},
+                    raw[stop:payload_end], single.event_time))
+            position = payload_end
+    except (struct.error, DecodeError) as error:
+        raise MalformedMessageError(f"the batch does not decode: {error}") from None
+    if position != end:
+        raise MalformedMessageError(f"{end - position} bytes follow the batch's last message")
     return items
 
 

@@ -30,6 +30,7 @@ from broker.pulsar.pulsar_api_pb2 import KeyValue, MessageMetadata, SingleMessag
 MAGIC_CRC32C = 0x0E01
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
+SIZE_PREFIX = _U32  # the u32 before a metadata block (big-endian, as all of Pulsar's sizes)
 _CHECKSUM_HEADER = struct.Struct(">HI")  # magic, CRC32C
 # A metadata block (the producer's, or one message's in a batch) is at most
 # this big: Pulsar's clients write a few hundred bytes at most.
@@ -237,14 +238,26 @@ def build_batch(producer_name: str, publish_time_ms: int, messages: Sequence[Out
         parts = []
         append = parts.append
         pack_size = _U32.pack
+        # One metadata object for the batch, cleared only after a message
+        # that set more than its size and sequence id: making one per
+        # message costs as much again (a producer's hot path).
+        single = SingleMessageMetadata()
+        extras = False
         for message in messages:
-            single = SingleMessageMetadata(payload_size=len(message.payload), sequence_id=message.sequence_id)
+            if extras:
+                single.Clear()
+                extras = False
+            single.payload_size = len(message.payload)
+            single.sequence_id = message.sequence_id
             if message.key is not None:
                 single.partition_key = message.key
+                extras = True
             if message.properties:
                 single.properties.extend(_properties(message.properties))
+                extras = True
             if message.event_time_ms:
                 single.event_time = message.event_time_ms
+                extras = True
             packed = single.SerializeToString()
             append(pack_size(len(packed)))
             append(packed)
@@ -263,6 +276,8 @@ def properties_of(pairs: Iterable[KeyValue]) -> dict[str, str]:
 __all__ = [
     "ChecksumError",
     "MAGIC_CRC32C",
+    "METADATA_BYTES_MAX",
+    "SIZE_PREFIX",
     "MalformedMessageError",
     "OutMessage",
     "ParsedMessage",
