@@ -77,7 +77,7 @@ from broker.protocol import (
     encode,
 )
 from broker.publish_buffer import PublishBuffer, batch_cost_bytes
-from broker.subscription import ConsumerLink
+from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.hosting import PartitionHosting
 from broker.pulsar.server import PulsarFrontEnd
 from broker.topic import BrokerContext, PartitionService, ProducerLink
@@ -184,7 +184,8 @@ class BrokerServer:
 
     @property
     def open_connections(self) -> int:
-        return len(self._connections)
+        """Client connections open, of both protocols."""
+        return len(self._connections) + (0 if self.pulsar is None else self.pulsar.open_connections)
 
     @property
     def connection_limits(self) -> ConnectionLimits:
@@ -357,7 +358,7 @@ class BrokerServer:
         """Move a subscription to an offset, the first message published at
         or after a time, or a message id [ledger id, entry id, batch index];
         its consumers subscribe again (unless `close_consumers` is False:
-        the caller closes them after answering). Returns the offset."""
+        the caller closes them itself). Returns the offset."""
         subscription = self._subscription(service, subscription_name)
         if offset is None and publish_time_ms is not None:
             offset = await service.managed_ledger.offset_at_time(publish_time_ms)
@@ -578,7 +579,19 @@ class BrokerServer:
             if found is not None:
                 found[0].remove_consumer(found[1], found[2])
             connection.send(Response(message.request_id, int(BrokerStatus.OK), "", {}))
-        elif kind in (Lookup, ProducerOpen, Subscribe, Ack, Seek, Unsubscribe, Admin):
+        elif kind is Ack:
+            # Taken now, in the connection's order (a seek that follows must
+            # not be overtaken by it); only the wait for durability is a task.
+            try:
+                service, subscription_name, _ = self._consumer(connection, message.consumer_handle)
+                taken = self._subscription(service, subscription_name).take_acknowledgement(
+                    message.offsets, cumulative=message.cumulative)
+            except BrokerError as error:
+                connection.send(Response(message.request_id, int(error.status), str(error), {}))
+                return
+            await slots.acquire()
+            nursery.start_soon(self._request, connection, message, slots, taken)
+        elif kind in (Lookup, ProducerOpen, Subscribe, Seek, Unsubscribe, Admin):
             await slots.acquire()
             nursery.start_soon(self._request, connection, message, slots)
         elif kind is Ping:
@@ -588,9 +601,10 @@ class BrokerServer:
         else:
             raise ProtocolError(f"{kind.__name__} is not a request a client sends")
 
-    async def _request(self, connection: _Connection, message: Any, slots: trio.Semaphore) -> None:
+    async def _request(self, connection: _Connection, message: Any, slots: trio.Semaphore,
+                       taken: TakenAcknowledgement | None = None) -> None:
         try:
-            body = await self._answer(connection, message)
+            body = await self._answer(connection, message, taken)
             response = Response(message.request_id, int(BrokerStatus.OK), "", body or {})
         except BrokerError as error:
             response = Response(message.request_id, int(error.status), str(error), {})
@@ -607,8 +621,12 @@ class BrokerServer:
             slots.release()
         connection.send(response)
 
-    async def _answer(self, connection: _Connection, message: Any) -> dict | None:
+    async def _answer(self, connection: _Connection, message: Any, taken: TakenAcknowledgement | None = None) -> dict | None:
         kind = type(message)
+        if kind is Ack:
+            assert taken is not None, "an acknowledgement is taken before it is answered"
+            await taken.durable()
+            return None
         if kind is Lookup:
             info, redirect = await self.lookup(message.topic, message.authoritative)
             return {"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners, "redirect": redirect}
@@ -640,10 +658,6 @@ class BrokerServer:
             connection.consumers[message.consumer_handle] = (service, subscription.name, consumer_id)
             return {"partition": service.name, "partition_index": service.partition_index}
         service, subscription_name, consumer_id = self._consumer(connection, message.consumer_handle) if kind in (Ack, Seek, Unsubscribe) else (None, "", 0)
-        if kind is Ack:
-            subscription = self._subscription(service, subscription_name)
-            await subscription.acknowledge(message.offsets, cumulative=message.cumulative)
-            return None
         if kind is Seek:
             offset = await self.seek(service, subscription_name, offset=message.offset,
                                      publish_time_ms=message.publish_time_ms, message_id=message.message_id)

@@ -80,6 +80,26 @@ class AckWaiter:
         self.done.set()
 
 
+class TakenAcknowledgement:
+    """Acknowledgements a subscription took; `durable()` returns once their
+    cursor write is (raising what refused any of them)."""
+
+    __slots__ = ("subscription", "waiter", "refused", "taken")
+
+    def __init__(self, subscription: "Subscription", waiter: AckWaiter, refused: list[int], taken: int) -> None:
+        self.subscription = subscription
+        self.waiter = waiter
+        self.refused = refused
+        self.taken = taken
+
+    async def durable(self) -> None:
+        await self.waiter.done.wait()
+        if self.waiter.error is not None:
+            raise self.waiter.error
+        if self.refused:
+            raise self.subscription.core.refused_error(self.refused, self.taken)
+
+
 class Subscription:
     def __init__(
         self,
@@ -162,6 +182,12 @@ class Subscription:
 
     async def acknowledge(self, offsets: list[int], *, cumulative: bool) -> None:
         """Take acknowledgements; returns once they are durable."""
+        await self.take_acknowledgement(offsets, cumulative=cumulative).durable()
+
+    def take_acknowledgement(self, offsets: list[int], *, cumulative: bool) -> "TakenAcknowledgement":
+        """Take acknowledgements now, in the order the connection brought
+        them (a seek that follows must not be overtaken by them); what is
+        returned waits until they are durable."""
         waiter = AckWaiter()
         outcome = self.core.acknowledge(offsets, cumulative, self.managed_ledger.confirmed_offset, waiter)
         taken = len(offsets) - len(outcome.refused)
@@ -172,11 +198,7 @@ class Subscription:
         for answered in outcome.answer_now:
             answered.answer()
         self._persist_wakeup.set()
-        await waiter.done.wait()
-        if waiter.error is not None:
-            raise waiter.error
-        if outcome.refused:
-            raise self.core.refused_error(outcome.refused, taken)
+        return TakenAcknowledgement(self, waiter, outcome.refused, taken)
 
     async def persist_loop(self) -> None:
         """Write the cursor whenever it changed; one write at a time (all

@@ -55,7 +55,7 @@ from broker.pulsar.pulsar_api_pb2 import (
     ServerError,
 )
 from broker.pulsar.wire import Frame, PulsarFrameDecoder, Type, command, encode, encode_parts
-from broker.subscription import ConsumerLink
+from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.topic import PartitionService, ProducerLink
 from broker.topic_names import NotPersistentError, OtherNamespaceError, TopicNameError, namespace_of, pulsar_name, quire_name
 from broker.topic_records import TopicRecord, split_partition
@@ -79,6 +79,7 @@ class BrokerAccess(Protocol):
     publish_buffer: PublishBuffer
     frame_budget: FrameBudget
     protocol_errors: int
+    connections_timed_out: int
 
     @property
     def connection_limits(self) -> ConnectionLimits: ...
@@ -275,6 +276,7 @@ class PulsarFrontEnd:
                     continue
                 silent_s = connection.reader.silence_s(now)
                 if silent_s >= 2 * interval_s:
+                    self.broker.connections_timed_out += 1
                     log.info("closing Pulsar connection from %s: silent for %.0fs", connection.peer, silent_s)
                     connection.cancel_scope.cancel()
                 elif silent_s >= interval_s and not connection.pinged:
@@ -433,8 +435,13 @@ class PulsarFrontEnd:
                     connection.send(encode(command(Type.ACK_RESPONSE, consumer_id=body.consumer_id, request_id=body.request_id,
                                                    error=ServerError.ConsumerNotFound, message="no such consumer")))
                 return
-            await slots.acquire()
-            nursery.start_soon(self._ack, connection, consumer, body, slots)
+            # Taken now, in the connection's order (a SEEK that follows must
+            # not be overtaken by it); what needs the ledger or an answer
+            # goes on in a task.
+            taken, unresolved, error = self._take_ack(consumer, body)
+            if unresolved or body.HasField("request_id"):
+                await slots.acquire()
+                nursery.start_soon(self._ack, connection, consumer, body, taken, unresolved, error, slots)
         elif kind == Type.REDELIVER_UNACKNOWLEDGED_MESSAGES:
             consumer = connection.consumers.get(body.consumer_id)
             subscription = None if consumer is None else consumer.service.subscriptions.get(consumer.subscription)
@@ -830,29 +837,49 @@ class PulsarFrontEnd:
                 del consumer.delivered[key]
         return [first_offset + index for index in acked]
 
-    async def _ack(self, connection: _Connection, consumer: _Consumer, body, slots: trio.Semaphore) -> None:
-        error: tuple[int, str] | None = None
-        try:
-            subscription = consumer.service.subscriptions.get(consumer.subscription)
-            if subscription is None or subscription.closed:
-                raise TopicFencedError(f"subscription {consumer.subscription} is no longer served here")
-            if body.txnid_most_bits or body.txnid_least_bits:
-                raise NotAllowedError("transactions are not supported by quire brokers")
-            if body.ack_type == CommandAck.Cumulative:
-                offset = await self._cumulative_offset(consumer, body.message_id[-1])
-                if offset is not None:
-                    await subscription.acknowledge([offset], cumulative=True)
+    def _take_ack(self, consumer: _Consumer, body) -> tuple[TakenAcknowledgement | None, list, tuple[int, str] | None]:
+        """Apply what an ACK names among what this connection delivered;
+        (what was taken, the ids it did not deliver, an error)."""
+        subscription = consumer.service.subscriptions.get(consumer.subscription)
+        if subscription is None or subscription.closed:
+            return None, [], server_error(TopicFencedError(f"subscription {consumer.subscription} is no longer served here"))
+        if body.txnid_most_bits or body.txnid_least_bits:
+            return None, [], server_error(NotAllowedError("transactions are not supported by quire brokers"))
+        if not body.message_id:
+            return None, [], None
+        if body.ack_type == CommandAck.Cumulative:
+            offset = self._cumulative_offset_delivered(consumer, body.message_id[-1])
+            if offset is None:
+                return None, [body.message_id[-1]], None
+            return subscription.take_acknowledgement([offset], cumulative=True), [], None
+        offsets: list[int] = []
+        unresolved = []
+        for message_id in body.message_id:
+            found = self._delivered_offsets(consumer, message_id, forget=True)
+            if found:
+                offsets.extend(found)
             else:
-                offsets: list[int] = []
-                reads = 0
-                for message_id in body.message_id:
-                    found = self._delivered_offsets(consumer, message_id, forget=True)
-                    if not found and reads < ACK_RESOLVE_READS_MAX:
-                        reads += 1
-                        found = await self._offsets_in_ledger(consumer, message_id)
-                    offsets.extend(found)
-                if offsets:
-                    await subscription.acknowledge(offsets, cumulative=False)
+                unresolved.append(message_id)
+        taken = subscription.take_acknowledgement(offsets, cumulative=False) if offsets else None
+        return taken, unresolved[:ACK_RESOLVE_READS_MAX], None
+
+    async def _ack(self, connection: _Connection, consumer: _Consumer, body, taken: TakenAcknowledgement | None,
+                   unresolved: list, error: tuple[int, str] | None, slots: trio.Semaphore) -> None:
+        try:
+            # Ids this connection did not deliver (acknowledged again after a
+            # reconnection): their offsets come from the ledger.
+            subscription = consumer.service.subscriptions.get(consumer.subscription)
+            if unresolved and error is None and subscription is not None:
+                if body.ack_type == CommandAck.Cumulative:
+                    offset = await self._cumulative_offset(consumer, unresolved[0])
+                    later = None if offset is None else subscription.take_acknowledgement([offset], cumulative=True)
+                else:
+                    offsets = [offset for message_id in unresolved for offset in await self._offsets_in_ledger(consumer, message_id)]
+                    later = subscription.take_acknowledgement(offsets, cumulative=False) if offsets else None
+                if later is not None:
+                    await later.durable()
+            if taken is not None:
+                await taken.durable()
         except (BrokerError, BKError, MetadataError, EntryGoneError, MalformedEntryError) as caught:
             error = server_error(caught)
             log.debug("Pulsar ack from %s refused: %s", connection.peer, caught)
@@ -865,20 +892,31 @@ class PulsarFrontEnd:
                 answer.ackResponse.message = error[1][:1000]
             connection.send(encode(answer))
 
+    def _cumulative_offset_delivered(self, consumer: _Consumer, message_id: MessageIdData) -> int | None:
+        """`_cumulative_offset` of an entry this connection delivered (None: it did not)."""
+        key = (_signed(message_id.ledgerId), _signed(message_id.entryId))
+        found = consumer.delivered.get(key)
+        if found is None:
+            return None
+        first_offset, indexes, _ = found
+        return self._cumulative_reach(consumer, key, message_id, first_offset, max(indexes) + 1 if indexes else 1)
+
     async def _cumulative_offset(self, consumer: _Consumer, message_id: MessageIdData) -> int | None:
         """The offset a cumulative acknowledgement reaches: the message its
         batch index names (the whole entry without one)."""
+        offset = self._cumulative_offset_delivered(consumer, message_id)
+        if offset is not None:
+            return offset
         key = (_signed(message_id.ledgerId), _signed(message_id.entryId))
-        found = consumer.delivered.get(key)
-        if found is not None:
-            first_offset, indexes, batched = found
-            count_hint = max(indexes) + 1 if indexes else 1
-        else:
-            try:
-                header = (await consumer.service.managed_ledger.read_entry(Position(*key))).header
-            except EntryGoneError:
-                return None
-            first_offset, count_hint = header.first_offset, header.message_count
+        try:
+            header = (await consumer.service.managed_ledger.read_entry(Position(*key))).header
+        except EntryGoneError:
+            return None
+        return self._cumulative_reach(consumer, key, message_id, header.first_offset, header.message_count)
+
+    @staticmethod
+    def _cumulative_reach(consumer: _Consumer, key: tuple[int, int], message_id: MessageIdData, first_offset: int,
+                          count_hint: int) -> int:
         batch_index = message_id.batch_index
         offset = first_offset + (batch_index if batch_index >= 0 else count_hint - 1)
         for delivered_key in [item for item in consumer.delivered if item <= key]:
@@ -925,12 +963,16 @@ class PulsarFrontEnd:
             offset = None
         else:
             raise ValueError("a seek names a message id or a publish time")
+        # As Pulsar's broker: the subscription's consumers are closed first,
+        # so that what their clients still send (the acknowledgements a
+        # client flushes once its seek is answered) reaches no consumer and
+        # cannot acknowledge what the seek is to deliver again; they
+        # subscribe again and read from the new position.
+        self.broker.close_consumers(consumer.service, consumer.subscription)
         await self.broker.seek(consumer.service, consumer.subscription, offset=offset,
                                publish_time_ms=body.message_publish_time if body.HasField("message_publish_time") else None,
                                message_id=message_id, close_consumers=False)
-        connection.send(encode(command(Type.SUCCESS, request_id=body.request_id)))
-        self.broker.close_consumers(consumer.service, consumer.subscription)
-        return None
+        return command(Type.SUCCESS, request_id=body.request_id)
 
     async def _last_message_id(self, connection: _Connection, body) -> Any:
         consumer = connection.consumers.get(body.consumer_id)

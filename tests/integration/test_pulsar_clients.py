@@ -203,8 +203,10 @@ async def test_seek_by_message_id_and_by_publish_time(shared_cluster):
             consumer = client.subscribe(topic, "seeker", initial_position=pulsar.InitialPosition.Earliest)
             producer = client.create_producer(topic, batching_enabled=False)
             ids = [producer.send(b"%d" % index) for index in range(10)]
+            # A time strictly between the two halves' (millisecond) publish times.
+            time.sleep(0.01)
             middle_ms = int(time.time() * 1000)
-            time.sleep(0.05)  # publish times on either side of middle_ms
+            time.sleep(0.01)
             ids += [producer.send(b"%d" % index) for index in range(10, 20)]
             assert [message.data() for message in receive_all(consumer, 20)] == [b"%d" % index for index in range(20)]
             # The broker moves the subscription to the message itself, as
