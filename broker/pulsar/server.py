@@ -220,6 +220,8 @@ class _Connection:
     cancel_scope: trio.CancelScope | None = None
     output_bytes_max: int = 64 * 1024 * 1024
     protocol_version: int = PROTOCOL_VERSION_MAX
+    # ("producer" | "consumer", id) of those being opened on this connection.
+    reserved: set = field(default_factory=set)
 
     def send(self, frame: bytes) -> None:
         if self.closed:
@@ -449,7 +451,9 @@ class PulsarFrontEnd:
                 offsets = None
                 if body.message_ids:
                     offsets = [offset for message_id in body.message_ids
-                               for offset in self._delivered_offsets(consumer, message_id, forget=False)]
+                               for offset in self._delivered_offsets(consumer, message_id, forget=True)]
+                else:
+                    consumer.delivered.clear()  # all of it goes back (to this consumer or another)
                 subscription.redeliver(consumer.consumer_id, offsets)
         elif kind == Type.PING:
             connection.send(encode(command(Type.PONG)))
@@ -467,6 +471,16 @@ class PulsarFrontEnd:
                 self._remove_consumer(consumer)
             connection.send(encode(command(Type.SUCCESS, request_id=body.request_id)))
         elif kind in _REQUESTS:
+            # A producer or consumer id is taken from here on: a second
+            # PRODUCER or SUBSCRIBE with it, sent while the first is under
+            # way, is refused instead of leaving the first one orphaned.
+            reserved = _reservation(kind, body)
+            if reserved is not None:
+                if reserved in connection.reserved or _holds(connection, reserved):
+                    connection.send(encode(self._error_answer(frame, ServerError.UnknownError,
+                                                              f"{reserved[0]} id {reserved[1]} is in use on this connection")))
+                    return
+                connection.reserved.add(reserved)
             await slots.acquire()
             nursery.start_soon(self._request, connection, frame, slots)
         elif kind in (Type.TC_CLIENT_CONNECT_REQUEST, Type.NEW_TXN):
@@ -489,6 +503,9 @@ class PulsarFrontEnd:
             answer = self._error_answer(frame, ServerError.UnknownError, f"{type(error).__name__}: {error}")
         finally:
             slots.release()
+            reserved = _reservation(frame.type, body)
+            if reserved is not None:
+                connection.reserved.discard(reserved)  # opened (then in producers or consumers) or refused
         if answer is not None:
             connection.send(encode(answer))
 
@@ -560,10 +577,7 @@ class PulsarFrontEnd:
                 names.extend(pulsar_name(partition) for partition in found[0].partition_names(topic))
         filtered = False
         if body.HasField("topics_pattern"):
-            try:
-                pattern = re.compile(body.topics_pattern)
-            except re.error as error:
-                raise TopicNameError(f"topics pattern does not compile: {error}") from None
+            pattern = _topics_pattern(body.topics_pattern)
             names = [name for name in names if pattern.fullmatch(name)]
             filtered = True
         return command(Type.GET_TOPICS_OF_NAMESPACE_RESPONSE, request_id=body.request_id, topics=sorted(names),
@@ -666,6 +680,10 @@ class PulsarFrontEnd:
             self._answer_now(connection, producer, body, ServerError.NotAllowedError, "transactions are not supported")
             return
         count = body.num_messages
+        if count < 1:
+            self._answer_now(connection, producer, body, ServerError.UnknownError,
+                             f"a SEND holds at least one message, not {count}")
+            return
         first = body.sequence_id
         last = max(body.highest_sequence_id, first + count - 1)
         send = Send(body.producer_id, first, last, count, payload)
@@ -825,7 +843,7 @@ class PulsarFrontEnd:
             return []
         first_offset, indexes, batched = found
         if message_id.ack_set:
-            still = _indexes_of(message_id.ack_set)
+            still = _indexes_of(message_id.ack_set, max(indexes) + 1 if indexes else 0)
             acked = tuple(index for index in indexes if index not in still)
             left = tuple(index for index in indexes if index in still)
         else:
@@ -847,21 +865,28 @@ class PulsarFrontEnd:
             return None, [], server_error(NotAllowedError("transactions are not supported by quire brokers"))
         if not body.message_id:
             return None, [], None
-        if body.ack_type == CommandAck.Cumulative:
-            offset = self._cumulative_offset_delivered(consumer, body.message_id[-1])
-            if offset is None:
-                return None, [body.message_id[-1]], None
-            return subscription.take_acknowledgement([offset], cumulative=True), [], None
-        offsets: list[int] = []
-        unresolved = []
-        for message_id in body.message_id:
-            found = self._delivered_offsets(consumer, message_id, forget=True)
-            if found:
-                offsets.extend(found)
-            else:
-                unresolved.append(message_id)
-        taken = subscription.take_acknowledgement(offsets, cumulative=False) if offsets else None
-        return taken, unresolved[:ACK_RESOLVE_READS_MAX], None
+        try:
+            if body.ack_type == CommandAck.Cumulative:
+                offset = self._cumulative_offset_delivered(consumer, body.message_id[-1])
+                if offset is None:
+                    return None, [body.message_id[-1]], None
+                return subscription.take_acknowledgement([offset], cumulative=True), [], None
+            offsets: list[int] = []
+            unresolved = []
+            for message_id in body.message_id:
+                found = self._delivered_offsets(consumer, message_id, forget=True)
+                if found:
+                    offsets.extend(found)
+                else:
+                    unresolved.append(message_id)
+            taken = subscription.take_acknowledgement(offsets, cumulative=False) if offsets else None
+        except BrokerError as refused:  # a cumulative one on a shared subscription, a cursor that failed, ...
+            return None, [], server_error(refused)
+        if len(unresolved) > ACK_RESOLVE_READS_MAX:
+            return taken, unresolved[:ACK_RESOLVE_READS_MAX], server_error(NotAllowedError(
+                f"an acknowledgement names {len(unresolved)} messages this connection did not deliver; "
+                f"at most {ACK_RESOLVE_READS_MAX} are looked up"))
+        return taken, unresolved, None
 
     async def _ack(self, connection: _Connection, consumer: _Consumer, body, taken: TakenAcknowledgement | None,
                    unresolved: list, error: tuple[int, str] | None, slots: trio.Semaphore) -> None:
@@ -917,8 +942,9 @@ class PulsarFrontEnd:
     @staticmethod
     def _cumulative_reach(consumer: _Consumer, key: tuple[int, int], message_id: MessageIdData, first_offset: int,
                           count_hint: int) -> int:
+        # A batch index past the batch names its last message, never a later one.
         batch_index = message_id.batch_index
-        offset = first_offset + (batch_index if batch_index >= 0 else count_hint - 1)
+        offset = first_offset + (min(batch_index, count_hint - 1) if batch_index >= 0 else count_hint - 1)
         for delivered_key in [item for item in consumer.delivered if item <= key]:
             first, indexes, batched = consumer.delivered[delivered_key]
             left = tuple(index for index in indexes if first + index > offset)
@@ -937,7 +963,7 @@ class PulsarFrontEnd:
         except EntryGoneError:
             return []
         if message_id.ack_set:
-            still = _indexes_of(message_id.ack_set)
+            still = _indexes_of(message_id.ack_set, header.message_count)
             return [header.first_offset + index for index in range(header.message_count) if index not in still]
         if message_id.batch_index >= 0 and not header.batched:
             return [header.first_offset]
@@ -1039,6 +1065,40 @@ _REQUESTS = {
 }
 
 
+TOPICS_PATTERN_CHARS_MAX = 512
+TOPICS_PATTERN_REPEATS_MAX = 3
+
+
+def _topics_pattern(text: str) -> re.Pattern:
+    """A regex subscription's pattern, if it cannot make the broker
+    backtrack for ever: Python's engine would try exponentially many ways
+    through a repeated group, or through many repeats in a row, and it runs
+    on the broker's event loop. Pulsar's clients send a prefix and `.*`."""
+    if len(text) > TOPICS_PATTERN_CHARS_MAX:
+        raise NotAllowedError(f"a topics pattern holds at most {TOPICS_PATTERN_CHARS_MAX} characters")
+    unescaped = re.sub(r"\\.", "", text)
+    if re.search(r"\)[*+?{]", unescaped) or len(re.findall(r"[*+]|\{\d*,\}", unescaped)) > TOPICS_PATTERN_REPEATS_MAX:
+        raise NotAllowedError(f"a topics pattern repeats no group and repeats at most {TOPICS_PATTERN_REPEATS_MAX} times "
+                              f"(such as persistent://public/default/orders-.*)")
+    try:
+        return re.compile(text)
+    except re.error as error:
+        raise NotAllowedError(f"topics pattern does not compile: {error}") from None
+
+
+def _reservation(kind: int, body) -> tuple[str, int] | None:
+    if kind == Type.PRODUCER:
+        return "producer", body.producer_id
+    if kind == Type.SUBSCRIBE:
+        return "consumer", body.consumer_id
+    return None
+
+
+def _holds(connection: _Connection, reserved: tuple[str, int]) -> bool:
+    what, handle = reserved
+    return handle in (connection.producers if what == "producer" else connection.consumers)
+
+
 def _signed(value: int) -> int:
     """A uint64 on the wire as the signed long Pulsar's Java side means (-1: none)."""
     return value - (1 << 64) if value >= 1 << 63 else value
@@ -1052,10 +1112,12 @@ def _bit_set(indexes: tuple[int, ...], count: int) -> list[int]:
     return [word - (1 << 64) if word >= 1 << 63 else word for word in words]
 
 
-def _indexes_of(words) -> set[int]:
-    """The set bits of a BitSet's long array."""
+def _indexes_of(words, count: int) -> set[int]:
+    """The set bits below `count` of a BitSet's long array (a client's
+    words past the batch are not read: an ack set of a million words must
+    not build a set of sixty million)."""
     indexes = set()
-    for word_index, word in enumerate(words):
+    for word_index, word in enumerate(words[:(count + 63) // 64]):
         word &= 0xFFFFFFFFFFFFFFFF
         while word:
             low = word & -word

@@ -471,3 +471,87 @@ async def test_a_topic_unloaded_while_a_pulsar_producer_sends_loses_and_duplicat
             received = [int((await reader.receive()).data) for _ in range(total)]
         assert received == list(range(total))
         assert (await client.topic_stats(topic))["partitions"][topic]["next_offset"] == total
+
+
+async def test_hostile_commands_after_a_subscription_are_refused_and_the_broker_serves_on(shared_cluster):
+    # Commands no official client sends, from a connection with a producer
+    # and a shared consumer: each is refused (or dropped) and the broker
+    # keeps serving.
+    import socket
+    import struct
+
+    from broker.pulsar.pulsar_api_pb2 import MessageIdData
+    from broker.pulsar.wire import PulsarFrameDecoder, Type, command, encode
+    from broker.pulsar_message import OutMessage, build_batch
+    from broker.codecs import Codec
+
+    broker = shared_cluster.brokers[0]
+    topic = full("pulsar-hostile")
+
+    def run() -> list[str]:
+        seen = []
+        with socket.create_connection(("127.0.0.1", broker.pulsar_port), timeout=20) as sock:
+            decoder = PulsarFrameDecoder()
+
+            def send(frame: bytes) -> None:
+                sock.sendall(frame)
+
+            def until(kind) -> object:
+                while True:
+                    for frame in decoder.frames():
+                        seen.append(Type.Name(frame.type))
+                        if frame.type == kind:
+                            return frame
+                        assert frame.type != Type.ERROR, (Type.Name(kind), frame.body)
+                    data = sock.recv(65536)
+                    assert data, "the broker closed the connection"
+                    decoder.feed(data)
+
+            send(encode(command(Type.CONNECT, client_version="hostile", protocol_version=21)))
+            until(Type.CONNECTED)
+            send(encode(command(Type.LOOKUP, topic=topic, request_id=0)))  # one broker: it takes the topic
+            until(Type.LOOKUP_RESPONSE)
+            send(encode(command(Type.SUBSCRIBE, topic=topic, subscription="shared", subType=1, consumer_id=1, request_id=1,
+                                initialPosition=1)))
+            until(Type.SUCCESS)
+            # The same consumer id again, while open: refused.
+            send(encode(command(Type.SUBSCRIBE, topic=topic, subscription="shared", subType=1, consumer_id=1, request_id=2)))
+            until(Type.ERROR)
+            send(encode(command(Type.PRODUCER, topic=topic, producer_id=1, request_id=3, producer_name="hostile")))
+            until(Type.PRODUCER_SUCCESS)
+            send(encode(command(Type.SEND, producer_id=1, sequence_id=0, num_messages=-5),
+                        build_batch("hostile", 0, [OutMessage(0, b"x")], Codec.NONE, batched=False)))
+            until(Type.SEND_ERROR)
+            send(encode(command(Type.SEND, producer_id=1, sequence_id=0),
+                        build_batch("hostile", 0, [OutMessage(0, b"x")], Codec.NONE, batched=False)))
+            until(Type.SEND_RECEIPT)
+            send(encode(command(Type.FLOW, consumer_id=1, messagePermits=2**32 - 1)))
+            delivered = until(Type.MESSAGE).body.message_id
+            # A cumulative acknowledgement on a shared subscription, past the
+            # batch, and an ack set of a million words.
+            send(encode(command(Type.ACK, consumer_id=1, ack_type=1, request_id=4, message_id=[
+                MessageIdData(ledgerId=delivered.ledgerId, entryId=delivered.entryId, batch_index=2**31 - 1)])))
+            until(Type.ACK_RESPONSE)
+            send(encode(command(Type.ACK, consumer_id=1, ack_type=0, request_id=5, message_id=[
+                MessageIdData(ledgerId=delivered.ledgerId, entryId=delivered.entryId, ack_set=[-1] * 1_000_000)])))
+            until(Type.ACK_RESPONSE)
+            send(encode(command(Type.GET_TOPICS_OF_NAMESPACE, request_id=6, namespace="public/default",
+                                topics_pattern="persistent://public/default/(.*.*)*x")))
+            until(Type.ERROR)
+        return seen
+
+    with trio.fail_after(60):
+        seen = await in_thread(run)
+    assert "MESSAGE" in seen and broker.running, broker.log_tail()
+
+    def still_serves() -> bytes:
+        client = pulsar_client(broker.pulsar_url)
+        try:
+            producer = client.create_producer(full("pulsar-after-hostile"))
+            consumer = client.subscribe(full("pulsar-after-hostile"), "s", initial_position=pulsar.InitialPosition.Earliest)
+            producer.send(b"still here")
+            return receive_all(consumer, 1)[0].data()
+        finally:
+            client.close()
+
+    assert await in_thread(still_serves) == b"still here"
