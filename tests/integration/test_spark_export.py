@@ -196,7 +196,10 @@ async def test_incremental_exports_add_only_new_ledgers_and_together_equal_a_ful
     out = tmp_path / "incremental"
     async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
         await client.create_topic(topic, partitions=2, **SMALL_LEDGERS)
+        # Each export follows an unload, which closes the partitions' last
+        # ledgers: otherwise housekeeping could close one between two runs.
         await produce_mixed(client, topic, 200, "first")
+        await client.unload(topic)
         first = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
         # A run whose Spark job committed and whose manifest was written,
         # but which died before the rename: the next run commits it (its
@@ -207,6 +210,7 @@ async def test_incremental_exports_add_only_new_ledgers_and_together_equal_a_ful
         (out / f"{PENDING_PREFIX}7").mkdir()
         (out / f"{PENDING_PREFIX}7" / "part-0.parquet").write_bytes(b"not parquet")
         await produce_mixed(client, topic, 200, "second")
+        await client.unload(topic)
         second = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
         third = run_export(spark, export_arguments(shared_cluster, topic, out, "--incremental"))
     assert first["run"] == 1 and second["run"] == 2 and third["run"] is None  # nothing new the third time
