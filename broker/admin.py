@@ -13,7 +13,10 @@ import time
 from typing import Any, Protocol
 
 from framing.codec import describe
-from broker.errors import BadRequestError, TopicExistsError, TopicNotFoundError
+from broker.authorization import TenantInfo, check_role, parse_actions
+from broker.errors import BadRequestError, NotFoundError, TopicExistsError, TopicNotFoundError
+from broker.tenant_store import split_namespace
+from broker.topic_names import NAMESPACE, namespace_of_topic
 from broker.topic_records import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
 from broker.ownership import BrokerInfo, Ownership
 from broker.topic_store import TopicStore
@@ -35,6 +38,8 @@ class AdminBackend(Protocol):
     """What the admin actions need of their broker (BrokerServer is one)."""
 
     topic_store: TopicStore
+    tenant_store: Any
+    access: Any
     ownership: Ownership
     info: BrokerInfo
     stopping: bool
@@ -56,32 +61,37 @@ class AdminHandler:
     def __init__(self, server: AdminBackend) -> None:
         self.server = server
 
-    async def handle(self, action: str, arguments: dict) -> dict:
+    async def handle(self, action: str, arguments: dict, role: str | None = None) -> dict:
+        """Answer `action` for a client of `role` (None: not authenticated,
+        which is allowed everything only while authentication is off)."""
         method = getattr(self, f"_{action}", None)
         if method is None or action.startswith("_"):
             raise BadRequestError(f"unknown admin action {describe(action)}")
-        return await method(arguments)
+        return await method(arguments, role)
 
-    async def _topic_metadata(self, arguments: dict) -> dict:
+    async def _topic_metadata(self, arguments: dict, role: str | None) -> dict:
         topic = check_name(_argument(arguments, "topic", str))
+        await self.server.access.check_topic(role, topic, None, "look up")
         record = await self.server.topic_record(topic, create=bool(_argument(arguments, "create", bool, False)))
         return {"partitions": record.partitions, "policies": record.policies.to_dict()}
 
-    async def _create_topic(self, arguments: dict) -> dict:
+    async def _create_topic(self, arguments: dict, role: str | None) -> dict:
         topic = check_name(_argument(arguments, "topic", str))
         partitions = _argument(arguments, "partitions", int, 0)
         if not 0 <= partitions <= PARTITIONS_MAX:
             raise BadRequestError(f"partitions must be in 0..{PARTITIONS_MAX}, got {partitions}")
         policies = TopicPolicies.from_dict(_argument(arguments, "policies", dict, {}), self.server.default_policies)
+        await self.server.access.check_topic_admin(role, topic, "create topic")
         try:
             await self.server.topic_store.create_topic(topic, TopicRecord(partitions, policies, int(time.time() * 1000)))
         except NodeExistsError:
             raise TopicExistsError(f"topic {topic!r} exists") from None
         return {"topic": topic, "partitions": partitions, "policies": policies.to_dict()}
 
-    async def _set_policies(self, arguments: dict) -> dict:
+    async def _set_policies(self, arguments: dict, role: str | None) -> dict:
         topic = check_name(_argument(arguments, "topic", str))
         changes = _argument(arguments, "policies", dict)
+        await self.server.access.check_topic_admin(role, topic, "change the policies of")
         store = self.server.topic_store
         for _ in range(POLICY_UPDATE_TRIES_MAX):
             found = await store.read_topic(topic)
@@ -96,20 +106,25 @@ class AdminHandler:
             return {"topic": topic, "policies": policies.to_dict()}
         raise BadRequestError(f"topic {topic!r} changed {POLICY_UPDATE_TRIES_MAX} times while its policies were set; retry")
 
-    async def _list_topics(self, arguments: dict) -> dict:
+    async def _list_topics(self, arguments: dict, role: str | None) -> dict:
         topics = []
+        namespace = _argument(arguments, "namespace", str, None)
         for topic in await self.server.topic_store.list_topics():
+            if namespace is not None and namespace_of_topic(topic) != namespace:
+                continue
+            if not await self.server.access.may_look_up(role, topic):
+                continue
             found = await self.server.topic_store.read_topic(topic)
             if found is not None:
                 topics.append({"topic": topic, "partitions": found[0].partitions})
         return {"topics": topics}
 
-    async def _brokers(self, arguments: dict) -> dict:
+    async def _brokers(self, arguments: dict, role: str | None) -> dict:
         brokers = await self.server.ownership.live_brokers()
         return {"brokers": [{"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners}
                             for info in brokers.values()]}
 
-    async def _health(self, arguments: dict) -> dict:
+    async def _health(self, arguments: dict, role: str | None) -> dict:
         """For `quire broker health`: registered in ZooKeeper by this
         broker's session (so lookups find it and its claims hold), and not
         stopping."""
@@ -117,18 +132,21 @@ class AdminHandler:
         return {"broker_id": server.info.broker_id, "registered": await server.ownership.registered(),
                 "stopping": server.stopping, "partitions": len(server.partitions)}
 
-    async def _partition_stats(self, arguments: dict) -> dict:
+    async def _partition_stats(self, arguments: dict, role: str | None) -> dict:
         partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic(role, partition, None, "read the stats of")
         service = await self.server.serving(partition)
         return service.describe()
 
-    async def _delete_partition(self, arguments: dict) -> dict:
+    async def _delete_partition(self, arguments: dict, role: str | None) -> dict:
         partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic_admin(role, partition, "delete")
         await self.server.delete_partition(partition, force=bool(_argument(arguments, "force", bool, False)))
         return {}
 
-    async def _delete_topic_record(self, arguments: dict) -> dict:
+    async def _delete_topic_record(self, arguments: dict, role: str | None) -> dict:
         topic = check_name(_argument(arguments, "topic", str))
+        await self.server.access.check_topic_admin(role, topic, "delete")
         found = await self.server.topic_store.read_topic(topic)
         if found is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
@@ -139,15 +157,108 @@ class AdminHandler:
         await self.server.topic_store.delete_topic_record(topic)
         return {}
 
-    async def _unload(self, arguments: dict) -> dict:
+    async def _unload(self, arguments: dict, role: str | None) -> dict:
         partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic_admin(role, partition, "unload")
         return {"unloaded": await self.server.unload_partition(partition)}
 
-    async def _apply_retention(self, arguments: dict) -> dict:
+    async def _apply_retention(self, arguments: dict, role: str | None) -> dict:
         partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic_admin(role, partition, "apply the retention of")
         service = await self.server.serving(partition)
         deleted = await service.apply_retention()
         return {"deleted_ledgers": deleted, "first_offset": service.managed_ledger.first_offset}
+
+    # --- tenants and namespaces (Pulsar's `pulsar-admin tenants|namespaces`) ---------------------
+
+    async def _list_tenants(self, arguments: dict, role: str | None) -> dict:
+        return {"tenants": await self.server.tenant_store.tenants()}
+
+    async def _create_tenant(self, arguments: dict, role: str | None) -> dict:
+        tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        info = _tenant_info(arguments)
+        self.server.access.check_superuser(role, f"create tenant {tenant}")
+        await self.server.tenant_store.create_tenant(tenant, info)
+        return {"tenant": tenant, **info.to_dict()}
+
+    async def _update_tenant(self, arguments: dict, role: str | None) -> dict:
+        tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        info = _tenant_info(arguments)
+        self.server.access.check_superuser(role, f"change tenant {tenant}")
+        await self.server.tenant_store.update_tenant(tenant, info)
+        return {"tenant": tenant, **info.to_dict()}
+
+    async def _tenant(self, arguments: dict, role: str | None) -> dict:
+        tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        info = await self.server.tenant_store.tenant(tenant)
+        if info is None:
+            raise NotFoundError(f"tenant {tenant} does not exist")
+        return {"tenant": tenant, **info.to_dict()}
+
+    async def _delete_tenant(self, arguments: dict, role: str | None) -> dict:
+        tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        self.server.access.check_superuser(role, f"delete tenant {tenant}")
+        await self.server.tenant_store.delete_tenant(tenant)
+        return {}
+
+    async def _list_namespaces(self, arguments: dict, role: str | None) -> dict:
+        tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        return {"namespaces": await self.server.tenant_store.namespaces(tenant)}
+
+    async def _create_namespace(self, arguments: dict, role: str | None) -> dict:
+        namespace = _namespace(arguments)
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"create namespace {namespace}")
+        await self.server.tenant_store.create_namespace(namespace)
+        return {"namespace": namespace}
+
+    async def _delete_namespace(self, arguments: dict, role: str | None) -> dict:
+        namespace = _namespace(arguments)
+        if namespace == NAMESPACE:
+            raise BadRequestError(f"the namespace {NAMESPACE} is always there: it cannot be deleted")
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"delete namespace {namespace}")
+        await self.server.tenant_store.delete_namespace(namespace)
+        return {}
+
+    async def _permissions(self, arguments: dict, role: str | None) -> dict:
+        namespace = _namespace(arguments)
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"read the permissions of {namespace}")
+        policies = await self.server.tenant_store.namespace(namespace)
+        if policies is None:
+            raise NotFoundError(f"namespace {namespace} does not exist")
+        return {"namespace": namespace, **policies.to_dict()}
+
+    async def _grant_permission(self, arguments: dict, role: str | None) -> dict:
+        namespace = _namespace(arguments)
+        try:
+            grantee = check_role(_argument(arguments, "role", str))
+            actions = parse_actions(_argument(arguments, "actions", list))
+        except ValueError as error:
+            raise BadRequestError(str(error)) from None
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"grant permissions on {namespace}")
+        policies = await self.server.tenant_store.update_namespace(namespace, lambda policies: policies.granted(grantee, actions))
+        return {"namespace": namespace, **policies.to_dict()}
+
+    async def _revoke_permission(self, arguments: dict, role: str | None) -> dict:
+        namespace = _namespace(arguments)
+        grantee = _argument(arguments, "role", str)
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"revoke permissions on {namespace}")
+        policies = await self.server.tenant_store.update_namespace(namespace, lambda policies: policies.revoked(grantee))
+        return {"namespace": namespace, **policies.to_dict()}
+
+
+def _namespace(arguments: dict) -> str:
+    try:
+        return "/".join(split_namespace(_argument(arguments, "namespace", str)))
+    except ValueError as error:
+        raise BadRequestError(str(error)) from None
+
+
+def _tenant_info(arguments: dict) -> TenantInfo:
+    try:
+        return TenantInfo.from_dict({"admin_roles": _argument(arguments, "admin_roles", list, []),
+                                     "allowed_clusters": _argument(arguments, "allowed_clusters", list, [])})
+    except ValueError as error:
+        raise BadRequestError(str(error)) from None
 
 
 __all__ = ["AdminBackend", "AdminHandler"]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_records import TopicPolicies
+from security.authentication import Authenticator
 from framing.peer_limits import (
     CONNECTIONS_MAX_DEFAULT,
     CONNECTIONS_PER_ADDRESS_MAX_DEFAULT,
@@ -52,6 +53,11 @@ class BrokerConfig:
     pulsar_advertised_listeners: dict[str, str] = field(default_factory=dict)
     pulsar_max_message_size: int = 5 * 1024 * 1024  # told to Pulsar clients (Pulsar's maxMessageSize)
     cluster_name: str = "standalone"  # Pulsar's clusterName: in the producer names the broker gives
+    # Who clients are (tokens, TLS client certificates, the anonymous role).
+    # Authorization is on exactly when authentication is: then a role needs
+    # a grant (or to be a tenant admin or superuser) for what it asks.
+    authenticator: Authenticator = field(default_factory=Authenticator)
+    superuser_roles: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.frame_buffer_bytes_max < self.frame_bytes_max:

@@ -26,6 +26,10 @@ class BrokerStatus(enum.IntEnum):
     CHECKSUM = 15  # a message's checksum did not match: corrupted on the way
     NOT_ALLOWED = 16  # something quire does not do (transactions, non-persistent topics, ...)
     PRODUCER_FENCED = 17  # an exclusive producer took the partition: this producer may not publish there
+    UNAUTHENTICATED = 18  # no credentials where the broker needs them, or credentials it refused
+    UNAUTHORIZED = 19  # the client's role may not do this
+    NOT_FOUND = 20  # no such tenant or namespace
+    CONFLICT = 21  # the tenant or namespace exists, or is not empty
 
 
 class BrokerError(Exception):
@@ -57,6 +61,32 @@ class NotAllowedError(BrokerError):
     """A request for something quire does not do: refused with the reason."""
 
     status = BrokerStatus.NOT_ALLOWED
+
+
+class AuthenticationError(BrokerError):
+    """Credentials missing where the broker needs them, or refused (expired,
+    wrongly signed, malformed): the connection is refused."""
+
+    status = BrokerStatus.UNAUTHENTICATED
+
+
+class AuthorizationError(BrokerError):
+    """The client's role may not do what it asked: nothing changed."""
+
+    status = BrokerStatus.UNAUTHORIZED
+
+
+class NotFoundError(BrokerError):
+    """No such tenant or namespace."""
+
+    status = BrokerStatus.NOT_FOUND
+
+
+class ConflictError(BrokerError):
+    """A tenant or namespace that exists already, or that still holds
+    namespaces or topics and so cannot be deleted."""
+
+    status = BrokerStatus.CONFLICT
 
 
 class NotOwnerError(BrokerError):
@@ -150,6 +180,10 @@ _BY_STATUS = {
         ChecksumMismatchError,
         NotAllowedError,
         ProducerFencedError,
+        AuthenticationError,
+        AuthorizationError,
+        NotFoundError,
+        ConflictError,
     )
 }
 
@@ -159,15 +193,19 @@ def error_for_status(status: BrokerStatus, message: str) -> BrokerError:
 
 
 __all__ = [
+    "AuthenticationError",
+    "AuthorizationError",
     "BadRequestError",
     "BrokerError",
     "BrokerStatus",
     "ChecksumMismatchError",
     "ClientClosedError",
+    "ConflictError",
     "ConnectionClosedError",
     "ConsumerBusyError",
     "DuplicateMessageError",
     "MalformedBatchError",
+    "NotFoundError",
     "NotAllowedError",
     "NotOwnerError",
     "PartitionOverflowError",

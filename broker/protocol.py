@@ -17,7 +17,10 @@ from typing import Any, Callable
 
 from framing.codec import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, describe, encode_frame
 
-PROTOCOL_VERSION = 2  # 2: a SEND's body is the producer's message in Pulsar's layout
+# 2: a SEND's body is the producer's message in Pulsar's layout; 3: CONNECT
+# carries credentials and CONNECTED says why it refused them.
+PROTOCOL_VERSION = 3
+AUTH_DATA_BYTES_MAX = 64 * 1024
 I64_MAX = 2**63 - 1
 NAME_BYTES_MAX = 256
 KEYS_MAX = 100_000  # messages in one batch
@@ -86,6 +89,14 @@ def _bytes(value: Any, name: str) -> bytes:
     return value
 
 
+def _bytes_max(bytes_max: int):
+    def bounded(value: Any, name: str) -> bytes:
+        if type(value) is not bytes or len(value) > bytes_max:
+            raise ProtocolError(f"field {name} must be binary of at most {bytes_max} bytes")
+        return value
+    return bounded
+
+
 def _optional(check):
     def optional(value: Any, name: str):
         return None if value is None else check(value, name)
@@ -125,6 +136,8 @@ _offset = _int(-1, I64_MAX)
 class Connect:
     protocol_version: int
     client_name: str
+    auth_method: str  # "token", or "" (none, or a TLS client certificate)
+    auth_data: bytes  # the token
 
 
 @dataclass(slots=True)
@@ -133,6 +146,7 @@ class Connected:
     protocol_version: int
     broker_id: str
     frame_bytes_max: int
+    message: str  # why the broker refused the connection ("" when it did not)
 
 
 @dataclass(slots=True)
@@ -281,8 +295,8 @@ class Pong:
 
 
 _SCHEMAS: dict[type, tuple[Command, tuple]] = {
-    Connect: (Command.CONNECT, (_u32, _str)),
-    Connected: (Command.CONNECTED, (_u32, _u32, _str, _u32)),
+    Connect: (Command.CONNECT, (_u32, _str, _str, _bytes_max(AUTH_DATA_BYTES_MAX))),
+    Connected: (Command.CONNECTED, (_u32, _u32, _str, _u32, _text)),
     Lookup: (Command.LOOKUP, (_id, _str, _bool)),
     ProducerOpen: (Command.PRODUCER, (_id, _id, _str, _str)),
     Send: (Command.SEND, (_id, _id, _id, _int(1, KEYS_MAX), _bytes)),

@@ -32,7 +32,9 @@ from framing.peer_limits import (
     serve_admitted,
     wait_for_output_room,
 )
+from broker.access import AccessControl, peer_common_name
 from broker.admin import AdminHandler
+from broker.authorization import Action
 from broker.config import BrokerConfig
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
@@ -50,6 +52,7 @@ from broker.metrics import BrokerMetrics
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership
 from broker.ownership_core import Access, Answer, decide_lookup
 from broker.protocol import (
+    Command,
     PROTOCOL_VERSION,
     REQUEST_ITEMS_MAX,
     Ack,
@@ -82,11 +85,13 @@ from broker.hosting import PartitionHosting
 from broker.pulsar.server import PulsarFrontEnd
 from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
+from broker.tenant_store import TenantStore
 from broker.topic_store import TopicStore
 from coordination.async_store import AsyncMetadataStore
 from coordination.startup import Startup
 from coordination.store import MetadataError, NodeExistsError
 from ledger_client import BKError, BookKeeper
+from security.authentication import ANONYMOUS_WHEN_OFF, Principal
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +113,11 @@ class _Connection:
     reader: FrameReader | None = None
     pinged: bool = False  # a PING went out since the client last sent anything
     cancel_scope: trio.CancelScope | None = None
+    principal: Principal = ANONYMOUS_WHEN_OFF  # who the client authenticated as
+
+    @property
+    def role(self) -> str | None:
+        return self.principal.role
 
     def send(self, message: Any) -> None:
         if self.closed:
@@ -152,6 +162,8 @@ class BrokerServer:
         self.partitions = self.hosting.partitions  # loaded here: serving, or being unloaded
         self.retired_stats = self.hosting.retired_stats
         self.admin = AdminHandler(self)
+        self.tenant_store = TenantStore(self.topic_store)
+        self.access = AccessControl(config.authenticator, config.superuser_roles, self.tenant_store)
         self._connections: set[_Connection] = set()
         self.protocol_errors = 0  # connections closed for breaking the protocol
         self.connections_timed_out = 0  # closed after two keep-alive intervals of silence
@@ -242,10 +254,10 @@ class BrokerServer:
         # before the hosting starts, makes its session loop register again.
         generation = self.store.session_generation
         if startup is None:
-            await self.topic_store.ensure_layout()
+            await self._ensure_layout()
             await self.ownership.register()
         else:
-            await startup.step("create the broker's nodes in ZooKeeper", self.topic_store.ensure_layout)
+            await startup.step("create the broker's nodes in ZooKeeper", self._ensure_layout)
             await startup.step(f"register broker {self.info.broker_id} under /brokers", self.ownership.register,
                                detail=self.ownership.problem)
         async with trio.open_nursery() as nursery:
@@ -256,6 +268,10 @@ class BrokerServer:
             log.info("broker %s serving at %s%s", self.info.broker_id, self.info.address,
                      "" if self.pulsar is None else f", Pulsar at pulsar://{self.info.pulsar_address_for(None)}")
             task_status.started()
+
+    async def _ensure_layout(self) -> None:
+        await self.topic_store.ensure_layout()
+        await self.tenant_store.ensure_defaults()
 
     async def _serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Accept connections of both protocols until shutdown cancels the scope."""
@@ -285,6 +301,7 @@ class BrokerServer:
             return found[0]
         if not (create and self.config.auto_topic_creation):
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        await self.access.check_namespace(topic)
         record = TopicRecord(0, self.config.default_policies, int(time.time() * 1000))
         try:
             await self.topic_store.create_topic(topic, record)
@@ -458,14 +475,27 @@ class BrokerServer:
             if not await connection.reader.receive():
                 return None, []
             frames = list(decoder.frames())
-        hello = decode_from_peer(decode, frames[0], "handshake")
+        first = frames[0]
+        if type(first) is list and len(first) >= 2 and first[0] == Command.CONNECT and first[1] != PROTOCOL_VERSION:
+            # Another version's CONNECT may have other fields: answered before it is decoded.
+            await self._connected(connection, BrokerStatus.BAD_VERSION, f"this broker speaks protocol {PROTOCOL_VERSION}")
+            return None, []
+        hello = decode_from_peer(decode, first, "handshake")
         if not isinstance(hello, Connect):
             raise ProtocolError("the first frame must be CONNECT")
-        ok = hello.protocol_version == PROTOCOL_VERSION
-        status = BrokerStatus.OK if ok else BrokerStatus.BAD_VERSION
+        try:
+            connection.principal = self.access.authenticate(
+                hello.auth_method, hello.auth_data, peer=connection.peer, peer_common_name=peer_common_name(connection.stream),
+                now=time.time(), protocol="quire")
+        except BrokerError as error:
+            await self._connected(connection, error.status, str(error))
+            return None, []
+        await self._connected(connection, BrokerStatus.OK, "")
+        return hello, frames[1:]
+
+    async def _connected(self, connection: _Connection, status: BrokerStatus, message: str) -> None:
         await connection.stream.send_all(encode(Connected(int(status), PROTOCOL_VERSION, self.info.broker_id,
-                                                          self.config.frame_bytes_max)))
-        return (hello if ok else None), frames[1:]
+                                                          self.config.frame_bytes_max, message)))
 
     async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
         try:
@@ -628,12 +658,14 @@ class BrokerServer:
             await taken.durable()
             return None
         if kind is Lookup:
+            await self.access.check_topic(connection.role, message.topic, None, "look up")
             info, redirect = await self.lookup(message.topic, message.authoritative)
             return {"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners, "redirect": redirect}
         if kind is ProducerOpen:
             check_name(message.producer_id, "producer")
             if message.producer_handle in connection.producers:
                 raise BadRequestError(f"producer handle {message.producer_handle} is in use on this connection")
+            await self.access.check_topic(connection.role, message.topic, Action.PRODUCE, "produce to")
             service = await self.serving(message.topic)
             link = ProducerLink(message.producer_handle, message.producer_id, connection.send_receipt)
             link.close = lambda reason: self._close_producer(connection, link, reason)
@@ -643,6 +675,7 @@ class BrokerServer:
         if kind is Subscribe:
             if message.consumer_handle in connection.consumers:
                 raise BadRequestError(f"consumer handle {message.consumer_handle} is in use on this connection")
+            await self.access.check_topic(connection.role, message.topic, Action.CONSUME, "consume from")
             service = await self.serving(message.topic)
             consumer_id = next(self._consumer_ids)
             link = ConsumerLink(consumer_id, message.consumer_handle, message.consumer_name or f"consumer-{consumer_id}",
@@ -667,7 +700,7 @@ class BrokerServer:
             connection.consumers.pop(message.consumer_handle, None)
             return None
         if kind is Admin:
-            return await self.admin.handle(message.action, message.arguments)
+            return await self.admin.handle(message.action, message.arguments, connection.role)
         raise AssertionError(kind)
 
     def _consumer(self, connection: _Connection, handle: int) -> tuple[PartitionService, str, int]:

@@ -1,12 +1,14 @@
 """Pulsar's topic names and quire's: a quire topic `orders` is
 `persistent://public/default/orders` to Pulsar clients, and its partitions
 `orders-partition-N` are `persistent://public/default/orders-partition-N`.
-Every quire command and client call takes either form (or Pulsar's short
-`public/default/orders`).
+A topic of another namespace keeps its namespace in its quire name:
+`persistent://acme/payments/orders` is `acme/payments/orders`. Every quire
+command and client call takes either form (or Pulsar's short
+`TENANT/NAMESPACE/TOPIC`).
 
-quire serves persistent topics of the namespace public/default; a name in
-another namespace or a `non-persistent://` topic is refused with a clear
-error (TopicNameError says what quire does not do).
+quire serves persistent topics; a `non-persistent://` topic is refused with
+a clear error (TopicNameError says what quire does not do). Whether a
+namespace exists is the broker's to check (broker.tenant_store).
 """
 
 from __future__ import annotations
@@ -24,10 +26,6 @@ class TopicNameError(ValueError):
 
 class NotPersistentError(TopicNameError):
     """A `non-persistent://` topic: quire stores every message."""
-
-
-class OtherNamespaceError(TopicNameError):
-    """A topic of a namespace other than public/default."""
 
 
 def quire_name(name: str) -> str:
@@ -50,20 +48,27 @@ def quire_name(name: str) -> str:
                              f"got {name[:200]!r}")
     tenant, namespace, topic = parts
     if (tenant, namespace) != (DEFAULT_TENANT, DEFAULT_NAMESPACE):
-        raise OtherNamespaceError(f"quire serves the namespace {NAMESPACE} only, not {tenant[:100]}/{namespace[:100]}")
+        return rest
     return topic
 
 
 def pulsar_name(name: str) -> str:
     """The full Pulsar name of a quire topic or partition."""
-    return f"{PERSISTENT}{NAMESPACE}/{name}"
+    return f"{PERSISTENT}{name}" if "/" in name else f"{PERSISTENT}{NAMESPACE}/{name}"
+
+
+def namespace_of_topic(name: str) -> str:
+    """TENANT/NAMESPACE of a quire topic or partition name."""
+    return name.rsplit("/", 1)[0] if "/" in name else NAMESPACE
 
 
 def namespace_of(namespace: str) -> str:
-    """A namespace as Pulsar's clients name it (TENANT/NAMESPACE), checked."""
-    if namespace != NAMESPACE:
-        raise OtherNamespaceError(f"quire serves the namespace {NAMESPACE} only, not {namespace[:200]!r}")
+    """A namespace as Pulsar's clients name it (TENANT/NAMESPACE), checked
+    for its form (not for existence)."""
+    parts = namespace.split("/") if isinstance(namespace, str) else []
+    if len(parts) != 2 or not all(parts):
+        raise TopicNameError(f"a namespace is TENANT/NAMESPACE, got {str(namespace)[:200]!r}")
     return namespace
 
 
-__all__ = ["NAMESPACE", "NotPersistentError", "OtherNamespaceError", "TopicNameError", "namespace_of", "pulsar_name", "quire_name"]
+__all__ = ["NAMESPACE", "NotPersistentError", "TopicNameError", "namespace_of", "namespace_of_topic", "pulsar_name", "quire_name"]

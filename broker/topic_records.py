@@ -8,6 +8,11 @@ ZooKeeper (inside the cluster's chroot), and the records themselves:
     /managed-ledgers/<partition>            its ledgers (versioned; compare-and-set)
     /managed-ledgers/<partition>/dedup      the producers' deduplication snapshot
     /managed-ledgers/<partition>/cursors/<subscription>   a durable cursor
+    /schemas/<topic>                        the schema Pulsar clients gave
+    /tenants/<tenant>[/<namespace>]         tenants and namespaces: admin roles, grants
+
+Topics of a namespace other than public/default are named
+TENANT/NAMESPACE/TOPIC; in a node's name their slashes are `%2F`.
 
 A partition is a topic itself when the topic is not partitioned, else
 `<topic>-partition-<i>` (Pulsar's naming). Records are JSON.
@@ -32,6 +37,7 @@ NAME_CHARS_MAX = 200
 NAME_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_.:=-]{{0,{NAME_CHARS_MAX - 1}}}")
 # Unknown policy names shown in an error message; the rest are counted.
 UNKNOWN_POLICIES_SHOWN_MAX = 5
+TOPIC_CHARS_MAX = 3 * NAME_CHARS_MAX + 2  # TENANT/NAMESPACE/TOPIC
 PARTITION_SUFFIX = re.compile(r"(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})")
 PARTITIONS_MAX = 10_000
 RETENTION_MODELS = ("pulsar", "ydb")  # see TopicPolicies
@@ -41,11 +47,20 @@ TOPICS = "/topics"
 OWNERS = "/owners"
 MANAGED_LEDGERS = "/managed-ledgers"
 SCHEMAS = "/schemas"  # a topic's schema, as Pulsar's clients give it (one per topic)
+TENANTS = "/tenants"  # /tenants/<tenant> (TenantInfo), /tenants/<tenant>/<namespace> (NamespacePolicies)
 
 
 def check_name(name: str, what: str = "topic") -> str:
     """`name` if it is a good name; else ValueError, whose message shows
-    the name bounded (`describe`), whatever its size and type."""
+    the name bounded (`describe`), whatever its size and type. A topic (or
+    partition) of a namespace other than public/default is named
+    TENANT/NAMESPACE/TOPIC, each part a good name."""
+    if what == "topic" and isinstance(name, str) and "/" in name and len(name) <= TOPIC_CHARS_MAX:
+        parts = name.split("/")
+        if len(parts) == 3 and all(NAME_PATTERN.fullmatch(part) for part in parts):
+            return name
+        raise ValueError(f"bad topic name {describe(name)}: TENANT/NAMESPACE/TOPIC, each 1-{NAME_CHARS_MAX} "
+                         f"characters of letters, digits and _ . : = -, starting with a letter or digit")
     if not isinstance(name, str) or len(name) > NAME_CHARS_MAX or not NAME_PATTERN.fullmatch(name):
         shown = f"of {len(name)} characters" if isinstance(name, str) and len(name) > NAME_CHARS_MAX else describe(name)
         raise ValueError(
@@ -73,32 +88,50 @@ def broker_path(broker_id: str) -> str:
     return f"{BROKERS}/{broker_id}"
 
 
+def node_name(name: str) -> str:
+    """A topic or partition name as one ZooKeeper node name: the slashes of
+    TENANT/NAMESPACE/TOPIC become `%2F` (no good name holds a `%`)."""
+    return name.replace("/", "%2F")
+
+
+def name_of_node(node: str) -> str:
+    return node.replace("%2F", "/")
+
+
 def topic_path(topic: str) -> str:
-    return f"{TOPICS}/{topic}"
+    return f"{TOPICS}/{node_name(topic)}"
 
 
 def owner_path(partition: str) -> str:
-    return f"{OWNERS}/{partition}"
+    return f"{OWNERS}/{node_name(partition)}"
 
 
 def managed_ledger_path(partition: str) -> str:
-    return f"{MANAGED_LEDGERS}/{partition}"
+    return f"{MANAGED_LEDGERS}/{node_name(partition)}"
 
 
 def schema_path(topic: str) -> str:
-    return f"{SCHEMAS}/{topic}"
+    return f"{SCHEMAS}/{node_name(topic)}"
 
 
 def dedup_path(partition: str) -> str:
-    return f"{MANAGED_LEDGERS}/{partition}/dedup"
+    return f"{managed_ledger_path(partition)}/dedup"
 
 
 def cursors_path(partition: str) -> str:
-    return f"{MANAGED_LEDGERS}/{partition}/cursors"
+    return f"{managed_ledger_path(partition)}/cursors"
 
 
 def cursor_path(partition: str, subscription: str) -> str:
-    return f"{MANAGED_LEDGERS}/{partition}/cursors/{subscription}"
+    return f"{managed_ledger_path(partition)}/cursors/{subscription}"
+
+
+def tenant_path(tenant: str) -> str:
+    return f"{TENANTS}/{tenant}"
+
+
+def namespace_path(tenant: str, namespace: str) -> str:
+    return f"{TENANTS}/{tenant}/{namespace}"
 
 
 # --- records -----------------------------------------------------------------------------
@@ -248,7 +281,8 @@ class ManagedLedgerRecord:
 
 
 __all__ = [
-    "BROKERS", "MANAGED_LEDGERS", "NAME_CHARS_MAX", "OWNERS", "PARTITIONS_MAX", "TOPICS", "LedgerInfo", "ManagedLedgerRecord",
-    "TopicPolicies", "TopicRecord", "broker_path", "check_name", "cursor_path", "cursors_path", "dedup_path",
-    "managed_ledger_path", "owner_path", "partition_name", "split_partition", "topic_path",
+    "BROKERS", "MANAGED_LEDGERS", "NAME_CHARS_MAX", "OWNERS", "PARTITIONS_MAX", "TENANTS", "TOPICS", "TOPIC_CHARS_MAX",
+    "LedgerInfo", "ManagedLedgerRecord", "TopicPolicies", "TopicRecord", "broker_path", "check_name", "cursor_path",
+    "cursors_path", "dedup_path", "managed_ledger_path", "name_of_node", "namespace_path", "node_name", "owner_path",
+    "partition_name", "split_partition", "tenant_path", "topic_path",
 ]

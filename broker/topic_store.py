@@ -17,6 +17,7 @@ from broker.topic_records import (
     TopicRecord,
     check_name,
     cursor_path,
+    name_of_node,
     cursors_path,
     dedup_path,
     managed_ledger_path,
@@ -66,7 +67,7 @@ class TopicStore:
 
     async def list_topics(self) -> list[str]:
         try:
-            return sorted(await self.store.children(TOPICS))
+            return sorted(name_of_node(node) for node in await self.store.children(TOPICS))
         except NoNodeError:
             return []
 

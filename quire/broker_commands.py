@@ -105,6 +105,9 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
     parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
     add_policies(parser, defaults=True)
+    from quire.security_options import add_authentication
+
+    add_authentication(parser)
     from quire.peer_limit_options import add_peer_limits
 
     add_peer_limits(parser, keepalive=True, requests_per_connection=None)
@@ -133,7 +136,9 @@ def run(arguments: argparse.Namespace) -> int:
     advertised = (arguments.advertised_address or internal
                   or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}")
     from quire.peer_limit_options import peer_limits_from
+    from quire.security_options import authenticator_from
 
+    authenticator = authenticator_from(arguments)
     try:
         config = BrokerConfig(
             broker_id=arguments.broker_id or advertised,
@@ -152,6 +157,8 @@ def run(arguments: argparse.Namespace) -> int:
             pulsar_port=arguments.pulsar_port,
             pulsar_advertised_listeners=arguments.pulsar_advertised_listeners,
             cluster_name=arguments.cluster_name,
+            authenticator=authenticator,
+            superuser_roles=arguments.superuser_roles,
             **peer_limits_from(arguments),
         )
     except ValueError as error:

@@ -25,6 +25,8 @@ from quire import (
     ledger_commands,
     logging_setup,
     sim_commands,
+    tenant_commands,
+    token_commands,
     topic_commands,
     zk_commands,
 )
@@ -100,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     topic_commands.add_topic(command(topic, "unload", "have the owners give a topic up (another broker takes it)", topic_commands.unload))
     topic_commands.add_delete(command(topic, "delete", "delete a topic, its ledgers and subscriptions", topic_commands.delete))
+    tenant_commands.register(group, command)
 
     produce = commands.add_parser("produce", help="send messages to a topic", description="send standard input's lines (or --count generated messages) to a topic")
     _common(produce)
@@ -154,6 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
     cluster_commands.add_up(command(cluster, "up", "start ZooKeeper, bookies and brokers in the background", cluster_commands.up))
     cluster_commands.add_data_dir(command(cluster, "status", "show the processes of a local cluster", cluster_commands.status))
     cluster_commands.add_data_dir(command(cluster, "down", "stop a local cluster", cluster_commands.down))
+
+    token = group("token", "token authentication: keys, tokens, and checking a token (as `pulsar tokens`)")
+    token_commands.add_create_secret_key(
+        command(token, "create-secret-key", "make an HS256 secret key", token_commands.create_secret_key_command)
+    )
+    token_commands.add_create_key_pair(
+        command(token, "create-key-pair", "make an RSA key pair for RS256 tokens", token_commands.create_key_pair_command)
+    )
+    token_commands.add_create(command(token, "create", "print a new token for a role, signed with a key", token_commands.create_command))
+    token_commands.add_show(command(token, "show", "print a token's header and claims, not verified", token_commands.show_command))
+    token_commands.add_validate(
+        command(token, "validate", "check a token against a key: its role (exit 0), or why it is refused (exit 1)",
+                token_commands.validate_command)
+    )
     return parser
 
 

@@ -7,6 +7,7 @@ import argparse
 import base64
 import contextlib
 import json
+import os
 import sys
 import time
 from typing import AsyncIterator, Awaitable, Callable
@@ -29,6 +30,32 @@ def add_brokers(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--listener-name", metavar="NAME",
                         help="which of the brokers' advertised listeners to dial, e.g. external (default: the one --service-url "
                              "belongs to, else internal)")
+    add_credentials(parser)
+
+
+def add_credentials(parser: argparse.ArgumentParser) -> None:
+    """The token a client shows brokers that authenticate."""
+    credentials = parser.add_mutually_exclusive_group()
+    credentials.add_argument("--auth-token", metavar="TOKEN",
+                             help="the token to show brokers (quire token create); default: $QUIRE_AUTH_TOKEN")
+    credentials.add_argument("--auth-token-file", metavar="FILE",
+                             help="a file holding the token (read again for each new connection, so it may be replaced)")
+
+
+def auth_token_from(arguments: argparse.Namespace):
+    """The client's token, a function reading it from its file, or None."""
+    token_file = getattr(arguments, "auth_token_file", None)
+    if token_file is not None:
+        def read() -> str:
+            try:
+                with open(token_file) as file:
+                    return file.read().strip()
+            except OSError as error:
+                raise UsageError(f"--auth-token-file: cannot read {token_file}: {error.strerror}") from None
+        read()  # a missing file is said at once, before anything else is done
+        return read
+    token = getattr(arguments, "auth_token", None) or os.environ.get("QUIRE_AUTH_TOKEN") or None
+    return token.strip() if token else None
 
 
 def add_topic(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +81,7 @@ def add_delete(parser: argparse.ArgumentParser) -> None:
 
 def add_ls(parser: argparse.ArgumentParser) -> None:
     add_brokers(parser)
+    parser.add_argument("--namespace", metavar="TENANT/NAMESPACE", help="only the topics of this namespace (default: all you may see)")
 
 
 def add_produce(parser: argparse.ArgumentParser) -> None:
@@ -92,7 +120,8 @@ async def _client(arguments: argparse.Namespace) -> AsyncIterator:
 
     try:
         async with Client.connect(arguments.zk, arguments.root, service_url=getattr(arguments, "service_url", None),
-                                  listener_name=getattr(arguments, "listener_name", None)) as client:
+                                  listener_name=getattr(arguments, "listener_name", None),
+                                  auth_token=auth_token_from(arguments)) as client:
             yield client
     except (MetadataError, ValueError) as error:
         raise UsageError(str(error)) from None
@@ -143,7 +172,7 @@ def set_policies(arguments: argparse.Namespace) -> int:
 
 def list_(arguments: argparse.Namespace) -> int:
     async def body(client) -> None:
-        for topic in await client.list_topics():
+        for topic in await client.list_topics(namespace=arguments.namespace):
             partitions = topic["partitions"]
             print(topic["topic"] if partitions == 0 else f"{topic['topic']} ({partitions} partitions)")
 

@@ -45,7 +45,7 @@ def handshake(protocol: str) -> bytes:
         return wire.encode_hello(wire.Hello(wire.PROTOCOL_VERSION, "fuzz"))
     if protocol == PULSAR:
         return pulsar_wire.encode(pulsar_wire.command(pulsar_wire.Type.CONNECT, client_version="fuzz", protocol_version=21))
-    return broker_protocol.encode(broker_protocol.Connect(broker_protocol.PROTOCOL_VERSION, "fuzz"))
+    return broker_protocol.encode(broker_protocol.Connect(broker_protocol.PROTOCOL_VERSION, "fuzz", "", b""))
 
 
 def frame(value: Any) -> bytes:

@@ -50,8 +50,10 @@ class Client:
         frame_bytes_max: int,
         listener_name: str | None = None,
         service_addresses: list[str] | None = None,
+        auth_token: str | Callable[[], str] | None = None,
     ) -> None:
         self.nursery = nursery
+        self._auth_token = auth_token
         self.listener_name = listener_name
         # The addresses a client was given, from which it tells its
         # listener when it was not named (found once).
@@ -86,6 +88,7 @@ class Client:
         rng: random.Random | None = None,
         client_name: str = "quire-client",
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
+        auth_token: str | Callable[[], str] | None = None,
     ) -> AsyncIterator["Client"]:
         """A client of the cluster whose metadata is at `zk_hosts` under
         `root` (brokers found through ZooKeeper), or of the brokers listed in
@@ -95,7 +98,11 @@ class Client:
         to dial (Pulsar's listenerName): "external" from outside a
         container network, say. Without it, a client given `service_url`
         uses the listener those addresses belong to, and one that finds
-        the brokers through ZooKeeper the internal one."""
+        the brokers through ZooKeeper the internal one.
+
+        `auth_token`: the token brokers that authenticate are shown (quire
+        token create), or a function giving the current one (called for
+        each new connection, so a refreshed token is picked up)."""
         async with contextlib.AsyncExitStack() as stack:
             if service_url is not None:
                 addresses = [address.strip() for address in service_url.split(",") if address.strip()]
@@ -118,7 +125,8 @@ class Client:
                 async with trio.open_nursery() as nursery:
                     client = cls(nursery, discover, rng=rng or random.Random(), client_name=client_name,
                                  frame_bytes_max=frame_bytes_max, listener_name=listener_name,
-                                 service_addresses=addresses if service_url is not None else None)
+                                 service_addresses=addresses if service_url is not None else None,
+                                 auth_token=auth_token)
                     try:
                         yield client
                     finally:
@@ -148,7 +156,9 @@ class Client:
             connection = self._connections.get(address)
             if connection is not None and connection.closed is None:
                 return connection
-            connection = await BrokerConnection.connect(address, self.client_name, frame_bytes_max=self.frame_bytes_max)
+            token = self._auth_token() if callable(self._auth_token) else self._auth_token
+            connection = await BrokerConnection.connect(address, self.client_name, frame_bytes_max=self.frame_bytes_max,
+                                                        auth_token=token)
             await self.nursery.start(connection.run)
             self._connections[address] = connection
             return connection
@@ -327,8 +337,44 @@ class Client:
     async def set_policies(self, topic: str, **policies: Any) -> dict:
         return await self.admin("set_policies", topic=quire_name(topic), policies=policies)
 
-    async def list_topics(self) -> list[dict]:
-        return (await self.admin("list_topics"))["topics"]
+    async def list_topics(self, namespace: str | None = None) -> list[dict]:
+        """The topics (of `namespace`, TENANT/NAMESPACE, when given) this client's role may see."""
+        arguments = {} if namespace is None else {"namespace": namespace}
+        return (await self.admin("list_topics", **arguments))["topics"]
+
+    # --- tenants and namespaces (superusers and tenant admins, once brokers authenticate) ---
+
+    async def list_tenants(self) -> list[str]:
+        return (await self.admin("list_tenants"))["tenants"]
+
+    async def create_tenant(self, tenant: str, *, admin_roles: list[str] = (), allowed_clusters: list[str] = ()) -> dict:
+        return await self.admin("create_tenant", tenant=tenant, admin_roles=list(admin_roles),
+                                allowed_clusters=list(allowed_clusters))
+
+    async def update_tenant(self, tenant: str, *, admin_roles: list[str] = (), allowed_clusters: list[str] = ()) -> dict:
+        return await self.admin("update_tenant", tenant=tenant, admin_roles=list(admin_roles),
+                                allowed_clusters=list(allowed_clusters))
+
+    async def delete_tenant(self, tenant: str) -> None:
+        await self.admin("delete_tenant", tenant=tenant)
+
+    async def list_namespaces(self, tenant: str) -> list[str]:
+        return (await self.admin("list_namespaces", tenant=tenant))["namespaces"]
+
+    async def create_namespace(self, namespace: str) -> None:
+        await self.admin("create_namespace", namespace=namespace)
+
+    async def delete_namespace(self, namespace: str) -> None:
+        await self.admin("delete_namespace", namespace=namespace)
+
+    async def grant_permission(self, namespace: str, role: str, actions: list[str]) -> dict:
+        return (await self.admin("grant_permission", namespace=namespace, role=role, actions=list(actions)))["permissions"]
+
+    async def revoke_permission(self, namespace: str, role: str) -> dict:
+        return (await self.admin("revoke_permission", namespace=namespace, role=role))["permissions"]
+
+    async def permissions(self, namespace: str) -> dict:
+        return (await self.admin("permissions", namespace=namespace))["permissions"]
 
     async def brokers(self) -> list[dict]:
         return (await self.admin("brokers"))["brokers"]

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import trio
 
-from broker.errors import BrokerStatus, ConnectionClosedError, ProtocolVersionError, error_for_status
+from broker.errors import AuthenticationError, BrokerStatus, ConnectionClosedError, ProtocolVersionError, error_for_status
 from broker.protocol import (
     PROTOCOL_VERSION,
     Closed,
@@ -70,20 +70,24 @@ class BrokerConnection:
         self.keepalive_interval_s = KEEPALIVE_INTERVAL_S
 
     @classmethod
-    async def connect(cls, address: str, client_name: str, *, frame_bytes_max: int) -> "BrokerConnection":
+    async def connect(cls, address: str, client_name: str, *, frame_bytes_max: int,
+                      auth_token: str | None = None) -> "BrokerConnection":
         host, _, port = address.rpartition(":")
         try:
             with trio.fail_after(CONNECT_TIMEOUT_S):
                 stream = await trio.open_tcp_stream(host, int(port))
                 enable_keepalive(stream)
                 try:
-                    await stream.send_all(encode(Connect(PROTOCOL_VERSION, client_name)))
+                    credentials = ("token", auth_token.encode()) if auth_token else ("", b"")
+                    await stream.send_all(encode(Connect(PROTOCOL_VERSION, client_name, *credentials)))
                     frames = await receive_first_frames(stream, FrameDecoder(frame_bytes_max))
                     if not frames:
                         raise ConnectionClosedError(f"broker {address} closed the connection during the handshake")
                     reply = decode(frames[0])
                     if not isinstance(reply, Connected):
                         raise ProtocolError("the broker's first frame is not CONNECTED")
+                    if reply.status == BrokerStatus.UNAUTHENTICATED:
+                        raise AuthenticationError(f"broker {address} refused the connection: {reply.message}")
                     if reply.status != BrokerStatus.OK:
                         raise ProtocolVersionError(f"broker {address} speaks protocol {reply.protocol_version}, not {PROTOCOL_VERSION}")
                 except BaseException:

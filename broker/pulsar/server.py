@@ -37,12 +37,15 @@ from broker.errors import (
     TopicFencedError,
 )
 from broker.managed_ledger import EntryGoneError, Position
+from broker.access import AccessControl, peer_common_name
+from broker.authorization import Action
 from broker.message_format import MalformedEntryError, decode_entry, pulsar_message
 from broker.protocol import MessageDelivery, Send, SendReceipt
 from broker.ownership import BrokerInfo
 from broker.publish_buffer import PublishBuffer, batch_cost_bytes
 from broker.publish_core import AccessMode
 from broker.pulsar.pulsar_api_pb2 import (
+    AuthData,
     CommandAck,
     CommandLookupTopicResponse,
     CommandPartitionedTopicMetadataResponse,
@@ -57,7 +60,7 @@ from broker.pulsar.pulsar_api_pb2 import (
 from broker.pulsar.wire import Frame, PulsarFrameDecoder, Type, command, encode, encode_parts
 from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.topic import PartitionService, ProducerLink
-from broker.topic_names import NotPersistentError, OtherNamespaceError, TopicNameError, namespace_of, pulsar_name, quire_name
+from broker.topic_names import NotPersistentError, TopicNameError, namespace_of, namespace_of_topic, pulsar_name, quire_name
 from broker.topic_records import TopicRecord, split_partition
 from broker.topic_store import TopicStore
 from coordination.store import MetadataError
@@ -65,6 +68,11 @@ from framing.codec import ProtocolError
 from framing.peer_limits import ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, wait_for_output_room
 from framing.stream import FrameOutput, enable_keepalive
 from ledger_client import BKError
+from security.authentication import ANONYMOUS_WHEN_OFF, TOKEN_METHOD, Principal
+
+# What an AUTH_CHALLENGE carries to ask for a fresh token (Pulsar's
+# AuthData.REFRESH_AUTH_DATA).
+REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
 
 
 class BrokerAccess(Protocol):
@@ -72,6 +80,7 @@ class BrokerAccess(Protocol):
 
     config: BrokerConfig
     info: BrokerInfo
+    access: AccessControl
 
     @property
     def session_id(self) -> int: ...
@@ -147,6 +156,10 @@ _SERVER_ERRORS = {
     BrokerStatus.CHECKSUM: ServerError.ChecksumError,
     BrokerStatus.NOT_ALLOWED: ServerError.NotAllowedError,
     BrokerStatus.PRODUCER_FENCED: ServerError.ProducerFenced,
+    BrokerStatus.UNAUTHENTICATED: ServerError.AuthenticationError,
+    BrokerStatus.UNAUTHORIZED: ServerError.AuthorizationError,
+    BrokerStatus.NOT_FOUND: ServerError.TopicNotFound,  # a namespace that does not exist: not retried
+    BrokerStatus.CONFLICT: ServerError.UnknownError,
 }
 # Receipts that mean "this partition is not served here (any more)": the
 # producer is closed, and its client looks the topic up again and resends.
@@ -159,7 +172,7 @@ def server_error(error: BaseException) -> tuple[int, str]:
         return ServerError.IncompatibleSchema, str(error)
     if isinstance(error, BrokerError):
         return _SERVER_ERRORS.get(error.status, ServerError.UnknownError), str(error)
-    if isinstance(error, (NotPersistentError, OtherNamespaceError)):
+    if isinstance(error, NotPersistentError):
         # Not InvalidTopicName: Pulsar's clients retry that one until their
         # operation times out; this one they report at once.
         return ServerError.NotAllowedError, str(error)
@@ -222,6 +235,9 @@ class _Connection:
     protocol_version: int = PROTOCOL_VERSION_MAX
     # ("producer" | "consumer", id) of those being opened on this connection.
     reserved: set = field(default_factory=set)
+    principal: Principal = ANONYMOUS_WHEN_OFF  # who the client authenticated as
+    supports_auth_refresh: bool = False
+    challenged_at: float | None = None  # when an AUTH_CHALLENGE went out unanswered (loop time)
 
     def send(self, frame: bytes) -> None:
         if self.closed:
@@ -284,6 +300,40 @@ class PulsarFrontEnd:
                 elif silent_s >= interval_s and not connection.pinged:
                     connection.pinged = True
                     connection.send(encode(command(Type.PING)))
+                self._check_credentials(connection, now)
+
+    def _check_credentials(self, connection: _Connection, now: float) -> None:
+        """A connection whose token expired is asked for a fresh one (Pulsar's
+        AUTH_CHALLENGE) if its client can refresh, and closed if it cannot,
+        or does not answer within a keep-alive interval."""
+        expires_at = connection.principal.expires_at
+        if expires_at is None or time.time() < expires_at:
+            return
+        if connection.challenged_at is None and connection.supports_auth_refresh:
+            connection.challenged_at = now
+            connection.send(encode(command(Type.AUTH_CHALLENGE, server_version=SERVER_VERSION,
+                                           protocol_version=connection.protocol_version,
+                                           challenge=AuthData(auth_method_name=TOKEN_METHOD, auth_data=REFRESH_AUTH_DATA))))
+        elif connection.challenged_at is None or now - connection.challenged_at >= self.config.keepalive_interval_s:
+            self.broker.access.refused_authentication(connection.peer, "Pulsar", "its token expired and no fresh one came")
+            connection.cancel_scope.cancel()
+
+    async def _auth_response(self, connection: _Connection, body) -> None:
+        """A fresh token, in answer to AUTH_CHALLENGE: the connection goes on
+        under it; a refused one closes the connection."""
+        if connection.principal.method != TOKEN_METHOD:
+            raise ProtocolError("AUTH_RESPONSE on a connection that did not authenticate with a token")
+        try:
+            connection.principal = self.broker.access.refresh(connection.principal, body.response.auth_data,
+                                                              peer=connection.peer, now=time.time(), protocol="Pulsar")
+        except BrokerError as error:
+            connection.send(encode(command(Type.ERROR, request_id=0, error=ServerError.AuthenticationError,
+                                           message=str(error)[:500])))
+            with trio.move_on_after(1.0):
+                await connection.output.wait_drained()
+            connection.cancel_scope.cancel()
+            return
+        connection.challenged_at = None
 
     # --- what the broker tells its clients -----------------------------------------------------
 
@@ -380,10 +430,19 @@ class PulsarFrontEnd:
             return None
         if connect.HasField("proxy_to_broker_url"):
             raise ProtocolError("this is a broker, not a proxy: proxy_to_broker_url is not served")
+        try:
+            connection.principal = self.broker.access.authenticate(
+                connect.auth_method_name, connect.auth_data, peer=connection.peer,
+                peer_common_name=peer_common_name(connection.stream), now=time.time(), protocol="Pulsar")
+        except BrokerError as error:
+            await connection.stream.send_all(encode(command(Type.ERROR, request_id=0, error=ServerError.AuthenticationError,
+                                                            message=str(error)[:500])))
+            return None
+        connection.supports_auth_refresh = connect.feature_flags.supports_auth_refresh
         connection.protocol_version = version
         await connection.stream.send_all(encode(command(
             Type.CONNECTED, server_version=SERVER_VERSION, protocol_version=version,
-            max_message_size=self.config.pulsar_max_message_size, feature_flags=FeatureFlags())))
+            max_message_size=self.config.pulsar_max_message_size, feature_flags=FeatureFlags(supports_auth_refresh=True))))
         return frames[1:]
 
     async def _write_loop(self, connection: _Connection, cancel_scope: trio.CancelScope) -> None:
@@ -459,6 +518,8 @@ class PulsarFrontEnd:
             connection.send(encode(command(Type.PONG)))
         elif kind == Type.PONG:
             pass
+        elif kind == Type.AUTH_RESPONSE:
+            await self._auth_response(connection, body)
         elif kind == Type.CLOSE_PRODUCER:
             producer = connection.producers.pop(body.producer_id, None)
             if producer is not None:
@@ -532,6 +593,7 @@ class PulsarFrontEnd:
 
     async def _partitioned_metadata(self, connection: _Connection, body) -> Any:
         name = quire_name(body.topic)
+        await self.broker.access.check_topic(connection.principal.role, name, None, "look up")
         topic, index = split_partition(name)
         if index >= 0 and (await self.broker.topic_store.read_topic(name)) is None:
             partitions = 0  # a partition of a partitioned topic is a topic of its own to a client
@@ -543,6 +605,7 @@ class PulsarFrontEnd:
 
     async def _lookup(self, connection: _Connection, body) -> Any:
         name = quire_name(body.topic)
+        await self.broker.access.check_topic(connection.principal.role, name, None, "look up")
         await self._ensure_topic(name)
         info, redirect = await self.broker.lookup(name, body.authoritative)
         listener = body.advertised_listener_name or None  # clients send "" for none
@@ -565,12 +628,16 @@ class PulsarFrontEnd:
         await self.broker.topic_record(name, create=True)
 
     async def _topics_of_namespace(self, connection: _Connection, body) -> Any:
-        namespace_of(body.namespace)
+        namespace = namespace_of(body.namespace)
+        await self.broker.access.check_in_namespace(connection.principal.role, namespace, None,
+                                                    f"list the topics of namespace {namespace}")
         if body.mode == body.NON_PERSISTENT:
             names: list[str] = []
         else:
             names = []
             for topic in await self.broker.topic_store.list_topics():
+                if namespace_of_topic(topic) != namespace:
+                    continue
                 found = await self.broker.topic_store.read_topic(topic)
                 if found is None:
                     continue
@@ -584,6 +651,7 @@ class PulsarFrontEnd:
                        filtered=filtered, changed=True)
 
     async def _get_schema(self, connection: _Connection, body) -> Any:
+        await self.broker.access.check_topic(connection.principal.role, quire_name(body.topic), None, "read the schema of")
         name = await self._schema_topic(quire_name(body.topic))
         stored = await self.broker.topic_store.read_schema(name)
         if stored is None:
@@ -594,6 +662,7 @@ class PulsarFrontEnd:
                        schema_version=version.to_bytes(8, "big"))
 
     async def _get_or_create_schema(self, connection: _Connection, body) -> Any:
+        await self.broker.access.check_topic(connection.principal.role, quire_name(body.topic), None, "set the schema of")
         version = await self._schema_version(quire_name(body.topic), body.schema)
         return command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, request_id=body.request_id, schema_version=version)
 
@@ -639,6 +708,7 @@ class PulsarFrontEnd:
         # another producer's sequence ids.
         producer_name = body.producer_name if body.HasField("producer_name") and body.producer_name else \
             f"{self.config.cluster_name}-{self.broker.info.broker_id}-{self.broker.session_id:x}-{next(self._producer_names)}"
+        await self.broker.access.check_topic(connection.principal.role, name, Action.PRODUCE, "produce to")
         await self._ensure_topic(name)
         schema_version = None
         if body.HasField("schema") and body.schema.type != _SCHEMA_NONE:
@@ -750,6 +820,7 @@ class PulsarFrontEnd:
         subscription_type = _SUBSCRIPTION_TYPES.get(body.subType)
         if subscription_type is None:
             raise ValueError(f"unknown subscription type {body.subType}")
+        await self.broker.access.check_topic(connection.principal.role, name, Action.CONSUME, "consume from")
         if body.force_topic_creation:
             await self._ensure_topic(name)
         service = await self.broker.serving(name)

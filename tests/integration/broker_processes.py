@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from broker.client.connection import BrokerConnection
-from broker.errors import ConnectionClosedError
+from broker.errors import AuthenticationError, ConnectionClosedError
 from tests.integration.bookie_processes import bookies  # noqa: F401 (a fixture)
 from tests.integration.processes import QuireProcess, print_logs
 from tests.support import free_port
@@ -43,6 +43,8 @@ class BrokerProcess(QuireProcess):
                 connection = await BrokerConnection.connect(self.address, "test", frame_bytes_max=1 << 20)
             except ConnectionClosedError:
                 return False
+            except AuthenticationError:
+                return True  # a broker that authenticates answered
             await connection.aclose()
             return True
 

@@ -59,7 +59,7 @@ class RawProducer:
     async def open(cls, address: str, producer_id: str) -> "RawProducer":
         host, _, port = address.rpartition(":")
         producer = cls(await trio.open_tcp_stream(host, int(port)))
-        await producer.stream.send_all(encode(Connect(PROTOCOL_VERSION, "raw")))
+        await producer.stream.send_all(encode(Connect(PROTOCOL_VERSION, "raw", "", b"")))
         await receive_first_frames(producer.stream, producer.decoder)
         await producer.stream.send_all(encode(ProducerOpen(1, producer.handle, TOPIC, producer_id)))
         response = await producer.next_answer()

@@ -51,7 +51,7 @@ async def test_bad_client_frames_close_only_that_connection(shared_cluster):
         @settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
         @given(data=frames, handshake=st.booleans())
         def fuzz(data: bytes, handshake: bool) -> None:
-            raw_exchange(broker.address, data, prefix=encode(Connect(PROTOCOL_VERSION, "fuzz")) if handshake else b"")
+            raw_exchange(broker.address, data, prefix=encode(Connect(PROTOCOL_VERSION, "fuzz", "", b"")) if handshake else b"")
 
         await trio.to_thread.run_sync(fuzz)
         assert broker.running

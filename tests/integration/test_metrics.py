@@ -106,7 +106,7 @@ async def test_metrics_scraped_over_http_move_under_load(zk_hosts, zk_root, book
         # A batch for a producer its connection does not have: answered TOPIC_FENCED, and counted.
         await trio.to_thread.run_sync(lambda: raw_exchange(
             broker.address, encode(Send(1, 0, 0, 1, b"no producer")),
-            prefix=encode(Connect(PROTOCOL_VERSION, "meter")),
+            prefix=encode(Connect(PROTOCOL_VERSION, "meter", "", b"")),
         ))
         consumer = await client.subscribe("metered", subscription="audit", initial_position="earliest")
         for _ in range(ACKNOWLEDGED):

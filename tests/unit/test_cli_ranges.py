@@ -20,20 +20,22 @@ from quire.cli import build_parser, main
 from quire.cli_parsing import EXIT_USAGE, Bounded, HostPorts, Listeners
 from quire.export_commands import spark_setting
 from quire.jepsen_commands import nemesis_faults
+from quire.security_options import _roles
+from quire.tenant_commands import _actions, _namespace, _names
 
 # Nothing listens there: a command that got as far as ZooKeeper would fail
 # with "could not reach ZooKeeper", not with the range's message.
 DEAD_ZOOKEEPER = "127.0.0.1:1"
 ERROR_LINE = re.compile(r"^quire(?: [a-z-]+)*: error: ")
 # Types of arguments that hold no number.
-NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults)
+NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults, _roles, _names, _namespace, _actions)
 # Words in an argument's name that say it is a number: such an argument
 # without a range would be a number nobody bounds.
 NUMBER_WORDS = ("port", "count", "size", "bytes", "_ms", "seed", "jobs", "timeout", "interval", "partitions", "window",
                 "quorum", "entries", "time", "delay", "grace", "_max", "first", "last", "writers", "readers", "bookies",
                 "brokers", "duration", "show", "keys", "threshold", "lwm", "_id", "_s")
 # ... and those that are names or addresses all the same.
-NOT_NUMBER_NAMES = {"bookie_id", "broker_id", "producer_id", "advertised_host"}
+NOT_NUMBER_NAMES = {"bookie_id", "broker_id", "producer_id", "advertised_host", "auth_token_secret_key"}
 
 
 def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
