@@ -16,6 +16,7 @@ COPY .docker-wheels /wheels
 COPY pyproject.toml README.md /src/
 COPY coordination /src/coordination
 COPY framing /src/framing
+COPY security /src/security
 COPY bookie /src/bookie
 COPY ledger_client /src/ledger_client
 COPY broker /src/broker
