@@ -121,7 +121,8 @@ class AdminHandler:
 
     async def _brokers(self, arguments: dict, role: str | None) -> dict:
         brokers = await self.server.ownership.live_brokers()
-        return {"brokers": [{"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners}
+        return {"brokers": [{"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners,
+                             "tls_listeners": info.tls_listeners}
                             for info in brokers.values()]}
 
     async def _health(self, arguments: dict, role: str | None) -> dict:

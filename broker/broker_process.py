@@ -98,6 +98,10 @@ async def _serve(server: BrokerServer, startup: Startup, handle_signals: bool, t
         message = f"broker {server.info.broker_id} serving on {server.info.address}"
         if server.pulsar_port is not None:
             message += f"; Pulsar on pulsar://{server.info.pulsar_address_for(None)}"
+        if server.pulsar_tls_port is not None:
+            message += f"; Pulsar on pulsar+ssl://{server.info.pulsar_address_for(None, tls=True)}"
+        if server.tls_port is not None:
+            message += f"; TLS on {server.info.address_for(None, tls=True)}"
         if config.metrics_port:
             message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
@@ -58,6 +59,13 @@ class BrokerConfig:
     # a grant (or to be a tenant admin or superuser) for what it asks.
     authenticator: Authenticator = field(default_factory=Authenticator)
     superuser_roles: frozenset[str] = frozenset()
+    # TLS: quire's protocol on host:tls_port and Pulsar's (pulsar+ssl://) on
+    # host:pulsar_tls_port, with this context (None: no TLS listener). A
+    # handshake that does not finish within the deadline closes the connection.
+    tls_context: ssl.SSLContext | None = None
+    tls_port: int | None = None
+    pulsar_tls_port: int | None = None
+    tls_handshake_deadline_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.frame_buffer_bytes_max < self.frame_bytes_max:
@@ -70,6 +78,8 @@ class BrokerConfig:
         if self.pulsar_max_message_size + 64 * 1024 > self.frame_bytes_max:
             raise ValueError(f"the Pulsar message size ({self.pulsar_max_message_size} bytes) and its frame's headers "
                              f"must fit a frame ({self.frame_bytes_max} bytes)")
+        if (self.tls_port is not None or self.pulsar_tls_port is not None) and self.tls_context is None:
+            raise ValueError("a TLS listener needs a certificate and its key (--tls-cert-file, --tls-key-file)")
         if not 0 < self.frame_deadline_s <= 3600 or not 0 < self.keepalive_interval_s <= 86_400:
             raise ValueError("the frame deadline and the keep-alive interval must be positive")
 

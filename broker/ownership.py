@@ -50,6 +50,10 @@ class BrokerInfo:
     # Its Pulsar listeners, by the same names (Pulsar clients name one with
     # `listenerName`); empty when it serves no Pulsar listener.
     pulsar_listeners: dict[str, str] = field(default_factory=dict, hash=False)
+    # The same over TLS (quire's protocol; Pulsar's pulsar+ssl://), by
+    # listener name; empty when it serves no TLS listener.
+    tls_listeners: dict[str, str] = field(default_factory=dict, hash=False)
+    pulsar_tls_listeners: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.listeners.get(INTERNAL_LISTENER, self.address) != self.address:
@@ -57,20 +61,24 @@ class BrokerInfo:
         if INTERNAL_LISTENER not in self.listeners:
             object.__setattr__(self, "listeners", {INTERNAL_LISTENER: self.address, **self.listeners})
 
-    def address_for(self, listener: str | None) -> str:
-        """The host:port of `listener` (None: the internal one)."""
-        if listener is None:
+    def address_for(self, listener: str | None, *, tls: bool = False) -> str:
+        """The host:port of `listener` (None: the internal one), over TLS if `tls`."""
+        if listener is None and not tls:
             return self.address
+        listeners = self.tls_listeners if tls else self.listeners
         try:
-            return self.listeners[listener]
+            return listeners[INTERNAL_LISTENER if listener is None else listener]
         except KeyError:
-            raise NoSuchListenerError(f"broker {self.broker_id} advertises no listener named {listener[:100]!r} "
-                                      f"(it has: {', '.join(sorted(self.listeners))})") from None
+            kind = "TLS listener" if tls else "listener"
+            name = "internal" if listener is None else listener[:100]
+            raise NoSuchListenerError(f"broker {self.broker_id} advertises no {kind} named {name!r} "
+                                      f"(it has: {', '.join(sorted(listeners)) or 'none'})") from None
 
-    def pulsar_address_for(self, listener: str | None) -> str | None:
+    def pulsar_address_for(self, listener: str | None, *, tls: bool = False) -> str | None:
         """The host:port of its Pulsar listener `listener` (None: the
-        internal one); None if it has no such listener."""
-        return self.pulsar_listeners.get(INTERNAL_LISTENER if listener is None else listener)
+        internal one), over TLS if `tls`; None if it has no such listener."""
+        listeners = self.pulsar_tls_listeners if tls else self.pulsar_listeners
+        return listeners.get(INTERNAL_LISTENER if listener is None else listener)
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -79,7 +87,8 @@ class BrokerInfo:
     def from_bytes(cls, data: bytes) -> "BrokerInfo":
         fields = json.loads(data)
         return cls(fields["broker_id"], fields["address"], dict(fields.get("listeners") or {}),
-                   dict(fields.get("pulsar_listeners") or {}))
+                   dict(fields.get("pulsar_listeners") or {}), dict(fields.get("tls_listeners") or {}),
+                   dict(fields.get("pulsar_tls_listeners") or {}))
 
 
 @dataclass(frozen=True)

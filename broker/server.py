@@ -30,6 +30,7 @@ from framing.peer_limits import (
     decode_from_peer,
     peer_faults,
     serve_admitted,
+    serve_admitted_tls,
     wait_for_output_room,
 )
 from broker.access import AccessControl, peer_common_name
@@ -150,6 +151,10 @@ class BrokerServer:
         self.store = store
         self.topic_store = TopicStore(store)
         self.pulsar_port: int | None = None  # bound once `listen` ran
+        self.pulsar_tls_port: int | None = None
+        self.tls_port: int | None = None
+        self._tls_listeners: list[trio.SocketListener] = []
+        self.tls_handshakes_refused = 0  # TLS handshakes that failed or stalled, both protocols
         self.info = self._broker_info(config.port)
         self.ownership = Ownership(store, self.info)
         self.context = BrokerContext(
@@ -178,7 +183,7 @@ class BrokerServer:
         self.stopping = False
         self.started_ms = int(time.time() * 1000)
         # Pulsar's binary protocol, when its port is given (broker/pulsar/server.py).
-        self.pulsar = None if config.pulsar_port is None else PulsarFrontEnd(self)
+        self.pulsar = None if config.pulsar_port is None and config.pulsar_tls_port is None else PulsarFrontEnd(self)
 
     # --- lifetime --------------------------------------------------------------------------
 
@@ -188,8 +193,11 @@ class BrokerServer:
         port = self._listeners[0].socket.getsockname()[1]
         if self.config.port == 0:
             self.config.port = port
+        if self.config.tls_port is not None:
+            self._tls_listeners = await trio.open_tcp_listeners(self.config.tls_port, host=self.config.host)
+            self.tls_port = self._tls_listeners[0].socket.getsockname()[1]
         if self.pulsar is not None:
-            self.pulsar_port = await self.pulsar.listen(self.config.pulsar_port)
+            self.pulsar_port, self.pulsar_tls_port = await self.pulsar.listen(self.config.pulsar_port, self.config.pulsar_tls_port)
         self.info = self._broker_info(port)
         self.ownership.info = self.info
         return port
@@ -238,12 +246,15 @@ class BrokerServer:
     def _broker_info(self, port: int) -> BrokerInfo:
         config = self.config
         address = config.advertised_address or config.advertised_listeners.get(INTERNAL_LISTENER) or f"{config.host}:{port}"
+        # The internal listeners of the other protocols are on the host the internal one advertises.
+        host = address.rpartition(":")[0]
         pulsar_listeners = {}
         if self.pulsar_port is not None:
-            # The internal Pulsar listener is on the host the internal one advertises.
-            host = address.rpartition(":")[0]
             pulsar_listeners = {INTERNAL_LISTENER: f"{host}:{self.pulsar_port}", **config.pulsar_advertised_listeners}
-        return BrokerInfo(config.broker_id, address, dict(config.advertised_listeners), pulsar_listeners)
+        tls_listeners = {} if self.tls_port is None else {INTERNAL_LISTENER: f"{host}:{self.tls_port}"}
+        pulsar_tls_listeners = {} if self.pulsar_tls_port is None else {INTERNAL_LISTENER: f"{host}:{self.pulsar_tls_port}"}
+        return BrokerInfo(config.broker_id, address, dict(config.advertised_listeners), pulsar_listeners,
+                          tls_listeners, pulsar_tls_listeners)
 
     async def run(self, *, startup: Startup | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register and serve. With `startup`, its ZooKeeper steps are tried
@@ -266,8 +277,18 @@ class BrokerServer:
             nursery.start_soon(self._keepalive_loop)
             await nursery.start(self._serve)
             log.info("broker %s serving at %s%s", self.info.broker_id, self.info.address,
-                     "" if self.pulsar is None else f", Pulsar at pulsar://{self.info.pulsar_address_for(None)}")
+                     self.describe_listeners())
             task_status.started()
+
+    def describe_listeners(self) -> str:
+        """The listeners other than quire's plaintext one, for the log."""
+        info = self.info
+        described = [f"quire over TLS at {info.address_for(None, tls=True)}"] if info.tls_listeners else []
+        for tls, scheme in ((False, "pulsar"), (True, "pulsar+ssl")):
+            address = info.pulsar_address_for(None, tls=tls)
+            if address is not None:
+                described.append(f"Pulsar at {scheme}://{address}")
+        return "".join(f", {text}" for text in described)
 
     async def _ensure_layout(self) -> None:
         await self.topic_store.ensure_layout()
@@ -278,6 +299,8 @@ class BrokerServer:
         with self._serving_scope:
             async with trio.open_nursery() as nursery:
                 await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+                if self._tls_listeners:
+                    await nursery.start(trio.serve_listeners, self._handle_tls_connection, self._tls_listeners)
                 if self.pulsar is not None:
                     await nursery.start(self.pulsar.serve)
                 task_status.started()
@@ -439,6 +462,13 @@ class BrokerServer:
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         await serve_admitted(stream, self._connection_limits, log, lambda peer: self._serve_connection(stream, peer))
+
+    async def _handle_tls_connection(self, stream: trio.SocketStream) -> None:
+        await serve_admitted_tls(stream, self._connection_limits, log, self.config.tls_context,
+                                 self.config.tls_handshake_deadline_s, self.count_tls_refusal, self._serve_connection)
+
+    def count_tls_refusal(self) -> None:
+        self.tls_handshakes_refused += 1
 
     async def _serve_connection(self, stream: trio.SocketStream, peer: str) -> None:
         connection = _Connection(peer, stream, FrameOutput(stream), output_bytes_max=self.config.connection_output_bytes_max,
@@ -660,7 +690,8 @@ class BrokerServer:
         if kind is Lookup:
             await self.access.check_topic(connection.role, message.topic, None, "look up")
             info, redirect = await self.lookup(message.topic, message.authoritative)
-            return {"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners, "redirect": redirect}
+            return {"broker_id": info.broker_id, "address": info.address, "listeners": info.listeners,
+                    "tls_listeners": info.tls_listeners, "redirect": redirect}
         if kind is ProducerOpen:
             check_name(message.producer_id, "producer")
             if message.producer_handle in connection.producers:

@@ -13,12 +13,13 @@ import collections
 import contextlib
 import logging
 import math
+import ssl
 from typing import Awaitable, Callable, Iterator, TypeVar
 
 import trio
 
 from framing.codec import FrameDecoder, ProtocolError
-from framing.stream import RECEIVE_BYTES
+from framing.stream import RECEIVE_BYTES, TLSHandshakeError, accept_tls
 
 T = TypeVar("T")
 
@@ -156,6 +157,27 @@ async def serve_admitted(stream: trio.SocketStream, limits: ConnectionLimits, lo
         await serve(peer)
     finally:
         limits.release(address)
+
+
+async def serve_admitted_tls(stream: trio.SocketStream, limits: ConnectionLimits, log: logging.Logger,
+                             context: ssl.SSLContext, deadline_s: float, refused: Callable[[], None],
+                             serve: Callable[[trio.SSLStream, str], Awaitable[None]]) -> None:
+    """`serve_admitted` for a TLS listener: the handshake first, within
+    `deadline_s`; a peer whose handshake fails (plaintext, an untrusted
+    certificate) or stalls is closed, counted (`refused()`) and logged with
+    its address."""
+    async def handshake_then_serve(peer: str) -> None:
+        try:
+            tls_stream = await accept_tls(stream, context, deadline_s)
+        except TLSHandshakeError as error:
+            refused()
+            if limits.should_log_refusal(trio.current_time()):
+                log.warning("refusing TLS connection from %s: %s", peer, error)
+            await trio.aclose_forcefully(stream)
+            return
+        await serve(tls_stream, peer)
+
+    await serve_admitted(stream, limits, log, handshake_then_serve)
 
 
 class FrameBudget:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 from typing import Any, Callable
 
 import trio
@@ -53,6 +54,7 @@ def enable_keepalive(stream: trio.SocketStream) -> None:
     FIN, no RST) is found within about a minute instead of never: a broker
     would otherwise keep a dead client's producer id or exclusive
     subscription taken for good."""
+    stream = getattr(stream, "transport_stream", stream)  # under TLS, the TCP stream
     stream.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
                           ("TCP_KEEPCNT", KEEPALIVE_PROBES)):
@@ -60,11 +62,41 @@ def enable_keepalive(stream: trio.SocketStream) -> None:
             stream.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
+class TLSHandshakeError(Exception):
+    """A peer's TLS handshake failed or took too long (plaintext sent to a
+    TLS port, an untrusted certificate, a peer that stalls): the reason,
+    for the log line and the count."""
+
+
+async def accept_tls(stream: trio.SocketStream, context: ssl.SSLContext, deadline_s: float) -> trio.SSLStream:
+    """`stream` as the server side of TLS, its handshake done within
+    `deadline_s`; TLSHandshakeError otherwise (the caller closes `stream`)."""
+    tls_stream = trio.SSLStream(stream, context, server_side=True)
+    try:
+        with trio.fail_after(deadline_s):
+            await tls_stream.do_handshake()
+    except trio.TooSlowError:
+        raise TLSHandshakeError(f"no TLS handshake within {deadline_s:g}s") from None
+    except trio.BrokenResourceError as error:
+        cause = error.__cause__
+        reason = getattr(cause, "reason", None) or type(cause or error).__name__
+        raise TLSHandshakeError(f"TLS handshake failed: {reason}") from None
+    return tls_stream
+
+
+async def connect_tls(stream: trio.SocketStream, context: ssl.SSLContext, host: str) -> trio.SSLStream:
+    """The client side of TLS over `stream` (the caller bounds the time)."""
+    tls_stream = trio.SSLStream(stream, context, server_hostname=host)
+    await tls_stream.do_handshake()
+    return tls_stream
+
+
 class FrameOutput:
     def __init__(self, stream: trio.SocketStream, *, gather: Callable[[], None] | None = None) -> None:
         """`gather`, if given, is called before every send to queue what its
         owner was still gathering (a client's ADD_BATCH)."""
         self._stream = stream
+        self._direct = isinstance(stream, trio.SocketStream)  # written straight to its socket by `flush`
         self._gather = gather
         self._frames: list[bytes] = []
         self.bytes = 0  # queued, or being sent by the writer task, and not yet taken by the socket
@@ -97,6 +129,12 @@ class FrameOutput:
         writer task is in the middle of a send (order would break)."""
         if self._gather is not None:
             self._gather()
+        if not self._direct:
+            # Under TLS the bytes on the socket are not the frames: the
+            # writer task sends them through the TLS stream.
+            if self._frames:
+                self._writer_wakeup.set()
+            return
         if not self._frames or self._writer_sending or self._socket_full:
             # (A full socket: the writer task waits for room and sends what
             # is queued; trying here again would copy it all at every call.)
@@ -164,6 +202,9 @@ __all__ = [
     "KEEPALIVE_PROBES",
     "RECEIVE_BYTES",
     "FrameOutput",
+    "TLSHandshakeError",
+    "accept_tls",
+    "connect_tls",
     "enable_keepalive",
     "receive_first_frames",
 ]

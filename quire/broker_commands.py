@@ -105,9 +105,16 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
     parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
     add_policies(parser, defaults=True)
-    from quire.security_options import add_authentication
+    from quire.security_options import add_authentication, add_tls_server
 
     add_authentication(parser)
+    add_tls_server(parser)
+    parser.add_argument("--tls-port", type=port_number, metavar="PORT",
+                        help="serve quire's protocol over TLS on this port too (needs --tls-cert-file and --tls-key-file)")
+    parser.add_argument("--tls-handshake-timeout", type=ranges.interval, default=10_000, metavar="DURATION",
+                        help="close a TLS connection whose handshake has not finished by then (default 10s)")
+    parser.add_argument("--pulsar-tls-port", type=port_number, metavar="PORT",
+                        help="serve Pulsar's protocol over TLS (pulsar+ssl://) on this port (needs --tls-cert-file and --tls-key-file)")
     from quire.peer_limit_options import add_peer_limits
 
     add_peer_limits(parser, keepalive=True, requests_per_connection=None)
@@ -136,9 +143,17 @@ def run(arguments: argparse.Namespace) -> int:
     advertised = (arguments.advertised_address or internal
                   or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}")
     from quire.peer_limit_options import peer_limits_from
-    from quire.security_options import authenticator_from
+    from quire.security_options import authenticator_from, tls_server_context_from
 
-    authenticator = authenticator_from(arguments)
+    tls_context = tls_server_context_from(arguments)
+    if tls_context is None and (arguments.tls_port is not None or arguments.pulsar_tls_port is not None):
+        raise UsageError("--tls-port and --pulsar-tls-port need --tls-cert-file and --tls-key-file")
+    ports = [port for port in (arguments.port, arguments.metrics_port, arguments.pulsar_port, arguments.tls_port,
+                               arguments.pulsar_tls_port) if port]
+    if len(ports) != len(set(ports)):
+        raise UsageError(f"the broker's ports must differ from each other (--port, --metrics-port, --pulsar-port, "
+                         f"--tls-port, --pulsar-tls-port): {', '.join(map(str, ports))}")
+    authenticator = authenticator_from(arguments, tls_certificates=arguments.tls_trust_certs_file is not None)
     try:
         config = BrokerConfig(
             broker_id=arguments.broker_id or advertised,
@@ -159,6 +174,10 @@ def run(arguments: argparse.Namespace) -> int:
             cluster_name=arguments.cluster_name,
             authenticator=authenticator,
             superuser_roles=arguments.superuser_roles,
+            tls_context=tls_context,
+            tls_port=arguments.tls_port,
+            pulsar_tls_port=arguments.pulsar_tls_port,
+            tls_handshake_deadline_s=arguments.tls_handshake_timeout / 1000,
             **peer_limits_from(arguments),
         )
     except ValueError as error:

@@ -34,6 +34,62 @@ def add_authentication(parser: argparse.ArgumentParser) -> None:
                         help="roles that may do anything: create tenants, administer every namespace and topic")
 
 
+def add_tls_server(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-cert-file", metavar="FILE", help="the server's certificate (PEM), for its TLS listeners")
+    parser.add_argument("--tls-key-file", metavar="FILE", help="the key of --tls-cert-file (PEM)")
+    parser.add_argument("--tls-trust-certs-file", metavar="FILE",
+                        help="CA certificates (PEM) whose client certificates authenticate clients as their CN")
+    parser.add_argument("--tls-require-trusted-client-cert", action="store_true",
+                        help="refuse TLS clients without a certificate signed by --tls-trust-certs-file (mutual TLS)")
+
+
+def tls_server_context_from(arguments: argparse.Namespace):
+    """The server's TLS context the flags describe (None without a
+    certificate); UsageError names a bad flag or file."""
+    from security.tls import server_context
+
+    cert, key, trust = arguments.tls_cert_file, arguments.tls_key_file, arguments.tls_trust_certs_file
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert-file and --tls-key-file go together")
+    if cert is None:
+        for flag, value in (("--tls-trust-certs-file", trust),
+                            ("--tls-require-trusted-client-cert", arguments.tls_require_trusted_client_cert)):
+            if value:
+                raise UsageError(f"{flag} needs --tls-cert-file and --tls-key-file")
+        return None
+    if arguments.tls_require_trusted_client_cert and trust is None:
+        raise UsageError("--tls-require-trusted-client-cert needs --tls-trust-certs-file")
+    try:
+        return server_context(cert, key, trust, require_client_cert=arguments.tls_require_trusted_client_cert)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"TLS: {error}") from None
+
+
+def add_tls_client(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tls-trust-certs-file", metavar="FILE",
+                        help="connect over TLS, trusting servers whose certificates these CA certificates (PEM) signed")
+    parser.add_argument("--tls-cert-file", metavar="FILE", help="a client certificate (PEM) to authenticate with, over TLS")
+    parser.add_argument("--tls-key-file", metavar="FILE", help="the key of --tls-cert-file (PEM)")
+
+
+def tls_client_context_from(arguments: argparse.Namespace):
+    """The client's TLS context (None: plaintext); UsageError names a bad flag or file."""
+    from security.tls import client_context
+
+    trust = getattr(arguments, "tls_trust_certs_file", None)
+    cert, key = getattr(arguments, "tls_cert_file", None), getattr(arguments, "tls_key_file", None)
+    if (cert is None) != (key is None):
+        raise UsageError("--tls-cert-file and --tls-key-file go together")
+    if trust is None:
+        if cert is not None:
+            raise UsageError("--tls-cert-file needs --tls-trust-certs-file (the servers' CA)")
+        return None
+    try:
+        return client_context(trust, cert_file=cert, key_file=key)
+    except (OSError, ValueError) as error:
+        raise UsageError(f"TLS: {error}") from None
+
+
 def authenticator_from(arguments: argparse.Namespace, *, tls_certificates: bool = False):
     """The Authenticator the flags describe; UsageError names a bad one."""
     from security.authentication import Authenticator
@@ -60,4 +116,5 @@ def authenticator_from(arguments: argparse.Namespace, *, tls_certificates: bool 
     return authenticator
 
 
-__all__ = ["add_authentication", "authenticator_from"]
+__all__ = ["add_authentication", "add_tls_client", "add_tls_server", "authenticator_from", "tls_client_context_from",
+           "tls_server_context_from"]

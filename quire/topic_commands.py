@@ -34,7 +34,10 @@ def add_brokers(parser: argparse.ArgumentParser) -> None:
 
 
 def add_credentials(parser: argparse.ArgumentParser) -> None:
-    """The token a client shows brokers that authenticate."""
+    """The token a client shows brokers that authenticate, and TLS."""
+    from quire.security_options import add_tls_client
+
+    add_tls_client(parser)
     credentials = parser.add_mutually_exclusive_group()
     credentials.add_argument("--auth-token", metavar="TOKEN",
                              help="the token to show brokers (quire token create); default: $QUIRE_AUTH_TOKEN")
@@ -117,11 +120,13 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
 async def _client(arguments: argparse.Namespace) -> AsyncIterator:
     from broker.client import Client
     from coordination.store import MetadataError
+    from quire.security_options import tls_client_context_from
 
     try:
         async with Client.connect(arguments.zk, arguments.root, service_url=getattr(arguments, "service_url", None),
                                   listener_name=getattr(arguments, "listener_name", None),
-                                  auth_token=auth_token_from(arguments)) as client:
+                                  auth_token=auth_token_from(arguments),
+                                  tls_context=tls_client_context_from(arguments)) as client:
             yield client
     except (MetadataError, ValueError) as error:
         raise UsageError(str(error)) from None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import random
+import ssl
 import uuid
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -51,9 +52,11 @@ class Client:
         listener_name: str | None = None,
         service_addresses: list[str] | None = None,
         auth_token: str | Callable[[], str] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> None:
         self.nursery = nursery
         self._auth_token = auth_token
+        self._tls_context = tls_context
         self.listener_name = listener_name
         # The addresses a client was given, from which it tells its
         # listener when it was not named (found once).
@@ -89,6 +92,7 @@ class Client:
         client_name: str = "quire-client",
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
         auth_token: str | Callable[[], str] | None = None,
+        tls_context: ssl.SSLContext | None = None,
     ) -> AsyncIterator["Client"]:
         """A client of the cluster whose metadata is at `zk_hosts` under
         `root` (brokers found through ZooKeeper), or of the brokers listed in
@@ -102,7 +106,12 @@ class Client:
 
         `auth_token`: the token brokers that authenticate are shown (quire
         token create), or a function giving the current one (called for
-        each new connection, so a refreshed token is picked up)."""
+        each new connection, so a refreshed token is picked up).
+
+        `tls_context` (security.tls.client_context): dial the brokers' TLS
+        listeners, verifying their certificates with it (and showing its
+        client certificate, if it holds one). `service_url` then names
+        TLS addresses."""
         async with contextlib.AsyncExitStack() as stack:
             if service_url is not None:
                 addresses = [address.strip() for address in service_url.split(",") if address.strip()]
@@ -119,14 +128,15 @@ class Client:
                 store = await stack.enter_async_context(AsyncMetadataStore(sync_store))
 
                 async def discover() -> list[str]:
-                    return [info.address_for(listener_name) for info in (await list_brokers(store)).values()]
+                    return [info.address_for(listener_name, tls=tls_context is not None)
+                            for info in (await list_brokers(store)).values()]
 
             with unwrap_single_exception():
                 async with trio.open_nursery() as nursery:
                     client = cls(nursery, discover, rng=rng or random.Random(), client_name=client_name,
                                  frame_bytes_max=frame_bytes_max, listener_name=listener_name,
                                  service_addresses=addresses if service_url is not None else None,
-                                 auth_token=auth_token)
+                                 auth_token=auth_token, tls_context=tls_context)
                     try:
                         yield client
                     finally:
@@ -158,7 +168,7 @@ class Client:
                 return connection
             token = self._auth_token() if callable(self._auth_token) else self._auth_token
             connection = await BrokerConnection.connect(address, self.client_name, frame_bytes_max=self.frame_bytes_max,
-                                                        auth_token=token)
+                                                        auth_token=token, tls_context=self._tls_context)
             await self.nursery.start(connection.run)
             self._connections[address] = connection
             return connection
@@ -197,7 +207,8 @@ class Client:
         if not self._listener_found:
             brokers = (await self.admin("brokers"))["brokers"]
             given = set(self._service_addresses or ())
-            named = sorted({name for broker in brokers for name, address in (broker.get("listeners") or {}).items()
+            kind = "listeners" if self._tls_context is None else "tls_listeners"
+            named = sorted({name for broker in brokers for name, address in (broker.get(kind) or {}).items()
                             if address in given})
             # An address two listeners share is taken as the internal one.
             self.listener_name = None if not named or INTERNAL_LISTENER in named else named[0]
@@ -207,9 +218,11 @@ class Client:
     async def _address_in(self, body: dict) -> str:
         """The address of the broker a lookup answer names, on our listener."""
         listener = await self._listener()
-        if listener is None:
+        if listener is None and self._tls_context is None:
             return body["address"]
-        return BrokerInfo(body["broker_id"], body["address"], dict(body.get("listeners") or {})).address_for(listener)
+        info = BrokerInfo(body["broker_id"], body["address"], dict(body.get("listeners") or {}),
+                          tls_listeners=dict(body.get("tls_listeners") or {}))
+        return info.address_for(listener, tls=self._tls_context is not None)
 
     async def lookup(self, partition: str) -> str:
         """The address of the broker serving `partition`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import ssl
 from typing import Any, Callable
 
 import trio
@@ -31,7 +32,7 @@ from broker.protocol import (
     decode,
     encode,
 )
-from framing.stream import RECEIVE_BYTES, FrameOutput, enable_keepalive, receive_first_frames
+from framing.stream import RECEIVE_BYTES, FrameOutput, connect_tls, enable_keepalive, receive_first_frames
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,18 @@ class BrokerConnection:
 
     @classmethod
     async def connect(cls, address: str, client_name: str, *, frame_bytes_max: int,
-                      auth_token: str | None = None) -> "BrokerConnection":
+                      auth_token: str | None = None, tls_context: ssl.SSLContext | None = None) -> "BrokerConnection":
         host, _, port = address.rpartition(":")
         try:
             with trio.fail_after(CONNECT_TIMEOUT_S):
                 stream = await trio.open_tcp_stream(host, int(port))
                 enable_keepalive(stream)
+                if tls_context is not None:
+                    try:
+                        stream = await connect_tls(stream, tls_context, host)
+                    except BaseException:
+                        await trio.aclose_forcefully(stream)
+                        raise
                 try:
                     credentials = ("token", auth_token.encode()) if auth_token else ("", b"")
                     await stream.send_all(encode(Connect(PROTOCOL_VERSION, client_name, *credentials)))
@@ -94,6 +101,9 @@ class BrokerConnection:
                     await trio.aclose_forcefully(stream)
                     raise
         except (OSError, trio.BrokenResourceError, trio.TooSlowError, ProtocolError, ValueError) as error:
+            if isinstance(getattr(error, "__cause__", None), ssl.SSLCertVerificationError):
+                raise ConnectionClosedError(f"cannot connect to broker {address}: its certificate is not trusted: "
+                                            f"{error.__cause__.verify_message}") from None
             # Refused, reset (a broker killed during the handshake), too slow or not a broker.
             raise ConnectionClosedError(f"cannot connect to broker {address}: {error}") from None
         connection = cls(address, stream, reply.broker_id, frame_bytes_max)

@@ -65,7 +65,7 @@ from broker.topic_records import TopicRecord, split_partition
 from broker.topic_store import TopicStore
 from coordination.store import MetadataError
 from framing.codec import ProtocolError
-from framing.peer_limits import ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, wait_for_output_room
+from framing.peer_limits import ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
 from framing.stream import FrameOutput, enable_keepalive
 from ledger_client import BKError
 from security.authentication import ANONYMOUS_WHEN_OFF, TOKEN_METHOD, Principal
@@ -81,6 +81,8 @@ class BrokerAccess(Protocol):
     config: BrokerConfig
     info: BrokerInfo
     access: AccessControl
+
+    def count_tls_refusal(self) -> None: ...
 
     @property
     def session_id(self) -> int: ...
@@ -263,6 +265,7 @@ class PulsarFrontEnd:
         self.config = broker.config
         self._connections: set[_Connection] = set()
         self._listeners: list[trio.SocketListener] = []
+        self._tls_listeners: list[trio.SocketListener] = []
         self._producer_names = itertools.count(0)
         self.protocol_errors = 0
 
@@ -272,14 +275,26 @@ class PulsarFrontEnd:
 
     # --- lifetime ----------------------------------------------------------------------------
 
-    async def listen(self, port: int) -> int:
-        self._listeners = await trio.open_tcp_listeners(port, host=self.config.host)
-        return self._listeners[0].socket.getsockname()[1]
+    async def listen(self, port: int | None, tls_port: int | None = None) -> tuple[int | None, int | None]:
+        """Bind Pulsar's port and its TLS port (pulsar+ssl://), each if given
+        (0 picks one); returns the ports bound."""
+        bound = []
+        for wanted, attribute in ((port, "_listeners"), (tls_port, "_tls_listeners")):
+            if wanted is None:
+                bound.append(None)
+                continue
+            listeners = await trio.open_tcp_listeners(wanted, host=self.config.host)
+            setattr(self, attribute, listeners)
+            bound.append(listeners[0].socket.getsockname()[1])
+        return bound[0], bound[1]
 
     async def serve(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._keepalive_loop)
-            await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+            if self._listeners:
+                await nursery.start(trio.serve_listeners, self._handle_connection, self._listeners)
+            if self._tls_listeners:
+                await nursery.start(trio.serve_listeners, self._handle_tls_connection, self._tls_listeners)
             task_status.started()
 
     async def _keepalive_loop(self) -> None:
@@ -370,6 +385,11 @@ class PulsarFrontEnd:
 
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         await serve_admitted(stream, self.broker.connection_limits, log, lambda peer: self._serve_connection(stream, peer))
+
+    async def _handle_tls_connection(self, stream: trio.SocketStream) -> None:
+        await serve_admitted_tls(stream, self.broker.connection_limits, log, self.config.tls_context,
+                                 self.config.tls_handshake_deadline_s, self.broker.count_tls_refusal,
+                                 self._serve_connection)
 
     def _count_protocol_error(self) -> None:
         self.protocol_errors += 1
@@ -610,12 +630,18 @@ class PulsarFrontEnd:
         info, redirect = await self.broker.lookup(name, body.authoritative)
         listener = body.advertised_listener_name or None  # clients send "" for none
         address = info.pulsar_address_for(listener)
-        if address is None:
+        tls_address = info.pulsar_address_for(listener, tls=True)
+        if address is None and tls_address is None:
             # A client's setting, not a passing state: refused at once, not retried.
             raise NotAllowedError(f"broker {info.broker_id} serves {name} and has no Pulsar listener"
                                   + (f" named {listener[:100]!r} (it has: {', '.join(sorted(info.pulsar_listeners)) or 'none'})"
                                      if listener else ""))
-        return command(Type.LOOKUP_RESPONSE, request_id=body.request_id, brokerServiceUrl=f"pulsar://{address}",
+        urls = {}
+        if address is not None:
+            urls["brokerServiceUrl"] = f"pulsar://{address}"
+        if tls_address is not None:
+            urls["brokerServiceUrlTls"] = f"pulsar+ssl://{tls_address}"
+        return command(Type.LOOKUP_RESPONSE, request_id=body.request_id, **urls,
                        response=CommandLookupTopicResponse.Redirect if redirect else CommandLookupTopicResponse.Connect,
                        authoritative=redirect)
 

@@ -18,10 +18,12 @@ import trio
 
 from broker.client import Client
 from broker.errors import AuthenticationError, AuthorizationError
+from security.certificates import write_tls_files
 from security.tokens import create_key_pair, create_secret_key, create_token, write_key_file
 from tests.integration.bookie_processes import BookieFactory
 from tests.integration.broker_processes import BrokerFactory
 from tests.integration.processes import print_logs
+from tests.support import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +38,21 @@ class SecureCluster:
     root: str
     secret_key: bytes
     broker: object
+    tls_files: dict
+    tls_port: int
+    pulsar_tls_port: int
+
+    @property
+    def pulsar_tls_url(self) -> str:
+        return f"pulsar+ssl://127.0.0.1:{self.pulsar_tls_port}"
+
+    def tls_context(self, role: str | None = None):
+        from security.tls import client_context
+
+        if role is None:
+            return client_context(self.tls_files["ca.cert.pem"])
+        return client_context(self.tls_files["ca.cert.pem"], cert_file=self.tls_files[f"{role}.cert.pem"],
+                              key_file=self.tls_files[f"{role}.key.pem"])
 
     def token(self, role: str, expiry_s: float | None = None, *, key: bytes | None = None) -> str:
         return create_token(role, secret_key=key or self.secret_key, now=time.time(), expiry_s=expiry_s)
@@ -48,25 +65,32 @@ class SecureCluster:
 @pytest.fixture(scope="module")
 def secure_cluster(zookeeper, tmp_path_factory):
     """Three bookies and a broker that authenticates by tokens signed with
-    a secret key; `admin` is a superuser; tenant acme (admin role `alice`)
-    has the namespace acme/payments, where bob has no grant."""
+    a secret key, and by client certificates its CA signed, on plaintext and
+    TLS listeners of both protocols; `admin` is a superuser; tenant acme
+    (admin role `acme-admin`) has the namespace acme/payments, where bob
+    has no grant."""
     root = f"/m-{uuid.uuid4().hex}"
     base = tmp_path_factory.mktemp("secure")
     secret_key = create_secret_key()
     key_file = write_key_file(base / "secret.key", secret_key)
+    tls_files = write_tls_files(base / "tls", hosts=["127.0.0.1", "localhost"], roles=["svc", "stranger"])
     bookie_factory = BookieFactory(zookeeper.address, root, base)
     broker_factory = BrokerFactory(zookeeper.address, root, base)
-    cluster = SecureCluster(zookeeper.address, root, secret_key, None)
+    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, free_port(), free_port())
 
     async def start() -> None:
         for _ in range(3):
             await bookie_factory.started()
         cluster.broker = await broker_factory.started(
             "--auth-token-secret-key", str(key_file), "--superuser-roles", ADMIN,
-            "--keepalive-interval", f"{KEEPALIVE_INTERVAL_S}s")
+            "--keepalive-interval", f"{KEEPALIVE_INTERVAL_S}s",
+            "--tls-cert-file", str(tls_files["server.cert.pem"]), "--tls-key-file", str(tls_files["server.key.pem"]),
+            "--tls-trust-certs-file", str(tls_files["ca.cert.pem"]), "--tls-port", str(cluster.tls_port),
+            "--pulsar-tls-port", str(cluster.pulsar_tls_port), "--tls-handshake-timeout", "2s")
         async with Client.connect(cluster.zk_hosts, root, auth_token=cluster.token(ADMIN)) as admin:
             await admin.create_tenant("acme", admin_roles=["acme-admin"])
             await admin.create_namespace(NAMESPACE)
+            await admin.grant_permission(NAMESPACE, "svc", ["produce", "consume"])
 
     try:
         trio.run(start)
@@ -216,3 +240,78 @@ async def test_quire_clients_authenticate_with_tokens_and_are_refused_without(se
         with pytest.raises(AuthorizationError):
             await bob.create_producer(topic, "bob")
         assert await bob.list_topics() == []  # bob may see nothing
+
+
+def pulsar_round_trip(url: str, topic: str, count: int, **client_options) -> list[bytes]:
+    client = pulsar.Client(url, operation_timeout_seconds=10, io_threads=1, message_listener_threads=1,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), **client_options)
+    try:
+        consumer = client.subscribe(topic, "tls", initial_position=pulsar.InitialPosition.Earliest)
+        producer = client.create_producer(topic)
+        for index in range(count):
+            producer.send(b"tls-%d" % index)
+        return [consumer.receive(10_000).data() for _ in range(count)]
+    finally:
+        client.close()
+
+
+async def test_pulsar_clients_produce_and_consume_over_tls_with_a_token_or_a_client_certificate(secure_cluster):
+    expected = [b"tls-%d" % index for index in range(10)]
+    trust = str(secure_cluster.tls_files["ca.cert.pem"])
+    by_token = await trio.to_thread.run_sync(lambda: pulsar_round_trip(
+        secure_cluster.pulsar_tls_url, f"persistent://{NAMESPACE}/over-tls", 10, tls_trust_certs_file_path=trust,
+        tls_validate_hostname=True, authentication=pulsar.AuthenticationToken(secure_cluster.token(ADMIN))))
+    assert by_token == expected
+    # A client certificate the broker's CA signed authenticates as its CN
+    # (svc, granted on the namespace); another CN has no grant.
+    files = secure_cluster.tls_files
+
+    def by_certificate(role: str):
+        return pulsar_round_trip(secure_cluster.pulsar_tls_url, f"persistent://{NAMESPACE}/by-certificate", 5,
+                                 tls_trust_certs_file_path=trust, authentication=pulsar.AuthenticationTLS(
+                                     str(files[f"{role}.cert.pem"]), str(files[f"{role}.key.pem"])))
+
+    assert await trio.to_thread.run_sync(by_certificate, "svc") == expected[:5]
+    with pytest.raises(pulsar.AuthorizationError):
+        await trio.to_thread.run_sync(by_certificate, "stranger")
+
+
+async def test_quire_clients_connect_over_tls_and_bad_tls_peers_are_refused(secure_cluster):
+    async with Client.connect(secure_cluster.zk_hosts, secure_cluster.root, auth_token=secure_cluster.token(ADMIN),
+                              tls_context=secure_cluster.tls_context()) as client:
+        producer = await client.create_producer(f"{NAMESPACE}/quire-tls", "p")
+        await producer.send(b"over TLS")
+        connection = next(iter(client._connections.values()))
+        assert connection.address == f"127.0.0.1:{secure_cluster.tls_port}"
+    # A client certificate alone authenticates quire's client too.
+    async with Client.connect(secure_cluster.zk_hosts, secure_cluster.root, tls_context=secure_cluster.tls_context("svc")) as svc:
+        reader = await svc.create_reader(f"{NAMESPACE}/quire-tls", start="earliest")
+        assert (await reader.receive()).data == b"over TLS"
+    # Plaintext to a TLS port, and a handshake that never comes: each is
+    # closed, counted and logged with its address; the broker serves on.
+    before = secure_cluster.broker.log_path.read_text(errors="replace")
+    for port in (secure_cluster.tls_port, secure_cluster.pulsar_tls_port):
+        with trio.fail_after(10):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(b"\x00\x00\x00\x10 plaintext here!")
+            assert await stream.receive_some(1024) in (b"", None) or True
+            await stream.aclose()
+        with trio.fail_after(10):  # the 2 s handshake timeout, then closed
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            try:
+                assert await stream.receive_some(1024) == b""
+            except trio.BrokenResourceError:
+                pass
+            await stream.aclose()
+    with trio.fail_after(10):
+        while "refusing TLS connection from 127.0.0.1:" not in secure_cluster.broker.log_path.read_text(errors="replace")[len(before):]:
+            await trio.sleep(0.1)
+    # TLS to the plaintext port: the client fails cleanly, in one error.
+    with pytest.raises(Exception) as refused:
+        async with Client.connect(service_url=f"127.0.0.1:{secure_cluster.broker.port}",
+                                  tls_context=secure_cluster.tls_context("svc")) as client:
+            await client.list_topics()
+    assert "cannot connect" in str(refused.value) or "no broker" in str(refused.value), refused.value
+    async with Client.connect(secure_cluster.zk_hosts, secure_cluster.root, auth_token=secure_cluster.token(ADMIN),
+                              tls_context=secure_cluster.tls_context()) as client:
+        assert any(topic["topic"] == f"{NAMESPACE}/quire-tls" for topic in await client.list_topics(NAMESPACE))
