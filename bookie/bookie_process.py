@@ -211,7 +211,8 @@ async def _serve(config, startup, metadata, layout, journal, storage, listeners,
     server.set_disk_read_only(starts_read_only, policy.reason)
     starts_read_only = server.core.read_only  # a held checkpoint or a failed journal count too
     _record_usage(server, usage, policy)
-    info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only)
+    info = BookieRegistrationInfo(config.identity, config.advertised_address, config.rack, starts_read_only,
+                                  tls=config.tls_context is not None)
     registration = Registration(metadata, layout, info, stale_wait_s=2 * config.session_timeout_ms / 1000 + 10)
     server.on_read_only_change = registration.set_read_only
     await server.listen(listeners)

@@ -7,6 +7,7 @@ task. `BookieServer` inherits it; its state (`core`, `config`, `stats`,
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import trio
@@ -18,6 +19,7 @@ from bookie.protocol.wire import (
     AddBatchRequest,
     AddRequest,
     BatchReadRequest,
+    Hello,
     HelloReply,
     ReadRequest,
     Status,
@@ -26,8 +28,17 @@ from bookie.protocol.wire import (
     encode_hello_reply,
 )
 from framing.codec import FrameDecoder
-from framing.peer_limits import FrameReader, decode_from_peer, peer_faults, serve_admitted, wait_for_output_room
+from framing.peer_limits import (
+    FrameReader,
+    decode_from_peer,
+    peer_faults,
+    serve_admitted,
+    serve_admitted_tls,
+    wait_for_output_room,
+)
 from framing.stream import FrameOutput
+from security.tls import stream_peer_common_name as peer_common_name
+from security.tokens import AuthenticationError
 
 log = logging.getLogger("bookie.server")
 
@@ -59,8 +70,16 @@ class ClientConnections:
     async def _handle_connection(self, stream: trio.SocketStream) -> None:
         connection_id = self._next_connection_id
         self._next_connection_id += 1
-        await serve_admitted(stream, self.connection_limits, log,
-                             lambda peer: self._serve_connection(connection_id, stream, peer))
+        if self.config.tls_context is None:
+            await serve_admitted(stream, self.connection_limits, log,
+                                 lambda peer: self._serve_connection(connection_id, stream, peer))
+        else:
+            await serve_admitted_tls(stream, self.connection_limits, log, self.config.tls_context,
+                                     self.config.tls_handshake_deadline_s, self._count_tls_refusal,
+                                     lambda tls_stream, peer: self._serve_connection(connection_id, tls_stream, peer))
+
+    def _count_tls_refusal(self) -> None:
+        self.stats.tls_handshakes_refused += 1
 
     async def _serve_connection(self, connection_id: int, stream: trio.SocketStream, peer: str) -> None:
         connection = ClientConnection(connection_id, stream, peer, FrameOutput(stream))
@@ -102,11 +121,32 @@ class ClientConnections:
                         await connection.stream.send_all(encode_hello_reply(reply))
                         log.info("refusing %s: protocol version %d", connection.peer, hello.protocol_version)
                         return False
-                    reply = HelloReply(Status.OK, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
+                    refusal = self._refusal(hello, connection)
+                    status = Status.OK if refusal is None else Status.UNAUTHORIZED
+                    reply = HelloReply(status, PROTOCOL_VERSION, self.core.bookie_id, self.config.frame_bytes_max)
                     await connection.stream.send_all(encode_hello_reply(reply))
+                    if refusal is not None:
+                        self.stats.authentication_refusals += 1
+                        log.warning("refusing ledger client %s: %s", connection.peer, refusal)
+                        return False
                     return True
                 if not await reader.receive():
                     return False
+
+    def _refusal(self, hello: Hello, connection: ClientConnection) -> str | None:
+        """Why a ledger client may not use this bookie (None: it may): its
+        credentials are refused, or its role is not one of the client roles."""
+        authenticator = self.config.authenticator
+        if not authenticator.enabled:
+            return None
+        try:
+            principal = authenticator.authenticate(hello.auth_method, hello.auth_data, now=time.time(),
+                                                   peer_common_name=peer_common_name(connection.stream))
+        except AuthenticationError as error:
+            return str(error)
+        if principal.role not in self.config.client_roles:
+            return f"role {principal.role[:100]!r} is not one of the bookie's client roles"
+        return None
 
     async def _read_requests(self, connection: ClientConnection, reader: FrameReader) -> bool:
         """Read and handle requests until the client closes (True) or breaks

@@ -4,6 +4,7 @@ under, checked up front so that a bad value is one clear error."""
 from __future__ import annotations
 
 import socket
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from framing.peer_limits import (
     FRAME_BUFFER_BYTES_MAX_DEFAULT,
     FRAME_DEADLINE_S_DEFAULT,
 )
+
+from security.authentication import Authenticator
 
 MIB = 1024 * 1024
 
@@ -71,6 +74,15 @@ class BookieConfig:
     disk_quota_bytes: int | None = None  # optional cap on this bookie's own files
     disk_check_interval_ms: int = 1_000
     limits: CoreLimits = field(default_factory=CoreLimits)
+    # Ledger clients show a token or a TLS client certificate whose role is
+    # one of `client_roles` before any add, read or fence (authenticator
+    # off: every client is served, as before security was set up).
+    authenticator: Authenticator = field(default_factory=Authenticator)
+    client_roles: frozenset[str] = frozenset()
+    # TLS on the bookie's port (None: plaintext); a handshake that does not
+    # finish within the deadline closes the connection.
+    tls_context: ssl.SSLContext | None = None
+    tls_handshake_deadline_s: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

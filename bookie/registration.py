@@ -227,7 +227,7 @@ class Registration:
                 nursery.start_soon(wait_mode)
 
     async def _register(self, read_only: bool) -> None:
-        info = BookieRegistrationInfo(self.info.bookie_id, self.info.address, self.info.rack, read_only)
+        info = BookieRegistrationInfo(self.info.bookie_id, self.info.address, self.info.rack, read_only, self.info.tls)
         path = self.layout.bookie_registration(info.bookie_id, read_only=read_only)
         other = self.layout.bookie_registration(info.bookie_id, read_only=not read_only)
         self.stale_owner = None  # as found by this try, not an earlier one

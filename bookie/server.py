@@ -136,6 +136,8 @@ class Wakeup:
 class ServerStats:
     connections_accepted: int = 0
     protocol_errors: int = 0
+    authentication_refusals: int = 0  # ledger clients whose credentials or role were refused
+    tls_handshakes_refused: int = 0  # TLS handshakes that failed or stalled
     journal_batches: int = 0
     journal_batches_fsynced_inline: int = 0
     journal_records: int = 0

@@ -12,7 +12,6 @@ from broker.authorization import Action, Authorizer
 from broker.errors import AuthenticationError as BrokerAuthenticationError, NotFoundError
 from broker.tenant_store import TenantStore, split_namespace
 from broker.topic_names import NAMESPACE, namespace_of_topic
-from security import tls
 from security.authentication import Authenticator, Principal
 from security.tokens import AuthenticationError
 
@@ -107,15 +106,4 @@ class AccessControl:
             raise
 
 
-def peer_common_name(stream: object) -> str | None:
-    """The CN of the client certificate a TLS stream verified (None on a
-    plain stream, or before its handshake)."""
-    if not hasattr(stream, "getpeercert"):
-        return None
-    try:
-        return tls.peer_common_name(stream)
-    except ValueError:  # the handshake has not happened
-        return None
-
-
-__all__ = ["AccessControl", "peer_common_name"]
+__all__ = ["AccessControl"]

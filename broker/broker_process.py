@@ -17,6 +17,7 @@ from broker.server import BrokerServer
 from coordination.startup import STARTUP_TIMEOUT_MS_DEFAULT, Startup, StartupFailedError
 from coordination.store import MetadataError
 from ledger_client import BookKeeper
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 from ledger_client.exception_groups import unwrap_single_exception
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ async def run_broker(
     session_timeout_ms: int = 10_000,
     startup_timeout_ms: int = STARTUP_TIMEOUT_MS_DEFAULT,
     handle_signals: bool = True,
+    bookie_credentials: ClientCredentials = NO_CREDENTIALS,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run one broker until SIGTERM/SIGINT (or cancellation). Its ports are
@@ -67,7 +69,7 @@ async def run_broker(
             # The ledger client's registry retries by itself until it has
             # read the bookie lists once; the deadline bounds that too.
             startup.begin("read the bookie registry (/bookies)")
-            async with BookKeeper.open(sync_store) as bk:
+            async with BookKeeper.open(sync_store, credentials=bookie_credentials) as bk:
                 server = BrokerServer(config, bk, bk.store, metrics)
                 await server.listen(listeners)
                 if registry is not None:

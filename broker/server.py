@@ -33,7 +33,7 @@ from framing.peer_limits import (
     serve_admitted_tls,
     wait_for_output_room,
 )
-from broker.access import AccessControl, peer_common_name
+from broker.access import AccessControl
 from broker.admin import AdminHandler
 from broker.authorization import Action
 from broker.config import BrokerConfig
@@ -92,6 +92,7 @@ from coordination.async_store import AsyncMetadataStore
 from coordination.startup import Startup
 from coordination.store import MetadataError, NodeExistsError
 from ledger_client import BKError, BookKeeper
+from security.tls import stream_peer_common_name as peer_common_name
 from security.authentication import ANONYMOUS_WHEN_OFF, Principal
 
 log = logging.getLogger(__name__)

@@ -95,6 +95,17 @@ class SourceOptions:
     password: bytes
     selection: Selection
     split_bytes: int
+    # What the ledger clients show bookies that authenticate them or serve
+    # TLS: a token, and the CA certificates as PEM text (executors need no file).
+    auth_token: str | None = None
+    tls_trust_certs: str | None = None
+
+    def credentials(self):
+        from security.credentials import ClientCredentials
+        from security.tls import client_context_from_pem
+
+        context = None if self.tls_trust_certs is None else client_context_from_pem(self.tls_trust_certs)
+        return ClientCredentials(self.auth_token, context)
 
     @classmethod
     def parse(cls, options: dict[str, str]) -> "SourceOptions":
@@ -118,7 +129,7 @@ class SourceOptions:
             exclude_ledger_ids=parse_ledger_ids(get("exclude_ledgers")) or frozenset(),
         )
         return cls(get("zk", "127.0.0.1:2181"), get("root", "/quire"), topic, (get("password", "") or "").encode(),
-                   selection, split_bytes)
+                   selection, split_bytes, get("auth_token"), get("tls_trust_certs"))
 
 
 # --- planning (on the driver) -----------------------------------------------------------
@@ -248,18 +259,20 @@ class _Clients:
     ZooKeeper session and bookie connections are made once, not per split."""
 
     _lock = threading.Lock()
-    _loops: dict[tuple[str, str, int], "LoopThread"] = {}
+    _loops: dict[tuple, "LoopThread"] = {}
 
     @classmethod
-    def get(cls, zk: str, root: str) -> "LoopThread":
+    def get(cls, options: "SourceOptions") -> "LoopThread":
         from ledger_client.bookkeeper import BookKeeper
         from ledger_client.sync import LoopThread
 
-        key = (zk, root, os.getpid())  # a forked worker needs its own
+        zk, root = options.zk, options.root
+        key = (zk, root, options.auth_token, options.tls_trust_certs, os.getpid())  # a forked worker needs its own
         with cls._lock:
             loop = cls._loops.get(key)
             if loop is None or not loop._thread.is_alive():
-                loop = LoopThread(lambda: BookKeeper.connect(zk, root))
+                credentials = options.credentials()
+                loop = LoopThread(lambda: BookKeeper.connect(zk, root, credentials=credentials))
                 cls._loops[key] = loop
             return loop
 
@@ -425,7 +438,7 @@ def _map_size(item: dict | None) -> int:
 
 
 def read_split(split: LedgerSplit, options: SourceOptions) -> Iterator[pa.RecordBatch]:
-    loop = _Clients.get(options.zk, options.root)
+    loop = _Clients.get(options)
     for chunk in LedgerRangeReader(loop, split, options.password).chunks():
         yield from entries_to_batches(split, chunk, options.selection)
 

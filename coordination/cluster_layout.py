@@ -93,6 +93,7 @@ class BookieRegistrationInfo:
     address: str  # host:port clients connect to
     rack: str | None = None
     read_only: bool = False
+    tls: bool = False  # its port serves TLS only: clients connect with TLS
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()

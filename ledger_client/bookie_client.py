@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import ssl
 from typing import AsyncIterator, Callable, Iterable
 
 import trio
@@ -52,8 +53,9 @@ from bookie.protocol.wire import (
     encode_request,
 )
 from framing.codec import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError
-from framing.stream import RECEIVE_BYTES, FrameOutput, receive_first_frames
+from framing.stream import RECEIVE_BYTES, FrameOutput, connect_tls, receive_first_frames
 from ledger_client.exception_groups import unwrap_single_exception
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 from ledger_client.fifo_semaphore import FifoSemaphore
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,12 @@ Callback = Callable[["Response | BookieConnectionError"], None]
 class BookieConnectionError(Exception):
     """The connection to the bookie failed or was refused; requests still in
     flight on it have an unknown outcome."""
+
+
+class BookieRefusedError(BookieConnectionError):
+    """The bookie refused this client: its credentials or role (a bookie
+    that authenticates its clients), or TLS. Trying again will not help
+    until the client's settings change."""
 
 
 class _OlderBookie(Exception):
@@ -178,6 +186,15 @@ class _AddBatch:
         return zip(self.callbacks, self.ledger_ids, self.entry_ids)
 
 
+async def _over_tls(stream: trio.SocketStream, context: ssl.SSLContext, host: str, address: str) -> trio.SSLStream:
+    try:
+        return await connect_tls(stream, context, host)
+    except trio.BrokenResourceError as error:
+        cause = error.__cause__
+        reason = getattr(cause, "verify_message", None) or getattr(cause, "reason", None) or type(cause or error).__name__
+        raise BookieRefusedError(f"TLS with bookie {address} failed: {reason}") from None
+
+
 class BookieClient:
     def __init__(
         self, stream: trio.SocketStream, address: str, bookie_id: str, frame_bytes_max: int, requests_in_flight_max: int,
@@ -212,11 +229,14 @@ class BookieClient:
         requests_in_flight_max: int = 10_000,
         frame_bytes_max: int = FRAME_BYTES_MAX_DEFAULT,
         expected_bookie_id: str | None = None,
+        credentials: ClientCredentials = NO_CREDENTIALS,
     ) -> AsyncIterator["BookieClient"]:
         """Connect and shake hands. With `expected_bookie_id`, a bookie at
         the address that calls itself anything else is refused (a stale
         registration): adds meant for one bookie must not land on another,
-        and add listeners are told answers by that id."""
+        and add listeners are told answers by that id. `credentials`: the
+        token and TLS context shown to bookies that authenticate their
+        clients (their TLS context for bookies that serve TLS)."""
         host, port = parse_address(address)
         version = PROTOCOL_VERSION
         while True:
@@ -225,8 +245,11 @@ class BookieClient:
             except OSError as error:
                 raise BookieConnectionError(f"cannot connect to bookie {address}: {error}") from None
             try:
+                if credentials.tls_context is not None:
+                    stream = await _over_tls(stream, credentials.tls_context, host, address)
                 client = await cls._handshake(
-                    stream, address, peer_name, requests_in_flight_max, frame_bytes_max, version, expected_bookie_id
+                    stream, address, peer_name, requests_in_flight_max, frame_bytes_max, version, expected_bookie_id,
+                    credentials,
                 )
                 break
             except _OlderBookie as older:
@@ -251,11 +274,11 @@ class BookieClient:
     @classmethod
     async def _handshake(
         cls, stream: trio.SocketStream, address: str, peer_name: str, requests_in_flight_max: int, frame_bytes_max: int,
-        version: int, expected_bookie_id: str | None,
+        version: int, expected_bookie_id: str | None, credentials: ClientCredentials = NO_CREDENTIALS,
     ) -> "BookieClient":
         decoder = FrameDecoder(frame_bytes_max)
         try:
-            await stream.send_all(encode_hello(Hello(version, peer_name)))
+            await stream.send_all(encode_hello(Hello(version, peer_name, *credentials.auth_fields())))
             frames = await receive_first_frames(stream, decoder)
             if not frames:
                 raise BookieConnectionError(f"bookie {address} closed the connection during the handshake")
@@ -264,6 +287,9 @@ class BookieClient:
             raise BookieConnectionError(f"handshake with bookie {address} failed: {error}") from None
         if reply.status is Status.BAD_VERSION and PROTOCOL_VERSION_MIN <= reply.protocol_version < version:
             raise _OlderBookie(reply.protocol_version)
+        if reply.status is Status.UNAUTHORIZED:
+            raise BookieRefusedError(f"bookie {address} refused this client: no credentials it takes, or a role "
+                                        f"that is not one of its client roles (its log says which)")
         if reply.status is not Status.OK:
             raise BookieConnectionError(
                 f"bookie {address} refused the handshake ({reply.status.name}, it speaks protocol {reply.protocol_version})"

@@ -7,6 +7,7 @@ later through the callback, never from inside `send`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from typing import Callable
 import trio
 
 from bookie.protocol.wire import Request
-from ledger_client.bookie_client import BookieClient, BookieConnectionError, Callback, answer_add
+from ledger_client.bookie_client import BookieClient, BookieConnectionError, BookieRefusedError, Callback, answer_add
 from ledger_client.registry import BookieRegistry
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 
 log = logging.getLogger(__name__)
 REQUESTS_IN_FLIGHT_MAX = 100_000  # per bookie connection; callers bound their own work
@@ -35,8 +37,10 @@ class _Connection:
 
 
 class BookiePool:
-    def __init__(self, registry: BookieRegistry, nursery: trio.Nursery, *, peer_name: str = "quire-ledger-client") -> None:
+    def __init__(self, registry: BookieRegistry, nursery: trio.Nursery, *, peer_name: str = "quire-ledger-client",
+                 credentials: ClientCredentials = NO_CREDENTIALS) -> None:
         self.registry = registry
+        self.credentials = credentials
         self._nursery = nursery
         self.peer_name = peer_name
         self._connections: dict[str, _Connection] = {}
@@ -137,12 +141,20 @@ class BookiePool:
         bookie_id = connection.bookie_id
         address = self.registry.address(bookie_id)
         failure: BookieConnectionError | None = None
+        # TLS where the bookie's registration says it serves TLS: a cluster
+        # may move to TLS one bookie at a time.
+        credentials = self.credentials
+        if not self.registry.serves_tls(bookie_id):
+            credentials = dataclasses.replace(credentials, tls_context=None)
         try:
+            if credentials.tls_context is None and self.registry.serves_tls(bookie_id):
+                raise BookieRefusedError(f"bookie {bookie_id} serves TLS only, and this client has no TLS settings "
+                                            f"(the CA that signed the bookies' certificates: --tls-trust-certs-file)")
             # The deadline covers connecting only: lifted once connected.
             with trio.CancelScope(deadline=trio.current_time() + CONNECT_TIMEOUT_S) as scope:
                 async with BookieClient.connect(
                     address, peer_name=self.peer_name, requests_in_flight_max=REQUESTS_IN_FLIGHT_MAX,
-                    expected_bookie_id=bookie_id,
+                    expected_bookie_id=bookie_id, credentials=credentials,
                 ) as client:
                     scope.deadline = math.inf
                     connection.client = client
@@ -159,7 +171,8 @@ class BookiePool:
             if self._connections.get(bookie_id) is connection:
                 del self._connections[bookie_id]
         if failure is not None and connection.client is None:
-            log.info("%s", failure)
+            # A refusal is the operator's to fix (a token, a role, TLS): said louder than a bookie that is down.
+            log.log(logging.WARNING if isinstance(failure, BookieRefusedError) else logging.INFO, "%s", failure)
             self._down_until[bookie_id] = trio.current_time() + RECONNECT_DELAY_S
         waiting, connection.waiting = connection.waiting, []
         for _, callback in waiting:

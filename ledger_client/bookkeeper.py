@@ -27,6 +27,7 @@ from ledger_client.bookie_pool import BookiePool
 from ledger_client.client_services import ClientServices
 from ledger_client.ledger_handle import PENDING_ADDS_MAX_DEFAULT, LedgerHandle
 from ledger_client.ledger_store import AsyncLedgerStore
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 from ledger_client.metadata import LedgerMetadata, password_hash
 from ledger_client.placement import choose_ensemble
 from ledger_client.read_handle import ReadHandle
@@ -84,7 +85,7 @@ class BookKeeper:
     ) -> AsyncIterator["BookKeeper"]:
         """Connect to the cluster whose metadata is at `zk_hosts` under the
         chroot `root`. Options: `rng`, `pending_adds_max` (per ledger handle),
-        `add_timeout_ms`, `ensemble_changes_max`, `address_map`."""
+        `add_timeout_ms`, `ensemble_changes_max`, `address_map`, `credentials`."""
         sync_store = await connect_zookeeper(
             zk_hosts, root, session_timeout_ms=session_timeout_ms, connect_timeout_ms=connect_timeout_ms
         )
@@ -102,16 +103,18 @@ class BookKeeper:
         add_timeout_ms: float = ADD_TIMEOUT_MS_DEFAULT,
         ensemble_changes_max: int = ENSEMBLE_CHANGES_MAX_DEFAULT,
         address_map: Mapping[str, str] | None = None,
+        credentials: ClientCredentials = NO_CREDENTIALS,
     ) -> AsyncIterator["BookKeeper"]:
         """A client over a metadata store already connected (closed on exit).
         `address_map` maps bookies' registered addresses to the ones to
-        dial (behind a NAT or a proxy)."""
+        dial (behind a NAT or a proxy); `credentials` are shown to bookies
+        that authenticate their clients or serve TLS."""
         async with AsyncMetadataStore(sync_store) as store:
             with unwrap_single_exception():
                 async with trio.open_nursery() as nursery:
                     registry = BookieRegistry(store, address_map=address_map)
                     await nursery.start(registry.run)
-                    pool = BookiePool(registry, nursery)
+                    pool = BookiePool(registry, nursery, credentials=credentials)
                     bk = cls(
                         store, registry, pool, nursery,
                         rng=rng or random.Random(),

@@ -113,5 +113,10 @@ class BookieRegistry:
         address = info.address if info is not None else bookie_id
         return self.address_map.get(address, address)
 
+    def serves_tls(self, bookie_id: str) -> bool:
+        """Whether a bookie's registration says its port serves TLS only."""
+        info = self.writable_bookies.get(bookie_id) or self.readonly_bookies.get(bookie_id)
+        return info is not None and info.tls
+
 
 __all__ = ["BookieRegistry"]

@@ -63,13 +63,19 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--session-timeout-ms", type=ranges.session_timeout_ms, default=10_000,
                         help="the daemon's ZooKeeper session timeout")
+    from quire.security_options import add_credentials
+
+    add_credentials(parser)
 
 
 def run(arguments: argparse.Namespace) -> int:
     from ledger_client.autorecovery import run_autorecovery
     from ledger_client.autorecovery.daemon import default_name
 
+    from quire.security_options import client_credentials_from
+
     config = config_from(arguments, auditor=not arguments.no_auditor)
+    credentials = client_credentials_from(arguments)
     name = arguments.name or default_name()
     configure_logging(arguments.log_level, "autorecovery", name, arguments.log_format)
 
@@ -94,7 +100,7 @@ def run(arguments: argparse.Namespace) -> int:
             nursery.start_soon(_stop_on_signal, nursery.cancel_scope)
             await nursery.start(lambda task_status: run_autorecovery(
                 arguments.zk, arguments.root, config, name=name, session_timeout_ms=arguments.session_timeout_ms,
-                task_status=task_status,
+                credentials=credentials, task_status=task_status,
             ))
             print(f"auto-recovery {name} running", flush=True)
 
@@ -113,7 +119,10 @@ async def run_with_bookie(run_bookie: Callable[..., Awaitable[None]], bookie_con
     if arguments.no_autorecovery:
         await run_bookie(bookie_config)
         return
+    from quire.security_options import bookie_credentials_from
+
     config = config_from(arguments)
+    credentials = bookie_credentials_from(arguments)
     with unwrap_single_exception():
         async with trio.open_nursery() as nursery:
             async def bookie_then_stop(task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -123,7 +132,7 @@ async def run_with_bookie(run_bookie: Callable[..., Awaitable[None]], bookie_con
             await nursery.start(bookie_then_stop)
             nursery.start_soon(lambda: run_autorecovery(
                 bookie_config.zk_hosts, bookie_config.root, config, name=bookie_config.identity,
-                session_timeout_ms=bookie_config.session_timeout_ms,
+                session_timeout_ms=bookie_config.session_timeout_ms, credentials=credentials,
             ))
 
 

@@ -64,6 +64,13 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     from quire.peer_limit_options import add_peer_limits
 
     add_peer_limits(parser, keepalive=False, requests_per_connection=BookieConfig.requests_per_connection_max)
+    from quire.security_options import add_authentication, add_bookie_client, add_tls_server
+
+    add_authentication(parser, bookie=True)
+    add_tls_server(parser)
+    parser.add_argument("--tls-handshake-timeout", type=ranges.interval, default=10_000, metavar="DURATION",
+                        help="close a TLS connection whose handshake has not finished by then (default 10s)")
+    add_bookie_client(parser)
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -71,7 +78,10 @@ def run(arguments: argparse.Namespace) -> int:
     from bookie.config import BookieConfig
     from bookie.core_actions import CoreLimits
     from quire.peer_limit_options import peer_limits_from
+    from quire.security_options import authenticator_from, tls_server_context_from
 
+    tls_context = tls_server_context_from(arguments)
+    authenticator = authenticator_from(arguments, tls_certificates=arguments.tls_trust_certs_file is not None)
     try:
         config = BookieConfig(
             journal_dir=arguments.journal_dir,
@@ -102,6 +112,10 @@ def run(arguments: argparse.Namespace) -> int:
             disk_quota_bytes=arguments.disk_quota_bytes,
             disk_check_interval_ms=arguments.disk_check_interval_ms,
             **peer_limits_from(arguments),
+            authenticator=authenticator,
+            client_roles=arguments.client_roles,
+            tls_context=tls_context,
+            tls_handshake_deadline_s=arguments.tls_handshake_timeout / 1000,
             limits=CoreLimits(
                 adds_in_flight_max=arguments.adds_in_flight_max, reads_in_flight_max=arguments.reads_in_flight_max
             ),

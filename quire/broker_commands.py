@@ -105,10 +105,11 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
     parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
     add_policies(parser, defaults=True)
-    from quire.security_options import add_authentication, add_tls_server
+    from quire.security_options import add_authentication, add_bookie_client, add_tls_server
 
     add_authentication(parser)
     add_tls_server(parser)
+    add_bookie_client(parser)
     parser.add_argument("--tls-port", type=port_number, metavar="PORT",
                         help="serve quire's protocol over TLS on this port too (needs --tls-cert-file and --tls-key-file)")
     parser.add_argument("--tls-handshake-timeout", type=ranges.interval, default=10_000, metavar="DURATION",
@@ -143,7 +144,7 @@ def run(arguments: argparse.Namespace) -> int:
     advertised = (arguments.advertised_address or internal
                   or f"{socket.gethostname() if host in ('0.0.0.0', '::') else host}:{arguments.port}")
     from quire.peer_limit_options import peer_limits_from
-    from quire.security_options import authenticator_from, tls_server_context_from
+    from quire.security_options import authenticator_from, bookie_credentials_from, tls_server_context_from
 
     tls_context = tls_server_context_from(arguments)
     if tls_context is None and (arguments.tls_port is not None or arguments.pulsar_tls_port is not None):
@@ -184,8 +185,9 @@ def run(arguments: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     configure_logging(arguments.log_level, "broker", config.broker_id, arguments.log_format)
     try:
+        bookie_credentials = bookie_credentials_from(arguments)
         trio.run(lambda: run_broker(config, arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms,
-                                    startup_timeout_ms=arguments.startup_timeout))
+                                    startup_timeout_ms=arguments.startup_timeout, bookie_credentials=bookie_credentials))
     except BrokerStartupError as error:
         raise UsageError(str(error)) from None
     return 0

@@ -31,6 +31,7 @@ from quire import (
     zk_commands,
 )
 from quire.cli_parsing import EXIT_USAGE, HostPorts, Parser, UsageError
+from quire.security_options import add_credentials
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         command(ledger, "recover", "fence and close a ledger that its writer left open", ledger_commands.recover)
     )
     ledger_commands.add_ledger_id(command(ledger, "delete", "delete a ledger", ledger_commands.delete))
+    for ledger_command in ledger.choices.values():  # each reaches bookies: a token and TLS for those that ask
+        add_credentials(ledger_command)
 
     broker = group("broker", "brokers: topics, producers, subscriptions")
     broker_commands.add_run(command(broker, "run", "run a broker in the foreground until SIGTERM/SIGINT", broker_commands.run))

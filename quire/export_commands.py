@@ -65,6 +65,12 @@ def spark_setting(text: str) -> tuple[str, str]:
 
 def add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("topic", help="topic to export (every partition of a partitioned topic)")
+    from quire.security_options import add_credentials
+
+    # The executors show the token to bookies that authenticate their
+    # clients, and trust the CA's certificates (sent as text) where bookies
+    # serve TLS. A client certificate is not shipped: use a token.
+    add_credentials(parser)
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory (a path or a Hadoop URI)")
     parser.add_argument("--format", default="parquet", choices=["parquet", "json"], help="output format")
     parser.add_argument("--incremental", action="store_true",
@@ -381,6 +387,26 @@ def export(arguments: argparse.Namespace) -> int:
     return 0
 
 
+def executor_credentials(arguments: argparse.Namespace) -> dict[str, str]:
+    """The data source's options that carry the command's credentials."""
+    from quire.security_options import auth_token_from
+
+    options = {}
+    token = auth_token_from(arguments)
+    if callable(token):
+        token = token()
+    if token:
+        options["auth_token"] = token
+    trust = getattr(arguments, "tls_trust_certs_file", None)
+    if trust is not None:
+        try:
+            with open(trust) as file:
+                options["tls_trust_certs"] = file.read()
+        except OSError as error:
+            raise UsageError(f"--tls-trust-certs-file: cannot read {trust}: {error.strerror}") from None
+    return options
+
+
 def check_arguments(arguments: argparse.Namespace) -> None:
     from broker.export_plan import Selection, parse_time_ms
     from broker.topic_records import check_name
@@ -392,6 +418,10 @@ def check_arguments(arguments: argparse.Namespace) -> None:
                               end_time_ms=parse_time_ms(arguments.end_time, "--end-time"))
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if getattr(arguments, "tls_cert_file", None) is not None:
+        raise UsageError("quire export does not ship a client certificate to Spark's executors: authenticate with "
+                         "--auth-token (with --tls-trust-certs-file for bookies that serve TLS)")
+    executor_credentials(arguments)  # a file that cannot be read is said now
     if arguments.incremental and (selection.start_time_ms is not None or selection.end_time_ms is not None):
         raise UsageError("--incremental records whole ledgers: it cannot be combined with --start-time/--end-time")
     if arguments.incremental and arguments.overwrite:
@@ -497,6 +527,9 @@ def write(spark: Any, arguments: argparse.Namespace, selection: Any, split_bytes
               .option("topic", arguments.topic).option("password", arguments.password)
               .option("split_bytes", str(split_bytes))
               .option("ledgers", ",".join(map(str, ledger_ids))))
+    # Spark redacts options named like a token in its plans and UI.
+    for name, value in executor_credentials(arguments).items():
+        reader = reader.option(name, value)
     for name, value in (("start_time", selection.start_time_ms), ("end_time", selection.end_time_ms)):
         if value is not None:
             reader = reader.option(name, str(value))

@@ -63,9 +63,10 @@ def add_recover(parser: argparse.ArgumentParser) -> None:
 async def _client(arguments: argparse.Namespace) -> AsyncIterator:
     from coordination.store import MetadataError
     from ledger_client.bookkeeper import BookKeeper
+    from quire.security_options import client_credentials_from
 
     try:
-        async with BookKeeper.connect(arguments.zk, arguments.root) as bk:
+        async with BookKeeper.connect(arguments.zk, arguments.root, credentials=client_credentials_from(arguments)) as bk:
             yield bk
     except (MetadataError, ValueError) as error:
         raise UsageError(str(error)) from None

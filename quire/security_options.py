@@ -6,6 +6,7 @@ part is off unless its flag is given.
 from __future__ import annotations
 
 import argparse
+import os
 
 from quire.cli_parsing import UsageError
 
@@ -17,7 +18,9 @@ def _roles(text: str) -> frozenset[str]:
     return roles
 
 
-def add_authentication(parser: argparse.ArgumentParser) -> None:
+def add_authentication(parser: argparse.ArgumentParser, *, bookie: bool = False) -> None:
+    """The token flags; a broker's roles (superusers, anonymous) or a
+    bookie's (the roles of the ledger clients it serves)."""
     keys = parser.add_mutually_exclusive_group()
     keys.add_argument("--auth-token-secret-key", metavar="FILE",
                       help="authenticate clients by tokens signed with this secret key (HS256; quire token "
@@ -27,6 +30,12 @@ def add_authentication(parser: argparse.ArgumentParser) -> None:
                            "quire token create-key-pair)")
     parser.add_argument("--auth-token-audience", metavar="AUDIENCE",
                         help="refuse tokens whose aud claim does not name this audience")
+    if bookie:
+        parser.add_argument("--client-roles", type=_roles, default=frozenset(), metavar="ROLE,...",
+                            help="once the bookie authenticates (a token key, or --tls-trust-certs-file), the roles of the "
+                                 "ledger clients it serves (brokers, auto-recovery, tools): a token's subject or a "
+                                 "certificate's CN; any other client is refused before any add, read or fence")
+        return
     parser.add_argument("--anonymous-role", metavar="ROLE",
                         help="the role of a client that presents no credentials (default: such clients are refused "
                              "once authentication is on)")
@@ -90,6 +99,71 @@ def tls_client_context_from(arguments: argparse.Namespace):
         raise UsageError(f"TLS: {error}") from None
 
 
+def add_credentials(parser: argparse.ArgumentParser) -> None:
+    """What a client command shows the servers it reaches (brokers, and
+    bookies for the commands that read or write ledgers): a token, and TLS."""
+    add_tls_client(parser)
+    credentials = parser.add_mutually_exclusive_group()
+    credentials.add_argument("--auth-token", metavar="TOKEN",
+                             help="the token to show servers (quire token create); default: $QUIRE_AUTH_TOKEN")
+    credentials.add_argument("--auth-token-file", metavar="FILE",
+                             help="a file holding the token (read again for each new connection, so it may be replaced)")
+
+
+def _token_file_reader(flag: str, token_file: str):
+    def read() -> str:
+        try:
+            with open(token_file) as file:
+                return file.read().strip()
+        except OSError as error:
+            raise UsageError(f"{flag}: cannot read {token_file}: {error.strerror}") from None
+
+    read()  # a missing file is said at once, before anything else is done
+    return read
+
+
+def auth_token_from(arguments: argparse.Namespace):
+    """The client's token, a function reading it from its file, or None."""
+    token_file = getattr(arguments, "auth_token_file", None)
+    if token_file is not None:
+        return _token_file_reader("--auth-token-file", token_file)
+    token = getattr(arguments, "auth_token", None) or os.environ.get("QUIRE_AUTH_TOKEN") or None
+    return token.strip() if token else None
+
+
+def client_credentials_from(arguments: argparse.Namespace):
+    """A client command's credentials (security.credentials.ClientCredentials)."""
+    from security.credentials import ClientCredentials
+
+    return ClientCredentials(auth_token_from(arguments), tls_client_context_from(arguments))
+
+
+def add_bookie_client(parser: argparse.ArgumentParser) -> None:
+    """For servers that reach bookies (brokers, bookies' auto-recovery)."""
+    parser.add_argument("--bookie-auth-token-file", metavar="FILE",
+                        help="a token to show bookies that authenticate their clients (read again for each connection); "
+                             "over TLS, the server's own certificate (--tls-cert-file) is shown to bookies too")
+
+
+def bookie_credentials_from(arguments: argparse.Namespace):
+    """What a server shows bookies: its --bookie-auth-token-file, and over
+    TLS (--tls-trust-certs-file: the CA that signed the bookies' certificates)
+    its own certificate as its client certificate."""
+    from security.credentials import ClientCredentials
+    from security.tls import client_context
+
+    token_file = arguments.bookie_auth_token_file
+    token = None if token_file is None else _token_file_reader("--bookie-auth-token-file", token_file)
+    tls_context = None
+    if arguments.tls_trust_certs_file is not None:
+        try:
+            tls_context = client_context(arguments.tls_trust_certs_file, cert_file=arguments.tls_cert_file,
+                                         key_file=arguments.tls_key_file)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"TLS: {error}") from None
+    return ClientCredentials(token, tls_context)
+
+
 def authenticator_from(arguments: argparse.Namespace, *, tls_certificates: bool = False):
     """The Authenticator the flags describe; UsageError names a bad one."""
     from security.authentication import Authenticator
@@ -107,14 +181,20 @@ def authenticator_from(arguments: argparse.Namespace, *, tls_certificates: bool 
             raise UsageError(f"{flag}: {error}") from None
     elif arguments.auth_token_audience is not None:
         raise UsageError("--auth-token-audience needs --auth-token-secret-key or --auth-token-public-key")
-    authenticator = Authenticator(tokens=tokens, tls_certificates=tls_certificates, anonymous_role=arguments.anonymous_role)
+    anonymous_role = getattr(arguments, "anonymous_role", None)
+    authenticator = Authenticator(tokens=tokens, tls_certificates=tls_certificates, anonymous_role=anonymous_role)
+    roles = [(flag, getattr(arguments, name, None)) for flag, name in (
+        ("--anonymous-role", "anonymous_role"), ("--superuser-roles", "superuser_roles"), ("--client-roles", "client_roles"))]
     if not authenticator.enabled:
-        for flag, value in (("--anonymous-role", arguments.anonymous_role), ("--superuser-roles", arguments.superuser_roles)):
+        for flag, value in roles:
             if value:
                 raise UsageError(f"{flag} needs authentication: --auth-token-secret-key, --auth-token-public-key "
-                                 f"or trusted client certificates")
+                                 f"or trusted client certificates (--tls-trust-certs-file)")
+    elif hasattr(arguments, "client_roles") and not arguments.client_roles:
+        raise UsageError("a bookie that authenticates needs --client-roles: the roles of the ledger clients it serves")
     return authenticator
 
 
-__all__ = ["add_authentication", "add_tls_client", "add_tls_server", "authenticator_from", "tls_client_context_from",
+__all__ = ["add_authentication", "add_bookie_client", "add_credentials", "auth_token_from", "bookie_credentials_from",
+           "client_credentials_from", "add_tls_client", "add_tls_server", "authenticator_from", "tls_client_context_from",
            "tls_server_context_from"]

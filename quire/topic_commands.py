@@ -19,6 +19,7 @@ from ledger_client.exception_groups import unwrap_single_exception
 from quire import cli_ranges as ranges
 from quire.broker_commands import add_policies, check_quorums, policies_from
 from quire.cli_parsing import HostPorts, UsageError
+from quire.security_options import add_credentials, auth_token_from
 from quire.logging_setup import configure_logging
 
 GENERATED_MESSAGE_BYTES_DEFAULT = 1024
@@ -31,34 +32,6 @@ def add_brokers(parser: argparse.ArgumentParser) -> None:
                         help="which of the brokers' advertised listeners to dial, e.g. external (default: the one --service-url "
                              "belongs to, else internal)")
     add_credentials(parser)
-
-
-def add_credentials(parser: argparse.ArgumentParser) -> None:
-    """The token a client shows brokers that authenticate, and TLS."""
-    from quire.security_options import add_tls_client
-
-    add_tls_client(parser)
-    credentials = parser.add_mutually_exclusive_group()
-    credentials.add_argument("--auth-token", metavar="TOKEN",
-                             help="the token to show brokers (quire token create); default: $QUIRE_AUTH_TOKEN")
-    credentials.add_argument("--auth-token-file", metavar="FILE",
-                             help="a file holding the token (read again for each new connection, so it may be replaced)")
-
-
-def auth_token_from(arguments: argparse.Namespace):
-    """The client's token, a function reading it from its file, or None."""
-    token_file = getattr(arguments, "auth_token_file", None)
-    if token_file is not None:
-        def read() -> str:
-            try:
-                with open(token_file) as file:
-                    return file.read().strip()
-            except OSError as error:
-                raise UsageError(f"--auth-token-file: cannot read {token_file}: {error.strerror}") from None
-        read()  # a missing file is said at once, before anything else is done
-        return read
-    token = getattr(arguments, "auth_token", None) or os.environ.get("QUIRE_AUTH_TOKEN") or None
-    return token.strip() if token else None
 
 
 def add_topic(parser: argparse.ArgumentParser) -> None:

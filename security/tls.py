@@ -101,6 +101,18 @@ def client_context(trust_certs_file: str | os.PathLike | None = None, *, cert_fi
     return context
 
 
+def client_context_from_pem(trust_certs_pem: str) -> ssl.SSLContext:
+    """A client's context trusting the CA certificates given as PEM text (for
+    processes that get them in a setting, not a file: Spark's executors)."""
+    context = _new_context(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_verify_locations(cadata=trust_certs_pem)
+    except (ssl.SSLError, ValueError) as error:
+        raise ValueError(f"the trusted CA certificates are not PEM certificates: {error}") from None
+    context.check_hostname = True
+    return context
+
+
 def peer_common_name(ssl_object: Any) -> str | None:
     """The common name of the peer's verified certificate, None when the
     peer sent none (or it was not verified, or has not exactly one common
@@ -116,9 +128,22 @@ def peer_common_name(ssl_object: Any) -> str | None:
     return names[0] if len(names) == 1 else None
 
 
+def stream_peer_common_name(stream: Any) -> str | None:
+    """The CN of the client certificate a TLS stream (trio's SSLStream)
+    verified; None on a plain stream, or before its handshake."""
+    if not hasattr(stream, "getpeercert"):
+        return None
+    try:
+        return peer_common_name(stream)
+    except ValueError:  # the handshake has not happened
+        return None
+
+
 __all__ = [
     "TLS_VERSION_MIN",
     "client_context",
+    "client_context_from_pem",
     "peer_common_name",
     "server_context",
+    "stream_peer_common_name",
 ]

@@ -58,6 +58,8 @@ class ReadFlag(enum.IntFlag):
 class Hello:
     protocol_version: int
     peer_name: str
+    auth_method: str = ""  # "token", or "" (none, or a TLS client certificate)
+    auth_data: bytes = b""  # the token
 
 
 @dataclass(slots=True)

@@ -123,18 +123,32 @@ def _arity(fields: list[Any], count: int, what: str) -> None:
 
 # --- handshake ----------------------------------------------------------------
 
+AUTH_METHOD_CHARS_MAX = 64
+AUTH_DATA_BYTES_MAX = 64 * 1024
+
 
 def encode_hello(hello: Hello) -> bytes:
-    return encode_frame([Op.HELLO, hello.protocol_version, hello.peer_name])
+    # Credentials travel only when there are some: a HELLO without them is
+    # what bookies that authenticate nobody have always taken.
+    credentials = [hello.auth_method, hello.auth_data] if hello.auth_method or hello.auth_data else []
+    return encode_frame([Op.HELLO, hello.protocol_version, hello.peer_name, *credentials])
 
 
 def decode_hello(fields: list[Any]) -> Hello:
     if type(fields[0]) is not int or fields[0] != Op.HELLO:
         raise ProtocolError("the first frame must be a HELLO")
-    _arity(fields, 3, "HELLO")
+    if len(fields) != 5:
+        _arity(fields, 3, "HELLO")
     if type(fields[2]) is not str:
         raise ProtocolError("HELLO peer name must be a string")
-    return Hello(_int(fields[1], "protocol_version", 0, 2**31), fields[2])
+    hello = Hello(_int(fields[1], "protocol_version", 0, 2**31), fields[2])
+    if len(fields) == 5:
+        if type(fields[3]) is not str or len(fields[3]) > AUTH_METHOD_CHARS_MAX:
+            raise ProtocolError(f"HELLO authentication method must be a string of at most {AUTH_METHOD_CHARS_MAX} characters")
+        if type(fields[4]) is not bytes or len(fields[4]) > AUTH_DATA_BYTES_MAX:
+            raise ProtocolError(f"HELLO authentication data must be binary of at most {AUTH_DATA_BYTES_MAX} bytes")
+        hello.auth_method, hello.auth_data = fields[3], fields[4]
+    return hello
 
 
 def encode_hello_reply(reply: HelloReply) -> bytes:

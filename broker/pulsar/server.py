@@ -37,7 +37,7 @@ from broker.errors import (
     TopicFencedError,
 )
 from broker.managed_ledger import EntryGoneError, Position
-from broker.access import AccessControl, peer_common_name
+from broker.access import AccessControl
 from broker.authorization import Action
 from broker.message_format import MalformedEntryError, decode_entry, pulsar_message
 from broker.protocol import MessageDelivery, Send, SendReceipt
@@ -68,6 +68,7 @@ from framing.codec import ProtocolError
 from framing.peer_limits import ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
 from framing.stream import FrameOutput, enable_keepalive
 from ledger_client import BKError
+from security.tls import stream_peer_common_name as peer_common_name
 from security.authentication import ANONYMOUS_WHEN_OFF, TOKEN_METHOD, Principal
 
 # What an AUTH_CHALLENGE carries to ask for a fresh token (Pulsar's

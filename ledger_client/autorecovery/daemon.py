@@ -14,6 +14,7 @@ import socket
 import trio
 
 from ledger_client.autorecovery.auditor import Auditor
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 from ledger_client.autorecovery.config import AutoRecoveryConfig
 from ledger_client.autorecovery.replication_worker import ReplicationWorker
 from ledger_client.autorecovery.waits import jittered
@@ -51,17 +52,19 @@ async def run_autorecovery(
     name: str | None = None,
     session_timeout_ms: int = 10_000,
     rng: random.Random | None = None,
+    credentials: ClientCredentials = NO_CREDENTIALS,
     task_status=trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run auto-recovery until cancelled. `task_status.started()` once it
-    is first connected to ZooKeeper."""
+    is first connected to ZooKeeper. `credentials`: what it shows bookies."""
     name = name or default_name()
     rng = rng or random.Random()
     delay_s = RESTART_DELAY_S_INITIAL
     started = False
     while True:
         try:
-            async with BookKeeper.connect(zk_hosts, root, session_timeout_ms=session_timeout_ms, rng=rng) as bookkeeper:
+            async with BookKeeper.connect(zk_hosts, root, session_timeout_ms=session_timeout_ms, rng=rng,
+                                          credentials=credentials) as bookkeeper:
                 daemon = AutoRecoveryDaemon(bookkeeper, config, name, rng)
                 if not started:
                     started = True

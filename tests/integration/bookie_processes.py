@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from ledger_client.bookie_client import BookieClient, BookieConnectionError
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 from tests.integration.processes import QuireProcess, print_logs
 from tests.support import free_port
 
@@ -23,6 +24,8 @@ START_DEADLINE_S = 30.0
 @dataclass
 class BookieProcess(QuireProcess):
     role = "bookie"
+    # What the readiness probe shows a bookie that authenticates its clients.
+    credentials: ClientCredentials = NO_CREDENTIALS
 
     @property
     def journal_dir(self) -> Path:
@@ -45,7 +48,7 @@ class BookieProcess(QuireProcess):
         async def info() -> dict | None:
             try:
                 with trio.fail_after(2):
-                    async with BookieClient.connect(self.address) as client:
+                    async with BookieClient.connect(self.address, credentials=self.credentials) as client:
                         return (await client.get_info()).info
             except (BookieConnectionError, trio.TooSlowError):
                 return None

@@ -27,13 +27,17 @@ LEDGER = 7
 
 
 class Registry:
-    """The one thing the pool asks of the registry: where a bookie listens."""
+    """What the pool asks of the registry: where a bookie listens, and
+    whether it serves TLS (these do not)."""
 
     def __init__(self, address: str) -> None:
         self._address = address
 
     def address(self, bookie_id: str) -> str:
         return self._address
+
+    def serves_tls(self, bookie_id: str) -> bool:
+        return False
 
 
 class Writer(AddListener):
