@@ -99,6 +99,14 @@ class SourceOptions:
     # TLS: a token, and the CA certificates as PEM text (executors need no file).
     auth_token: str | None = None
     tls_trust_certs: str | None = None
+    zk_auth: str | None = None  # USER:PASSWORD of ZooKeeper's digest ACLs (option zk_auth_password)
+
+    def use_zk_auth(self) -> None:
+        """This process's ZooKeeper connections authenticate as the option says."""
+        if self.zk_auth is not None:
+            from coordination.zk_store import set_digest_auth
+
+            set_digest_auth(self.zk_auth)
 
     def credentials(self):
         from security.credentials import ClientCredentials
@@ -129,7 +137,7 @@ class SourceOptions:
             exclude_ledger_ids=parse_ledger_ids(get("exclude_ledgers")) or frozenset(),
         )
         return cls(get("zk", "127.0.0.1:2181"), get("root", "/quire"), topic, (get("password", "") or "").encode(),
-                   selection, split_bytes, get("auth_token"), get("tls_trust_certs"))
+                   selection, split_bytes, get("auth_token"), get("tls_trust_certs"), get("zk_auth_password"))
 
 
 # --- planning (on the driver) -----------------------------------------------------------
@@ -237,6 +245,7 @@ def read_topic_ledgers(zk: str, root: str, topic: str) -> list[PartitionLedgers]
 
 
 def plan(options: SourceOptions) -> list[LedgerSplit]:
+    options.use_zk_auth()
     with ClusterMetadata(options.zk, options.root) as cluster:
         chains = cluster.topic_ledgers(options.topic)
         splits = plan_splits(chains, options.selection, options.split_bytes)
@@ -438,6 +447,7 @@ def _map_size(item: dict | None) -> int:
 
 
 def read_split(split: LedgerSplit, options: SourceOptions) -> Iterator[pa.RecordBatch]:
+    options.use_zk_auth()
     loop = _Clients.get(options)
     for chunk in LedgerRangeReader(loop, split, options.password).chunks():
         yield from entries_to_batches(split, chunk, options.selection)

@@ -47,6 +47,11 @@ class ConnectionLossError(MetadataError):
     the last call is unknown (a create or set may or may not have happened)."""
 
 
+class NotAllowedError(MetadataError):
+    """The node's ACL refuses this client (ZooKeeper's NoAuth): a setting
+    to fix (--zk-auth), not a state that passes."""
+
+
 class StoreClosedError(MetadataError):
     """The store was closed by its owner."""
 

@@ -19,6 +19,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType as KazooEventType
 from kazoo.protocol.states import KazooState
 from kazoo.retry import KazooRetry
+from kazoo.security import make_digest_acl
 
 from coordination.retry import RetryPolicy, call_with_retry
 from coordination.store import (
@@ -32,6 +33,7 @@ from coordination.store import (
     NodeExistsError,
     NodeStat,
     NoNodeError,
+    NotAllowedError,
     NotEmptyError,
     SessionExpiredError,
     SessionListener,
@@ -64,7 +66,7 @@ _ERROR_MAP: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], t
     (kazoo_errors.NoChildrenForEphemeralsError, NoChildrenForEphemeralsError, "the parent is an ephemeral node"),
     (kazoo_errors.SessionExpiredError, SessionExpiredError, "the ZooKeeper session expired"),
     (_RETRYABLE, ConnectionLossError, "no answer from ZooKeeper after retries; the outcome is unknown"),
-    (kazoo_errors.NoAuthError, MetadataError, "not allowed: the node's ACL refuses this client"),
+    (kazoo_errors.NoAuthError, NotAllowedError, "not allowed: the node's ACL refuses this client (see --zk-auth)"),
     (kazoo_errors.KazooException, MetadataError, "ZooKeeper refused the request"),
 )
 
@@ -124,10 +126,48 @@ def _stop_client(client: KazooClient) -> None:
         client.close()
 
 
+# ZooKeeper digest authentication: "user:password", set for the process by
+# `set_digest_auth` (quire's --zk-auth) or taken from this variable (so that
+# the processes a command starts inherit it).
+ZK_AUTH_ENV = "QUIRE_ZK_AUTH"
+_digest_auth: str | None = None
+
+
+def set_digest_auth(user_password: str | None) -> None:
+    """Every ZooKeeper connection of this process authenticates as
+    `user:password`, and every node it creates is readable and writable by
+    that identity only (a digest ACL): an anonymous client can neither read
+    nor change quire's metadata. None: no authentication, open nodes."""
+    global _digest_auth
+    if user_password is not None:
+        check_digest_auth(user_password)
+    _digest_auth = user_password
+
+
+def check_digest_auth(user_password: str) -> str:
+    user, colon, password = user_password.partition(":")
+    if not colon or not user or not password:
+        raise ValueError("ZooKeeper authentication is USER:PASSWORD, both non-empty")
+    return user_password
+
+
+def digest_auth() -> str | None:
+    """The process's ZooKeeper identity, if any (set, or from QUIRE_ZK_AUTH)."""
+    import os
+
+    return _digest_auth if _digest_auth is not None else (os.environ.get(ZK_AUTH_ENV) or None)
+
+
 def _start_client(hosts: str, *, session_timeout_ms: int, timeout_s: float, failure_message: str) -> KazooClient:
     """A started kazoo client, or ConnectionLossError(failure_message) with
     every kazoo thread stopped."""
+    credentials = digest_auth()
+    secured: dict[str, Any] = {}
+    if credentials is not None:
+        user, _, password = check_digest_auth(credentials).partition(":")
+        secured = {"auth_data": [("digest", credentials)], "default_acl": [make_digest_acl(user, password, all=True)]}
     client = KazooClient(
+        **secured,
         hosts=hosts,
         timeout=session_timeout_ms / 1000.0,
         connection_retry=KazooRetry(

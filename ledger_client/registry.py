@@ -11,7 +11,7 @@ import trio
 
 from coordination.async_store import AsyncMetadataStore
 from coordination.cluster_layout import BookieRegistrationInfo, ClusterLayout, list_bookies
-from coordination.store import MetadataError, NoNodeError
+from coordination.store import MetadataError, NoNodeError, NotAllowedError
 
 log = logging.getLogger(__name__)
 REFRESH_DELAY_S_MAX = 5.0  # back-off ceiling when ZooKeeper fails us
@@ -66,6 +66,8 @@ class BookieRegistry:
                 readonly_event = await self._watch_list(self.layout.readonly_bookies)
                 await self.refresh()
             except MetadataError as error:
+                if isinstance(error, NotAllowedError) and not started:
+                    raise  # ZooKeeper's ACLs refuse this client: waiting will not change that
                 log.warning("reading the bookie registry failed (%s); retrying in %.1fs", error, delay_s)
                 await trio.sleep(delay_s)
                 delay_s = min(delay_s * 2, REFRESH_DELAY_S_MAX)

@@ -38,10 +38,53 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--zk", default="127.0.0.1:2181", metavar="HOSTS", type=HostPorts("ZooKeeper"),
                         help="ZooKeeper hosts (default %(default)s)")
     parser.add_argument("--root", default="/quire", metavar="PATH", help="ZooKeeper chroot of the cluster (default %(default)s)")
+    zk_auth = parser.add_mutually_exclusive_group()
+    zk_auth.add_argument("--zk-auth", metavar="USER:PASSWORD", type=_zk_auth,
+                         help="authenticate to ZooKeeper with this digest identity, and make every node only it may "
+                              "read and change (default: $QUIRE_ZK_AUTH; none: open nodes)")
+    zk_auth.add_argument("--zk-auth-file", metavar="FILE", help="a file holding USER:PASSWORD for --zk-auth")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                         help="least severe log records shown (one-shot commands show warnings and errors at info)")
     parser.add_argument("--log-format", default="text", choices=["text", "json"],
                         help="log lines as text (time level role id logger: message) or as JSON objects")
+
+
+def _zk_auth(text: str) -> str:
+    from coordination.zk_store import check_digest_auth
+
+    try:
+        return check_digest_auth(text.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _use_zk_auth(arguments: argparse.Namespace) -> None:
+    """--zk-auth (or its file) for every ZooKeeper connection of this
+    process, and of the processes it starts (through QUIRE_ZK_AUTH)."""
+    import os
+
+    from coordination.zk_store import ZK_AUTH_ENV, set_digest_auth
+
+    value = getattr(arguments, "zk_auth", None)
+    path = getattr(arguments, "zk_auth_file", None)
+    if path is not None:
+        try:
+            with open(path) as file:
+                value = _zk_auth(file.read())
+        except OSError as error:
+            raise UsageError(f"--zk-auth-file: cannot read {path}: {error.strerror}") from None
+        except argparse.ArgumentTypeError as error:
+            raise UsageError(f"--zk-auth-file {path}: {error}") from None
+    if value is None:
+        value = os.environ.get(ZK_AUTH_ENV) or None
+        if value is not None:
+            try:
+                _zk_auth(value)
+            except argparse.ArgumentTypeError as error:
+                raise UsageError(f"${ZK_AUTH_ENV}: {error}") from None
+    if value is not None:
+        os.environ[ZK_AUTH_ENV] = value
+        set_digest_auth(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -190,6 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       " ".join(part for part in (arguments.command, getattr(arguments, "action", None)) if part),
                       log_format=getattr(arguments, "log_format", "text"))
     try:
+        _use_zk_auth(arguments)
         return arguments.handler(arguments)
     except UsageError as error:
         name = " ".join(part for part in (arguments.command, arguments.action) if part)

@@ -391,7 +391,11 @@ def executor_credentials(arguments: argparse.Namespace) -> dict[str, str]:
     """The data source's options that carry the command's credentials."""
     from quire.security_options import auth_token_from
 
+    from coordination.zk_store import digest_auth
+
     options = {}
+    if digest_auth() is not None:
+        options["zk_auth_password"] = digest_auth()  # named so that Spark redacts it
     token = auth_token_from(arguments)
     if callable(token):
         token = token()

@@ -20,6 +20,7 @@ from quire.cli import build_parser, main
 from quire.cli_parsing import EXIT_USAGE, Bounded, HostPorts, Listeners
 from quire.export_commands import spark_setting
 from quire.jepsen_commands import nemesis_faults
+from quire.cli import _zk_auth
 from quire.security_options import _roles
 from quire.tenant_commands import _actions, _namespace, _names
 
@@ -28,7 +29,7 @@ from quire.tenant_commands import _actions, _namespace, _names
 DEAD_ZOOKEEPER = "127.0.0.1:1"
 ERROR_LINE = re.compile(r"^quire(?: [a-z-]+)*: error: ")
 # Types of arguments that hold no number.
-NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults, _roles, _names, _namespace, _actions)
+NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults, _zk_auth, _roles, _names, _namespace, _actions)
 # Words in an argument's name that say it is a number: such an argument
 # without a range would be a number nobody bounds.
 NUMBER_WORDS = ("port", "count", "size", "bytes", "_ms", "seed", "jobs", "timeout", "interval", "partitions", "window",
