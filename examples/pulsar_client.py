@@ -9,6 +9,11 @@ MessageId.earliest. See docs/operations.md, "Using Pulsar clients".
 
 The quire topic `orders` is `persistent://public/default/orders` to Pulsar
 clients; a topic named for the first time is created, not partitioned.
+Against a secured cluster (`quire cluster up --secure`), add the token and
+the CA that signed the brokers' certificates:
+
+    python examples/pulsar_client.py --service-url pulsar+ssl://127.0.0.1:6651 \
+        --token-file /tmp/quire/security/admin.token --tls-trust-certs-file /tmp/quire/security/ca.cert.pem
 """
 
 import argparse
@@ -26,12 +31,20 @@ def main() -> None:
     parser.add_argument("--service-url", default="pulsar://127.0.0.1:6650", help="default %(default)s")
     parser.add_argument("--topic", default="orders", help="a quire topic name or a full Pulsar one (default %(default)s)")
     parser.add_argument("--listener-name", help="the brokers' listener to use (docker-compose from the host: external)")
+    parser.add_argument("--token-file", help="a file holding the token to authenticate with (Pulsar's token authentication)")
+    parser.add_argument("--tls-trust-certs-file", help="the CA certificates that signed the brokers' (for pulsar+ssl://)")
     arguments = parser.parse_args()
+    security = {}
+    if arguments.token_file:
+        with open(arguments.token_file) as file:
+            security["authentication"] = pulsar.AuthenticationToken(file.read().strip())
+    if arguments.tls_trust_certs_file:
+        security["tls_trust_certs_file_path"] = arguments.tls_trust_certs_file
     topic = arguments.topic if "://" in arguments.topic else f"persistent://public/default/{arguments.topic}"
     run = uuid.uuid4().hex[:8]  # this run's messages, among what the topic already holds
 
     client = pulsar.Client(arguments.service_url, listener_name=arguments.listener_name, operation_timeout_seconds=30,
-                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), **security)
     try:
         # Subscribe first: the subscription exists before the messages are sent.
         consumer = client.subscribe(topic, "pulsar-example", consumer_type=pulsar.ConsumerType.Shared,

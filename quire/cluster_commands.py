@@ -22,6 +22,11 @@ def add_up(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker-base-port", type=port_number, default=6700, help="broker i serves quire's protocol on BASE+i")
     parser.add_argument("--pulsar-base-port", type=port_or_zero, default=6650,
                         help="broker i serves Pulsar's protocol on BASE+2i (0: no Pulsar listener; default %(default)s)")
+    parser.add_argument("--secure", action="store_true",
+                        help="make keys, an admin token, TLS certificates and a ZooKeeper identity under DIR/security, and "
+                             "run every process with them: tokens, TLS (Pulsar's on BASE+2i+1) and ZooKeeper ACLs")
+    parser.add_argument("--broker-tls-base-port", type=port_number, default=6750,
+                        help="with --secure: broker i serves quire's protocol over TLS on BASE+i (default %(default)s)")
     parser.add_argument(
         "--metrics-base-port", type=metrics_port, default=8000,
         help="Prometheus /metrics: bookie i on BASE+i, broker j on BASE+BOOKIES+j (0: no metrics; default %(default)s)",
@@ -45,13 +50,25 @@ def up(arguments: argparse.Namespace) -> int:
             metrics_base_port=arguments.metrics_base_port,
             pulsar_base_port=arguments.pulsar_base_port,
             root=arguments.root,
+            secure=arguments.secure,
+            broker_tls_base_port=arguments.broker_tls_base_port,
         )
     except ClusterError as error:
         raise UsageError(str(error)) from None
     print(f"cluster up: --zk {state.zk_hosts} --root {state.root}; logs in {arguments.data_dir}/logs")
-    pulsar_urls = [record.pulsar_url.removeprefix("pulsar://") for record in state.processes if record.pulsar_url]
+    pulsar_urls = [record.pulsar_url.split("://", 1)[1] for record in state.processes if record.pulsar_url]
+    scheme = "pulsar+ssl" if arguments.secure else "pulsar"
     if pulsar_urls:
-        print(f"Pulsar clients: pulsar://{','.join(pulsar_urls)}")
+        print(f"Pulsar clients: {scheme}://{','.join(pulsar_urls)}")
+    if arguments.secure:
+        security = Path(state.security_dir)
+        print(f"secured: tokens, TLS and ZooKeeper ACLs; keys, certificates and tokens in {security}\n"
+              f"  quire commands:  export QUIRE_AUTH_TOKEN=$(cat {security}/admin.token) "
+              f"QUIRE_ZK_AUTH=$(cat {security}/zk.auth)\n"
+              f"                   and add --tls-trust-certs-file {security}/ca.cert.pem\n"
+              f"  Pulsar clients:  pulsar.Client('{scheme}://{pulsar_urls[0] if pulsar_urls else '...'}', "
+              f"tls_trust_certs_file_path='{security}/ca.cert.pem', "
+              f"authentication=pulsar.AuthenticationToken(open('{security}/admin.token').read()))")
     return 0
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 STATE_FILE = "cluster.json"
 METRICS_BASE_PORT = 8000  # BookKeeper's prometheusStatsHttpPort
 PULSAR_BASE_PORT = 6650  # Pulsar's brokerServicePort; broker i takes BASE+2i (and BASE+2i+1 for TLS)
+BROKER_TLS_BASE_PORT = 6750  # with --secure: broker i serves quire's protocol over TLS on BASE+i
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 STATUS_ZK_PROBE_S = 1.0  # `ruok` to ZooKeeper
@@ -49,6 +50,14 @@ class ClusterState:
     zk_hosts: str
     root: str
     processes: list[ProcessRecord] = field(default_factory=list)
+    security_dir: str = ""  # with --secure: keys, tokens, certificates and ZooKeeper's identity
+
+    def use_zk_auth(self) -> None:
+        """This process talks to the cluster's ZooKeeper as its processes do."""
+        if self.security_dir:
+            from coordination.zk_store import set_digest_auth
+
+            set_digest_auth((Path(self.security_dir) / ZK_AUTH_FILE).read_text().strip())
 
     def save(self) -> None:
         path = Path(self.data_dir) / STATE_FILE
@@ -70,6 +79,42 @@ class ClusterState:
                 f"{path} is damaged ({type(error).__name__}: {error}); check that no quire process of this "
                 "cluster still runs (pgrep -af quire), then remove the file"
             ) from None
+
+
+ZK_AUTH_FILE = "zk.auth"
+ADMIN_ROLE = "admin"
+
+
+def make_security(directory: Path) -> dict[str, Path]:
+    """What a secure local cluster uses, made once: a secret key and a
+    superuser's token (role admin), a CA with a server certificate for
+    127.0.0.1 and localhost (CN quire-server: how brokers and bookies
+    authenticate to bookies) and a client certificate for admin, and a
+    ZooKeeper digest identity. Key files are mode 0600."""
+    import secrets
+
+    from security.certificates import write_tls_files
+    from security.tokens import create_secret_key, create_token, write_key_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    files = dict(write_tls_files(directory, hosts=["127.0.0.1", "localhost"], roles=[ADMIN_ROLE]))
+    secret_key = create_secret_key()
+    files["secret.key"] = write_key_file(directory / "secret.key", secret_key)
+    files["admin.token"] = write_key_file(directory / "admin.token",
+                                          create_token(ADMIN_ROLE, secret_key=secret_key, now=time.time()).encode())
+    files[ZK_AUTH_FILE] = write_key_file(directory / ZK_AUTH_FILE, f"quire:{secrets.token_urlsafe(18)}".encode())
+    return files
+
+
+def secure_options(files: dict[str, Path]) -> dict[str, list[str]]:
+    """The flags each role runs with in a secure local cluster."""
+    tls = ["--tls-cert-file", str(files["server.cert.pem"]), "--tls-key-file", str(files["server.key.pem"]),
+           "--tls-trust-certs-file", str(files["ca.cert.pem"])]
+    common = ["--zk-auth-file", str(files[ZK_AUTH_FILE]), "--auth-token-secret-key", str(files["secret.key"]), *tls]
+    from security.certificates import SERVER_COMMON_NAME
+
+    return {"bookie": [*common, "--client-roles", f"{SERVER_COMMON_NAME},{ADMIN_ROLE}"],
+            "broker": [*common, "--superuser-roles", ADMIN_ROLE]}
 
 
 def quire_command(*arguments: str) -> list[str]:
@@ -146,12 +191,16 @@ def up(
     broker_options: list[str] | None = None,
     metrics_base_port: int = METRICS_BASE_PORT,
     pulsar_base_port: int = PULSAR_BASE_PORT,
+    secure: bool = False,
+    broker_tls_base_port: int = BROKER_TLS_BASE_PORT,
     progress=print,
 ) -> ClusterState:
     """`metrics_base_port`: bookie i serves /metrics on BASE+i, broker j on
     BASE+bookies+j (0: no metrics). `pulsar_base_port`: broker i serves
     Pulsar's protocol on BASE+2i (the next port is its TLS listener's);
-    0: no Pulsar listener."""
+    0: no Pulsar listener. `secure`: tokens, TLS and ZooKeeper ACLs
+    everywhere (see `make_security`); broker i then also serves quire's
+    protocol over TLS on `broker_tls_base_port` + i."""
     from bookie.durable_files import directory_problem
 
     # The ports first: they are arithmetic on the arguments, checked before
@@ -160,6 +209,8 @@ def up(
     pulsar_ports = [pulsar_base_port + 2 * index for index in range(brokers)] if pulsar_base_port else []
     ports = [zk_port] + [bookie_base_port + index for index in range(bookies)] + [broker_base_port + index for index in range(brokers)]
     ports += metrics_ports + pulsar_ports
+    if secure:
+        ports += [port + 1 for port in pulsar_ports] + [broker_tls_base_port + index for index in range(brokers)]
     if len(set(ports)) != len(ports):
         raise ClusterError(f"the ports of ZooKeeper, bookies, brokers, Pulsar listeners and metrics overlap: {sorted(ports)}")
     if max(ports) > 65535:
@@ -176,6 +227,13 @@ def up(
         raise ClusterError(f"port{'s' if len(busy) > 1 else ''} {', '.join(map(str, busy))} already in use")
     zk_hosts = f"127.0.0.1:{zk_port}"
     state = ClusterState(str(data_dir), zk_hosts, root)
+    options = {"bookie": [], "broker": []}
+    if secure:
+        security_dir = data_dir / "security"
+        files = make_security(security_dir)
+        state.security_dir = str(security_dir)
+        options = secure_options(files)
+        state.use_zk_auth()
     state.save()
     try:
         zk_dir = data_dir / "zookeeper"
@@ -198,7 +256,8 @@ def up(
                      metrics_address=_metrics_address(metrics)),
                 quire_command(
                     "bookie", "run", "--zk", zk_hosts, "--root", root, "--port", str(port),
-                    "--journal-dir", str(journal_dir), "--ledger-dir", str(ledger_dir), *metrics, *(bookie_options or []),
+                    "--journal-dir", str(journal_dir), "--ledger-dir", str(ledger_dir), *metrics, *options["bookie"],
+                    *(bookie_options or []),
                 ),
                 data_dir / "logs" / f"{name}.log",
             )
@@ -211,13 +270,18 @@ def up(
             name = f"broker-{index + 1}"
             metrics = _metrics_options(metrics_ports, bookies + index)
             pulsar = ["--pulsar-port", str(pulsar_ports[index])] if pulsar_ports else []
+            pulsar_url = f"pulsar://127.0.0.1:{pulsar_ports[index]}" if pulsar_ports else ""
+            if secure:
+                pulsar += ["--pulsar-tls-port", str(pulsar_ports[index] + 1)] if pulsar_ports else []
+                pulsar += ["--tls-port", str(broker_tls_base_port + index)]
+                pulsar_url = f"pulsar+ssl://127.0.0.1:{pulsar_ports[index] + 1}" if pulsar_ports else ""
             _spawn(
                 state,
                 dict(role="broker", name=name, address=f"127.0.0.1:{port}", metrics_address=_metrics_address(metrics),
-                     pulsar_url=f"pulsar://127.0.0.1:{pulsar_ports[index]}" if pulsar_ports else ""),
+                     pulsar_url=pulsar_url),
                 quire_command(
                     "broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *pulsar, *metrics,
-                    *(broker_options or []),
+                    *options["broker"], *(broker_options or []),
                 ),
                 data_dir / "logs" / f"{name}.log",
             )
@@ -363,6 +427,7 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
     state = ClusterState.load(Path(data_dir).resolve())
     if state is None:
         return None, []
+    state.use_zk_auth()
     zk_record = next((record for record in state.processes if record.role == "zookeeper"), None)
     zk_state, registrations, registry_error = "down", {}, "not running"
     if zk_record is not None and process_alive(zk_record):

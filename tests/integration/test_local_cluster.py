@@ -147,3 +147,61 @@ def test_cluster_state_file_records_every_process(tmp_path):
     state = ClusterState(str(tmp_path), "127.0.0.1:1", "/quire")
     state.save()
     assert json.loads((tmp_path / "cluster.json").read_text())["processes"] == []
+
+
+def test_a_secure_cluster_runs_the_main_job_and_refuses_what_has_no_credentials(tmp_path):
+    # `cluster up --secure`: tokens, TLS and ZooKeeper ACLs on every process.
+    # The main job's steps with the admin token, the CA and the ZooKeeper
+    # identity it made (through the environment, as scripts/main --secure
+    # does); without them, the same commands are refused.
+    data_dir = tmp_path / "secure"
+    zk_port, bookie_port, broker_port, broker_tls_port = free_port(), free_port_run(3), free_port_run(1), free_port_run(1)
+    pulsar_port = free_port_run(2)
+    up = quire("cluster", "up", "--data-dir", data_dir, "--secure", "--zk-port", zk_port, "--bookie-base-port", bookie_port,
+               "--broker-base-port", broker_port, "--broker-tls-base-port", broker_tls_port, "--pulsar-base-port", pulsar_port,
+               "--metrics-base-port", 0)
+    state = ClusterState.load(data_dir)
+    security = data_dir / "security"
+    try:
+        assert up.returncode == 0, up.stderr
+        assert f"pulsar+ssl://127.0.0.1:{pulsar_port + 1}" in up.stdout and "QUIRE_AUTH_TOKEN" in up.stdout
+        assert all((security / name).stat().st_mode & 0o077 == 0 for name in ("secret.key", "admin.token", "zk.auth", "ca.key.pem"))
+        zk = f"127.0.0.1:{zk_port}"
+        tls = ("--tls-trust-certs-file", security / "ca.cert.pem")
+        environment = {**os.environ, "QUIRE_AUTH_TOKEN": (security / "admin.token").read_text().strip(),
+                       "QUIRE_ZK_AUTH": (security / "zk.auth").read_text().strip()}
+
+        def secured(*arguments, timeout: float = 120) -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "quire", *map(str, arguments)], cwd=REPOSITORY, env=environment,
+                                  capture_output=True, text=True, timeout=timeout)
+
+        status = secured("cluster", "status", "--data-dir", data_dir)
+        assert status.stdout.count("writable") == 3 and status.stdout.count("serving") == 2, status.stdout + status.stderr
+        assert secured("topic", "create", "orders", "--zk", zk, *tls, "--partitions", "2").returncode == 0
+        produced = secured("produce", "orders", "--zk", zk, *tls, "--producer-id", "billing-1", "--count", "2000",
+                           "--batching", "--codec", "zstd", "--key", "account", "--keys", "10")
+        assert produced.returncode == 0 and json.loads(produced.stdout)["sent"] == 2000, produced.stderr
+        consumed = secured("consume", "orders", "--zk", zk, *tls, "-s", "audit", "--count", "2000")
+        assert consumed.returncode == 0 and len(consumed.stdout.splitlines()) == 2000, consumed.stderr
+        example = subprocess.run(
+            [sys.executable, "examples/pulsar_client.py", "--service-url", f"pulsar+ssl://127.0.0.1:{pulsar_port + 1}",
+             "--topic", "orders", "--token-file", security / "admin.token", "--tls-trust-certs-file", security / "ca.cert.pem"],
+            cwd=REPOSITORY, capture_output=True, text=True, timeout=120)
+        assert example.returncode == 0 and "received and acknowledged 100" in example.stdout, example.stdout + example.stderr
+        assert secured("topic", "unload", "orders", "--zk", zk, *tls).returncode == 0
+        exported = secured("export", "orders", "--zk", zk, *tls, "--out", tmp_path / "export", "--format", "json", timeout=300)
+        assert exported.returncode == 0, exported.stderr[-3000:]
+        rows = sum(len(path.read_text().splitlines()) for path in (tmp_path / "export").glob("*.json"))
+        assert rows == 2100
+        # Without the token (and ZooKeeper's identity), refused in one line.
+        bare = {name: value for name, value in environment.items() if name not in ("QUIRE_AUTH_TOKEN", "QUIRE_ZK_AUTH")}
+        refused = subprocess.run([sys.executable, "-m", "quire", "topic", "ls", "--service-url", f"127.0.0.1:{broker_port}"],
+                                 cwd=REPOSITORY, env=bare, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "AuthenticationError" in refused.stderr, refused.stderr
+        no_zk = subprocess.run([sys.executable, "-m", "quire", "ledger", "ls", "--zk", zk], cwd=REPOSITORY, env=bare,
+                               capture_output=True, text=True, timeout=60)
+        assert no_zk.returncode != 0 and "not allowed" in no_zk.stderr, no_zk.stderr
+    finally:
+        down = quire("cluster", "down", "--data-dir", data_dir)
+    assert down.returncode == 0, down.stderr
+    assert not any(process_alive(record) for record in state.processes)
