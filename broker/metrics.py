@@ -114,6 +114,13 @@ def server_families(server) -> list[Metric]:
                             "Connections closed at once: too many open in all or from one address", value=server.connections_refused),
         CounterMetricFamily("quire_broker_connections_timed_out", "Connections closed after two keep-alive intervals of silence",
                             value=server.connections_timed_out),
+        CounterMetricFamily("quire_broker_authentication_refusals",
+                            "Connections refused for their credentials (missing, expired, malformed, wrongly signed), "
+                            "or closed when a token expired unrefreshed", value=server.access.authentication_refusals),
+        CounterMetricFamily("quire_broker_authorization_refusals", "Requests refused because the client's role may not make them",
+                            value=server.access.authorization_refusals),
+        CounterMetricFamily("quire_broker_tls_handshakes_refused", "TLS connections whose handshake failed or did not finish in time",
+                            value=server.tls_handshakes_refused),
         GaugeMetricFamily("quire_broker_frame_buffer_bytes", "Bytes reserved by large frames being received",
                           value=server.frame_budget.reserved),
         GaugeMetricFamily("quire_broker_publish_inflight", "Producer batches taken and not yet answered",

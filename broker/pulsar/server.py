@@ -29,6 +29,7 @@ import trio
 from broker.config import BrokerConfig
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
+    AuthenticationError,
     BrokerError,
     BrokerStatus,
     ConsumerBusyError,
@@ -452,6 +453,11 @@ class PulsarFrontEnd:
         if connect.HasField("proxy_to_broker_url"):
             raise ProtocolError("this is a broker, not a proxy: proxy_to_broker_url is not served")
         try:
+            if self.broker.access.enabled and (connect.original_principal or connect.original_auth_data):
+                # A proxy's fields: quire brokers take no proxied identity, so
+                # a client cannot claim another role through them.
+                self.broker.access.refused_authentication(connection.peer, "Pulsar", "a proxy's credentials (original_principal)")
+                raise AuthenticationError("this broker takes no proxied credentials (original_principal, original_auth_data)")
             connection.principal = self.broker.access.authenticate(
                 connect.auth_method_name, connect.auth_data, peer=connection.peer,
                 peer_common_name=peer_common_name(connection.stream), now=time.time(), protocol="Pulsar")

@@ -41,6 +41,16 @@ class SecureCluster:
     tls_files: dict
     tls_port: int
     pulsar_tls_port: int
+    metrics_port: int
+
+    def metric(self, name: str) -> float:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[1])
+        raise AssertionError(f"no metric {name}")
 
     @property
     def pulsar_tls_url(self) -> str:
@@ -76,7 +86,7 @@ def secure_cluster(zookeeper, tmp_path_factory):
     tls_files = write_tls_files(base / "tls", hosts=["127.0.0.1", "localhost"], roles=["svc", "stranger"])
     bookie_factory = BookieFactory(zookeeper.address, root, base)
     broker_factory = BrokerFactory(zookeeper.address, root, base)
-    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, free_port(), free_port())
+    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, free_port(), free_port(), free_port())
 
     async def start() -> None:
         for _ in range(3):
@@ -86,7 +96,8 @@ def secure_cluster(zookeeper, tmp_path_factory):
             "--keepalive-interval", f"{KEEPALIVE_INTERVAL_S}s",
             "--tls-cert-file", str(tls_files["server.cert.pem"]), "--tls-key-file", str(tls_files["server.key.pem"]),
             "--tls-trust-certs-file", str(tls_files["ca.cert.pem"]), "--tls-port", str(cluster.tls_port),
-            "--pulsar-tls-port", str(cluster.pulsar_tls_port), "--tls-handshake-timeout", "2s")
+            "--pulsar-tls-port", str(cluster.pulsar_tls_port), "--tls-handshake-timeout", "2s",
+            "--metrics-port", str(cluster.metrics_port))
         async with Client.connect(cluster.zk_hosts, root, auth_token=cluster.token(ADMIN)) as admin:
             await admin.create_tenant("acme", admin_roles=["acme-admin"])
             await admin.create_namespace(NAMESPACE)
@@ -315,3 +326,54 @@ async def test_quire_clients_connect_over_tls_and_bad_tls_peers_are_refused(secu
     async with Client.connect(secure_cluster.zk_hosts, secure_cluster.root, auth_token=secure_cluster.token(ADMIN),
                               tls_context=secure_cluster.tls_context()) as client:
         assert any(topic["topic"] == f"{NAMESPACE}/quire-tls" for topic in await client.list_topics(NAMESPACE))
+
+
+async def test_hostile_credentials_are_refused_counted_and_logged_and_the_broker_serves_on(secure_cluster):
+    import socket
+
+    from broker.pulsar.wire import PulsarFrameDecoder, Type, command, encode
+
+    def connect_refusal(**fields) -> str:
+        """What the broker answers a raw CONNECT: the ERROR's message."""
+        with socket.create_connection(("127.0.0.1", secure_cluster.broker.pulsar_port), timeout=20) as sock:
+            sock.sendall(encode(command(Type.CONNECT, client_version="hostile", protocol_version=21, **fields)))
+            decoder = PulsarFrameDecoder()
+            while True:
+                for frame in decoder.frames():
+                    assert frame.type == Type.ERROR, Type.Name(frame.type)
+                    return frame.body.message
+                data = sock.recv(65536)
+                assert data, "closed without an ERROR"
+                decoder.feed(data)
+
+    before = secure_cluster.metric("quire_broker_authentication_refusals_total")
+    log_before = secure_cluster.broker.log_path.read_text(errors="replace")
+    huge = secure_cluster.token(ADMIN) + "." + "A" * 100_000
+    answers = await trio.to_thread.run_sync(lambda: [
+        connect_refusal(auth_method_name="token", auth_data=huge.encode()),                  # oversized
+        connect_refusal(auth_method_name=secure_cluster.token(ADMIN)),                       # a token as the method's name
+        connect_refusal(original_principal=ADMIN, original_auth_data=secure_cluster.token(ADMIN)),  # a proxy's fields
+        connect_refusal(auth_method_name="token", auth_data=b"\xff\xfe not ascii"),
+    ])
+    assert "longer than" in answers[0] and "method" in answers[1] and "proxied" in answers[2] and "ASCII" in answers[3], answers
+    assert secure_cluster.metric("quire_broker_authentication_refusals_total") == before + 4
+    logged = secure_cluster.broker.log_path.read_text(errors="replace")[len(log_before):]
+    assert logged.count("refused Pulsar connection from 127.0.0.1:") >= 4 and secure_cluster.token(ADMIN) not in logged
+    # TLS spoken to a plaintext port: a protocol error, that connection only.
+    errors_before = secure_cluster.metric("quire_broker_protocol_errors_total")
+    context = secure_cluster.tls_context()
+    with pytest.raises((trio.BrokenResourceError, trio.ClosedResourceError, OSError)), trio.fail_after(10):
+        stream = await trio.open_tcp_stream("127.0.0.1", secure_cluster.broker.pulsar_port)
+        tls_stream = trio.SSLStream(stream, context, server_hostname="127.0.0.1")
+        await tls_stream.do_handshake()
+    with trio.fail_after(10):
+        while secure_cluster.metric("quire_broker_protocol_errors_total") == errors_before:
+            await trio.sleep(0.1)
+    assert secure_cluster.metric("quire_broker_tls_handshakes_refused_total") >= 1  # from the TLS tests before, or now
+    # A role refused a produce is counted too, and the broker still serves a good client.
+    refusals_before = secure_cluster.metric("quire_broker_authorization_refusals_total")
+    assert isinstance(await trio.to_thread.run_sync(pulsar_refusal, secure_cluster, secure_cluster.token(BOB),
+                                                    f"persistent://{NAMESPACE}/hostile"), pulsar.AuthorizationError)
+    assert secure_cluster.metric("quire_broker_authorization_refusals_total") > refusals_before
+    assert await trio.to_thread.run_sync(pulsar_refusal, secure_cluster, secure_cluster.token(ADMIN),
+                                         f"persistent://{NAMESPACE}/hostile") is None
