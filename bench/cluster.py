@@ -20,6 +20,7 @@ import trio
 
 from coordination.zk_launcher import ZooKeeperServer, die_with_parent_hook, stop_children
 from ledger_client.bookie_client import BookieClient
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 
 
 def free_port() -> int:
@@ -72,13 +73,14 @@ def start_bookie(zk: ZooKeeperServer, root: str, directory: Path, port: int, ext
     ])
 
 
-async def wait_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
+async def wait_serving(address: str, process: subprocess.Popen, deadline_s: float = 60,
+                       credentials: ClientCredentials = NO_CREDENTIALS) -> None:
     end = time.monotonic() + deadline_s
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"bookie exited with {process.returncode}")
         try:
-            async with BookieClient.connect(address) as client:
+            async with BookieClient.connect(address, credentials=credentials) as client:
                 await client.get_info()
                 return
         except Exception:
@@ -89,7 +91,7 @@ async def wait_serving(address: str, process: subprocess.Popen, deadline_s: floa
 
 async def wait_broker_serving(address: str, process: subprocess.Popen, deadline_s: float = 60) -> None:
     from broker.client.connection import BrokerConnection
-    from broker.errors import ConnectionClosedError
+    from broker.errors import AuthenticationError, ConnectionClosedError
 
     end = time.monotonic() + deadline_s
     while True:
@@ -99,6 +101,8 @@ async def wait_broker_serving(address: str, process: subprocess.Popen, deadline_
             connection = await BrokerConnection.connect(address, "bench", frame_bytes_max=1 << 20)
             await connection.aclose()
             return
+        except AuthenticationError:
+            return  # a broker that authenticates answered
         except ConnectionClosedError:
             if time.monotonic() > end:
                 raise
@@ -128,7 +132,8 @@ class BenchCluster:
 
 @contextlib.contextmanager
 def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/bench", bookie_options: list[str] = (),
-                  broker_count: int = 0, broker_options: list[str] = (), metrics: bool = False) -> Iterator[BenchCluster]:
+                  broker_count: int = 0, broker_options: list[str] = (), metrics: bool = False,
+                  bookie_credentials: ClientCredentials = NO_CREDENTIALS) -> Iterator[BenchCluster]:
     """ZooKeeper, `bookie_count` bookies and `broker_count` brokers, serving,
     in a new directory under `base` (default ./.bench); everything stopped
     and removed after. With `metrics`, each bookie and broker serves
@@ -148,7 +153,7 @@ def bench_cluster(bookie_count: int, *, base: Path | None = None, root: str = "/
         async def all_serving() -> None:
             async with trio.open_nursery() as nursery:
                 for address, process in cluster.bookies:
-                    nursery.start_soon(wait_serving, address, process)
+                    nursery.start_soon(wait_serving, address, process, 60, bookie_credentials)
 
         trio.run(all_serving)
         for index in range(broker_count):

@@ -41,17 +41,19 @@ BACKLOG_ACK_EVERY = 1_000  # messages between two cumulative acknowledgements
 LATENCY_SAMPLE_EVERY = 64  # messages between two whose publish latency is measured
 
 
-def _client(url: str):
+def _client(url: str, client_options: dict | None = None):
     import pulsar
 
-    return pulsar.Client(url, operation_timeout_seconds=60, io_threads=2, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    return pulsar.Client(url, operation_timeout_seconds=60, io_threads=2, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+                         **(client_options or {}))
 
 
-def pulsar_publish(url: str, topic: str, arguments: argparse.Namespace) -> dict:
-    """send_async with batching: `window` messages in flight, callbacks timing each."""
+def pulsar_publish(url: str, topic: str, arguments: argparse.Namespace, client_options: dict | None = None) -> dict:
+    """send_async with batching: `window` messages in flight, callbacks timing each.
+    `client_options`: more of pulsar.Client's (authentication, TLS)."""
     import pulsar
 
-    client = _client(url)
+    client = _client(url, client_options)
     try:
         producer = client.create_producer(topic, producer_name="bench-pulsar", batching_enabled=True,
                                           batching_max_messages=1_000, batching_max_publish_delay_ms=1,
@@ -106,9 +108,9 @@ def pulsar_publish(url: str, topic: str, arguments: argparse.Namespace) -> dict:
         client.close()
 
 
-def pulsar_sequential(url: str, topic: str, arguments: argparse.Namespace) -> dict:
+def pulsar_sequential(url: str, topic: str, arguments: argparse.Namespace, client_options: dict | None = None) -> dict:
     """One send() at a time, each waiting for its receipt (no batching)."""
-    client = _client(url)
+    client = _client(url, client_options)
     try:
         producer = client.create_producer(topic, producer_name="bench-pulsar-sequential", batching_enabled=False)
         payload = os.urandom(arguments.message_bytes)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import trio
 
 from framing.codec import FrameDecoder
+from framing.tls_stream import TLSSocketStream
 
 RECEIVE_BYTES = 256 * 1024  # the most one read of a framed connection takes
 
@@ -68,27 +69,53 @@ class TLSHandshakeError(Exception):
     for the log line and the count."""
 
 
-async def accept_tls(stream: trio.SocketStream, context: ssl.SSLContext, deadline_s: float) -> trio.SSLStream:
+async def accept_tls(stream: trio.SocketStream, context: ssl.SSLContext, deadline_s: float) -> TLSSocketStream:
     """`stream` as the server side of TLS, its handshake done within
-    `deadline_s`; TLSHandshakeError otherwise (the caller closes `stream`)."""
-    tls_stream = trio.SSLStream(stream, context, server_side=True)
+    `deadline_s`; TLSHandshakeError otherwise (the TLS stream closed; the
+    caller closes `stream`, whose socket the TLS stream took)."""
+    tls_stream = TLSSocketStream.wrap(stream, context, server_side=True)
     try:
         with trio.fail_after(deadline_s):
             await tls_stream.do_handshake()
     except trio.TooSlowError:
+        await tls_stream.aclose()
         raise TLSHandshakeError(f"no TLS handshake within {deadline_s:g}s") from None
     except trio.BrokenResourceError as error:
+        await tls_stream.aclose()
         cause = error.__cause__
         reason = getattr(cause, "reason", None) or type(cause or error).__name__
         raise TLSHandshakeError(f"TLS handshake failed: {reason}") from None
     return tls_stream
 
 
-async def connect_tls(stream: trio.SocketStream, context: ssl.SSLContext, host: str) -> trio.SSLStream:
+async def connect_tls(stream: trio.SocketStream, context: ssl.SSLContext, host: str) -> TLSSocketStream:
     """The client side of TLS over `stream` (the caller bounds the time)."""
-    tls_stream = trio.SSLStream(stream, context, server_hostname=host)
-    await tls_stream.do_handshake()
+    tls_stream = TLSSocketStream.wrap(stream, context, server_side=False, server_hostname=host)
+    try:
+        await tls_stream.do_handshake()
+    except BaseException:
+        await trio.aclose_forcefully(tls_stream)
+        raise
     return tls_stream
+
+
+def _direct_writer(stream) -> Callable[[bytes], int] | None:
+    """A write that does not wait: the bytes it sent (0 when the socket is
+    full). None for a stream that has none (the writer task sends all)."""
+    if isinstance(stream, trio.SocketStream):
+        trio_socket = stream.socket
+
+        def write(data: bytes) -> int:
+            # The descriptor is looked up on every call: after the stream is
+            # closed it is -1, and a number kept from before could by then
+            # name another file.
+            fd = trio_socket.fileno()
+            return os.write(fd, data) if fd >= 0 else 0
+
+        return write
+    if isinstance(stream, TLSSocketStream):
+        return stream.try_send
+    return None
 
 
 class FrameOutput:
@@ -96,7 +123,8 @@ class FrameOutput:
         """`gather`, if given, is called before every send to queue what its
         owner was still gathering (a client's ADD_BATCH)."""
         self._stream = stream
-        self._direct = isinstance(stream, trio.SocketStream)  # written straight to its socket by `flush`
+        # Written straight to the socket by `flush`, without a scheduling point.
+        self._write_now = _direct_writer(stream)
         self._gather = gather
         self._frames: list[bytes] = []
         self.bytes = 0  # queued, or being sent by the writer task, and not yet taken by the socket
@@ -129,9 +157,7 @@ class FrameOutput:
         writer task is in the middle of a send (order would break)."""
         if self._gather is not None:
             self._gather()
-        if not self._direct:
-            # Under TLS the bytes on the socket are not the frames: the
-            # writer task sends them through the TLS stream.
+        if self._write_now is None:
             if self._frames:
                 self._writer_wakeup.set()
             return
@@ -141,13 +167,9 @@ class FrameOutput:
             return
         frames = self._frames
         data = frames[0] if len(frames) == 1 else b"".join(frames)
-        # The descriptor is looked up on every call: after the stream is
-        # closed it is -1, and a number kept from before could by then name
-        # another file.
-        fd = self._stream.socket.fileno()
         try:
-            sent = os.write(fd, data) if fd >= 0 else 0
-        except OSError:
+            sent = self._write_now(data)
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
             # Full (EAGAIN) or broken: the writer task waits for room, or
             # meets the same error in send_all and reports it.
             sent = 0

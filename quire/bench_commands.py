@@ -16,6 +16,7 @@ BENCHMARKS = {
     "bookie_gc": "disk space the bookies' garbage collection reclaims, and how fast",
     "spark_export": "Spark export of a 1 GiB topic to Parquet, and its two references",
     "metrics_overhead": "ledger_write's workload with the bookies' metrics off and on",
+    "security_overhead": "publishing through the Pulsar client and quire's, on an open cluster and on one with tokens and TLS",
     "soak": "hostile frames, kill -9 cycles and a long stream of small messages: processes stay up and bounded",
 }
 

@@ -302,10 +302,13 @@ async def test_quire_clients_connect_over_tls_and_bad_tls_peers_are_refused(secu
     # closed, counted and logged with its address; the broker serves on.
     before = secure_cluster.broker.log_path.read_text(errors="replace")
     for port in (secure_cluster.tls_port, secure_cluster.pulsar_tls_port):
-        with trio.fail_after(10):
+        with trio.fail_after(10):  # closed at once (reset, or a plain close)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(b"\x00\x00\x00\x10 plaintext here!")
-            assert await stream.receive_some(1024) in (b"", None) or True
+            try:
+                assert await stream.receive_some(1024) == b""
+            except trio.BrokenResourceError:
+                pass
             await stream.aclose()
         with trio.fail_after(10):  # the 2 s handshake timeout, then closed
             stream = await trio.open_tcp_stream("127.0.0.1", port)
