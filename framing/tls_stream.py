@@ -116,14 +116,33 @@ class TLSSocketStream(trio.abc.Stream):
             self._check_open()
             try:
                 data = self._socket.recv(max_bytes)
-                await trio.lowlevel.checkpoint()
-                return data
             except (ssl.SSLWantReadError, ssl.SSLWantWriteError) as error:
                 await self._wait(error)
+                continue
             except ssl.SSLZeroReturnError:
                 return b""
             except (ssl.SSLError, OSError) as error:
                 raise trio.BrokenResourceError(f"TLS receive failed: {error}") from error
+            if data and len(data) < max_bytes:
+                data = self._more(data, max_bytes)
+            await trio.lowlevel.checkpoint()
+            return data
+
+    def _more(self, data: bytes, max_bytes: int) -> bytes:
+        """`data` and what else is there to read now: one read gives one TLS
+        record (16 KiB at most), and a receiver is faster with many at once."""
+        chunks = [data]
+        total = len(data)
+        while total < max_bytes:
+            try:
+                more = self._socket.recv(max_bytes - total)
+            except (ssl.SSLError, OSError):
+                break  # nothing more now (or a failure the next receive reports)
+            if not more:
+                break
+            chunks.append(more)
+            total += len(more)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def aclose(self) -> None:
         if self._closed:
