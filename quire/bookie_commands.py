@@ -182,6 +182,9 @@ def list_(arguments: argparse.Namespace) -> int:
 
 def add_info(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("address", type=HostPorts("bookie"), help="HOST:PORT of the bookie")
+    from quire.security_options import add_credentials
+
+    add_credentials(parser)
 
 
 def info(arguments: argparse.Namespace) -> int:
@@ -192,8 +195,12 @@ def info(arguments: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error)) from None
 
+    from quire.security_options import client_credentials_from
+
+    credentials = client_credentials_from(arguments)
+
     async def go() -> dict:
-        async with BookieClient.connect(arguments.address) as client:
+        async with BookieClient.connect(arguments.address, credentials=credentials) as client:
             return (await client.get_info()).info
 
     try:
@@ -206,6 +213,9 @@ def info(arguments: argparse.Namespace) -> int:
 def add_simpletest(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=ranges.simpletest_entries, default=1000, help="entries per bookie (default %(default)s)")
     parser.add_argument("--entry-bytes", type=ranges.simpletest_entry_bytes, default=1024, help="size of each entry written")
+    from quire.security_options import add_credentials
+
+    add_credentials(parser)
 
 
 def simpletest(arguments: argparse.Namespace) -> int:
@@ -217,7 +227,10 @@ def simpletest(arguments: argparse.Namespace) -> int:
                          f"more than the {ranges.SIMPLETEST_BYTES_MAX} simpletest holds in memory to compare what it reads back")
     configure_logging("warning", "simpletest")
     try:
-        ok = trio.run(run_simpletest, arguments.zk, arguments.root, arguments.count, arguments.entry_bytes)
+        from quire.security_options import client_credentials_from
+
+        ok = trio.run(run_simpletest, arguments.zk, arguments.root, arguments.count, arguments.entry_bytes,
+                      client_credentials_from(arguments))
     except RuntimeError as error:
         raise UsageError(str(error)) from None
     return 0 if ok else 1

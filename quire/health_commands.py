@@ -29,6 +29,10 @@ def add_health(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("address", type=HostPorts(what), metavar="HOST:PORT", help=f"the {what}'s address")
     parser.add_argument("--timeout", type=ranges.interval, default=PROBE_TIMEOUT_MS, metavar="DURATION",
                         help="how long to wait for answers before calling it unhealthy")
+    if what != "ZooKeeper":
+        from quire.security_options import add_credentials
+
+        add_credentials(parser)
 
 
 def _split(address: str, what: str) -> tuple[str, int]:
@@ -75,9 +79,13 @@ def bookie_health(arguments: argparse.Namespace) -> int:
 
     _split(arguments.address, "bookie")
 
+    from quire.security_options import client_credentials_from
+
+    credentials = client_credentials_from(arguments)
+
     async def probe() -> str | None:
         try:
-            async with BookieClient.connect(arguments.address) as client:
+            async with BookieClient.connect(arguments.address, credentials=credentials) as client:
                 info = (await client.get_info()).info
         except BookieConnectionError as error:
             return str(error)
@@ -103,9 +111,15 @@ def broker_health(arguments: argparse.Namespace) -> int:
     _split(arguments.address, "broker")
     answer: dict = {}
 
+    from quire.security_options import client_credentials_from
+
+    credentials = client_credentials_from(arguments)
+
     async def probe() -> str | None:
         try:
-            connection = await BrokerConnection.connect(arguments.address, "quire-health", frame_bytes_max=1 << 20)
+            connection = await BrokerConnection.connect(arguments.address, "quire-health", frame_bytes_max=1 << 20,
+                                                        auth_token=credentials.current_token(),
+                                                        tls_context=credentials.tls_context)
         except BrokerError as error:
             return str(error)
         try:

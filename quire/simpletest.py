@@ -4,6 +4,7 @@ long poll), verify every digest, and print what happened."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -14,9 +15,11 @@ from bookie.protocol.entry_format import DigestManager, DigestType, master_key
 from bookie.protocol import AddFlag, Status
 from coordination.cluster_layout import ClusterLayout, list_bookies
 from quire.metadata_access import open_metadata
+from security.credentials import NO_CREDENTIALS, ClientCredentials
 
 
-async def run_simpletest(zk_hosts: str, root: str, count: int, entry_bytes: int) -> bool:
+async def run_simpletest(zk_hosts: str, root: str, count: int, entry_bytes: int,
+                         credentials: ClientCredentials = NO_CREDENTIALS) -> bool:
     async with open_metadata(zk_hosts, root) as metadata:
         bookies = await trio.to_thread.run_sync(lambda: list_bookies(metadata.store, ClusterLayout(), read_only=False))
     if not bookies:
@@ -24,11 +27,13 @@ async def run_simpletest(zk_hosts: str, root: str, count: int, entry_bytes: int)
     print(f"{len(bookies)} writable bookies registered: {', '.join(sorted(bookies))}")
     results = []
     for bookie_id, info in sorted(bookies.items()):
-        results.append(await _exercise(bookie_id, info.address, count, entry_bytes))
+        # TLS where the bookie's registration says it serves TLS.
+        shown = credentials if info.tls else dataclasses.replace(credentials, tls_context=None)
+        results.append(await _exercise(bookie_id, info.address, count, entry_bytes, shown))
     return all(results)
 
 
-async def _exercise(bookie_id: str, address: str, count: int, entry_bytes: int) -> bool:
+async def _exercise(bookie_id: str, address: str, count: int, entry_bytes: int, credentials: ClientCredentials) -> bool:
     # Ledger ids normally come from ZooKeeper (the ledger client); this test
     # talks to bookies directly, so it picks a random one.
     ledger_id = int.from_bytes(os.urandom(7), "big")
@@ -36,7 +41,7 @@ async def _exercise(bookie_id: str, address: str, count: int, entry_bytes: int) 
     key = master_key(password)
     digest = DigestManager(ledger_id, DigestType.CRC32C, password)
     payloads = [os.urandom(entry_bytes) for _ in range(count)]
-    async with BookieClient.connect(address) as client:
+    async with BookieClient.connect(address, credentials=credentials) as client:
         started = time.perf_counter()
         statuses: list[Status] = []
         done = trio.Event()
