@@ -596,6 +596,12 @@ class BrokerServer:
                 elif silent_s >= interval_s and not connection.pinged:
                     connection.pinged = True
                     connection.send(Ping())
+                expires_at = connection.principal.expires_at
+                if expires_at is not None and time.time() >= expires_at:
+                    # quire's protocol has no challenge: the client connects
+                    # again, with the token its token function gives now.
+                    self.access.refused_authentication(connection.peer, "quire", "its token expired")
+                    connection.cancel_scope.cancel()
 
     def _forget_connection(self, connection: _Connection) -> None:
         for service, link in connection.producers.values():

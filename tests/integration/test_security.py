@@ -380,3 +380,28 @@ async def test_hostile_credentials_are_refused_counted_and_logged_and_the_broker
     assert secure_cluster.metric("quire_broker_authorization_refusals_total") > refusals_before
     assert await trio.to_thread.run_sync(pulsar_refusal, secure_cluster, secure_cluster.token(ADMIN),
                                          f"persistent://{NAMESPACE}/hostile") is None
+
+
+async def test_a_quire_client_connects_again_with_a_fresh_token_when_its_token_expires(secure_cluster):
+    # quire's protocol has no challenge: the broker closes a connection whose
+    # token expired, and the client connects again with what its token
+    # function gives then. Sends go on across it, none lost, none twice.
+    issued = []
+
+    def supplier() -> str:
+        issued.append(time.time())
+        return secure_cluster.token(ADMIN, expiry_s=3)
+
+    topic = f"{NAMESPACE}/quire-refreshed"
+    async with Client.connect(secure_cluster.zk_hosts, secure_cluster.root, auth_token=supplier) as client:
+        producer = await client.create_producer(topic, "refreshing")
+        deadline = trio.current_time() + 8
+        sent = 0
+        while trio.current_time() < deadline:
+            await producer.send(b"%d" % sent)
+            sent += 1
+            await trio.sleep(0.1)
+        reader = await client.create_reader(topic, start="earliest")
+        received = [(await reader.receive()).data for _ in range(sent)]
+    assert received == [b"%d" % index for index in range(sent)]
+    assert len(issued) >= 3, issued
