@@ -29,6 +29,7 @@ from bookie.protocol.wire import (
 )
 from framing.codec import FrameDecoder
 from framing.peer_limits import (
+    HANDSHAKE_FRAME_BYTES_MAX,
     FrameReader,
     decode_from_peer,
     peer_faults,
@@ -38,6 +39,7 @@ from framing.peer_limits import (
 )
 from framing.stream import FrameOutput
 from security.tls import stream_peer_common_name as peer_common_name
+from security.authentication import RefusalLog
 from security.tokens import AuthenticationError
 
 log = logging.getLogger("bookie.server")
@@ -89,7 +91,9 @@ class ClientConnections:
         try:
             handshaken = False
             with peer_faults(log, connection.name, self._count_protocol_error):
+                decoder.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
                 handshaken = await self._handshake(connection, reader)
+                decoder.frame_bytes_max = self.config.frame_bytes_max
             if not handshaken:
                 return
             self._connections[connection_id] = connection
@@ -127,7 +131,10 @@ class ClientConnections:
                     await connection.stream.send_all(encode_hello_reply(reply))
                     if refusal is not None:
                         self.stats.authentication_refusals += 1
-                        log.warning("refusing ledger client %s: %s", connection.peer, refusal)
+                        if self._refusal_log.allows(time.monotonic()):
+                            suppressed = self._refusal_log.take_suppressed()
+                            log.warning("refusing ledger client %s: %s%s", connection.peer, refusal,
+                                        f" ({suppressed} more refused since the last line)" if suppressed else "")
                         return False
                     return True
                 if not await reader.receive():

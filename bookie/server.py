@@ -56,6 +56,7 @@ from bookie.startup_recovery import HeldCheckpoint
 from bookie.storage_interfaces import IndexWriteError, Journal, JournalPosition, JournalRecord, ReadOutcome
 from coordination.store import MetadataStore
 from framing.peer_limits import ConnectionLimits, FrameBudget
+from security.authentication import RefusalLog
 from framing.stream import FrameOutput
 
 log = logging.getLogger(__name__)
@@ -190,6 +191,7 @@ class BookieServer(ClientConnections):
         # Connections with responses queued since the last flush.
         self._unflushed: list[FrameOutput] = []
         self._next_connection_id = 1
+        self._refusal_log = RefusalLog()  # refused ledger clients, logged at most once a second
         self._journal_thread: JournalThread | None = None
         self._journal_records: list[JournalRecord] = []  # decided, not yet handed to the thread
         self._journal_tokens: list[int] = []

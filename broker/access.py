@@ -7,12 +7,13 @@ Authorizer, over the tenants and namespaces in ZooKeeper).
 from __future__ import annotations
 
 import logging
+import time
 
 from broker.authorization import Action, Authorizer
 from broker.errors import AuthenticationError as BrokerAuthenticationError, NotFoundError
 from broker.tenant_store import TenantStore, split_namespace
 from broker.topic_names import NAMESPACE, namespace_of_topic
-from security.authentication import Authenticator, Principal
+from security.authentication import Authenticator, Principal, RefusalLog
 from security.tokens import AuthenticationError
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ class AccessControl:
         self.tenants = tenants
         self.authentication_refusals = 0
         self.authorization_refusals = 0
+        self._refusal_log = RefusalLog()
 
     @property
     def enabled(self) -> bool:
@@ -49,7 +51,12 @@ class AccessControl:
 
     def refused_authentication(self, peer: str, protocol: str, reason: str) -> None:
         self.authentication_refusals += 1
-        log.warning("refused %s connection from %s: %s", protocol, peer, reason)
+        # One line a second at most: a client retrying a bad token in a
+        # loop must not flood the log (the counter has them all).
+        if self._refusal_log.allows(time.monotonic()):
+            suppressed = self._refusal_log.take_suppressed()
+            log.warning("refused %s connection from %s: %s%s", protocol, peer, reason,
+                        f" ({suppressed} more refused since the last line)" if suppressed else "")
 
     async def check_namespace(self, topic: str) -> None:
         """The namespace of a topic about to be made exists."""

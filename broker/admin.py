@@ -173,6 +173,7 @@ class AdminHandler:
     # --- tenants and namespaces (Pulsar's `pulsar-admin tenants|namespaces`) ---------------------
 
     async def _list_tenants(self, arguments: dict, role: str | None) -> dict:
+        self.server.access.check_superuser(role, "list the tenants")
         return {"tenants": await self.server.tenant_store.tenants()}
 
     async def _create_tenant(self, arguments: dict, role: str | None) -> dict:
@@ -191,6 +192,7 @@ class AdminHandler:
 
     async def _tenant(self, arguments: dict, role: str | None) -> dict:
         tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        await self.server.access.check_tenant_admin(role, tenant, f"read tenant {tenant}")
         info = await self.server.tenant_store.tenant(tenant)
         if info is None:
             raise NotFoundError(f"tenant {tenant} does not exist")
@@ -204,6 +206,7 @@ class AdminHandler:
 
     async def _list_namespaces(self, arguments: dict, role: str | None) -> dict:
         tenant = check_name(_argument(arguments, "tenant", str), "tenant")
+        await self.server.access.check_tenant_admin(role, tenant, f"list the namespaces of tenant {tenant}")
         return {"namespaces": await self.server.tenant_store.namespaces(tenant)}
 
     async def _create_namespace(self, arguments: dict, role: str | None) -> dict:

@@ -26,6 +26,7 @@ from framing.stream import FrameOutput, enable_keepalive
 from framing.peer_limits import (
     ConnectionLimits,
     FrameBudget,
+    HANDSHAKE_FRAME_BYTES_MAX,
     FrameReader,
     decode_from_peer,
     peer_faults,
@@ -481,7 +482,9 @@ class BrokerServer:
             hello, early = None, []
             with peer_faults(log, peer, self._count_protocol_error):
                 with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                    decoder.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
                     hello, early = await self._first_frame(connection, decoder)
+                    decoder.frame_bytes_max = self.config.frame_bytes_max
             if hello is None:
                 return
             self._connections.add(connection)

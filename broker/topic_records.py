@@ -57,6 +57,9 @@ def check_name(name: str, what: str = "topic") -> str:
     TENANT/NAMESPACE/TOPIC, each part a good name."""
     if what == "topic" and isinstance(name, str) and "/" in name and len(name) <= TOPIC_CHARS_MAX:
         parts = name.split("/")
+        if parts[:2] == ["public", "default"]:
+            # One name per topic: public/default's keep their short names.
+            raise ValueError(f"a topic of public/default is named without its namespace: {describe(parts[2])}")
         if len(parts) == 3 and all(NAME_PATTERN.fullmatch(part) for part in parts):
             return name
         raise ValueError(f"bad topic name {describe(name)}: TENANT/NAMESPACE/TOPIC, each 1-{NAME_CHARS_MAX} "

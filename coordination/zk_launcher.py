@@ -234,7 +234,9 @@ class ZooKeeperServer:
                     f"clientPortAddress={self.host}",
                     f"maxSessionTimeout={_SESSION_TIMEOUT_MAX_MS}",
                     "admin.enableServer=false",
-                    "4lw.commands.whitelist=*",
+                    # Only the words quire asks (health, readiness): `dump`,
+                    # `wchp` and `cons` would show anyone quire's node paths.
+                    "4lw.commands.whitelist=ruok,srvr,stat",
                     "",
                 ]
             )

@@ -20,6 +20,7 @@ import trio
 
 from framing.codec import FrameDecoder, ProtocolError
 from framing.stream import RECEIVE_BYTES, TLSHandshakeError, accept_tls
+from framing.tls_stream import TLSSocketStream
 
 T = TypeVar("T")
 
@@ -159,23 +160,34 @@ async def serve_admitted(stream: trio.SocketStream, limits: ConnectionLimits, lo
         limits.release(address)
 
 
+# The largest frame a peer may send before its handshake is answered: its
+# CONNECT or HELLO, credentials included. A peer that has not shown who it
+# is reserves nothing of the frame budget for a large frame.
+HANDSHAKE_FRAME_BYTES_MAX = 128 * 1024
+
+
 async def serve_admitted_tls(stream: trio.SocketStream, limits: ConnectionLimits, log: logging.Logger,
-                             context: ssl.SSLContext, deadline_s: float, refused: Callable[[], None],
-                             serve: Callable[[trio.SSLStream, str], Awaitable[None]]) -> None:
+                             context: ssl.SSLContext, handshake_deadline_s: float, refused: Callable[[], None],
+                             serve: Callable[[TLSSocketStream, str], Awaitable[None]]) -> None:
     """`serve_admitted` for a TLS listener: the handshake first, within
-    `deadline_s`; a peer whose handshake fails (plaintext, an untrusted
-    certificate) or stalls is closed, counted (`refused()`) and logged with
-    its address."""
+    `handshake_deadline_s` (a server's bound, as the frame deadline); a peer
+    whose handshake fails (plaintext, an untrusted certificate) or stalls is
+    closed, counted (`refused()`) and logged with its address."""
     async def handshake_then_serve(peer: str) -> None:
         try:
-            tls_stream = await accept_tls(stream, context, deadline_s)
-        except TLSHandshakeError as error:
-            refused()
-            if limits.should_log_refusal(trio.current_time()):
-                log.warning("refusing TLS connection from %s: %s", peer, error)
-            await trio.aclose_forcefully(stream)
+            with trio.fail_after(handshake_deadline_s):
+                tls_stream = await accept_tls(stream, context)
+        except trio.TooSlowError:
+            error = TLSHandshakeError(f"no TLS handshake within {handshake_deadline_s:g}s")
+        except TLSHandshakeError as failed:
+            error = failed
+        else:
+            await serve(tls_stream, peer)
             return
-        await serve(tls_stream, peer)
+        refused()
+        if limits.should_log_refusal(trio.current_time()):
+            log.warning("refusing TLS connection from %s: %s", peer, error)
+        await trio.aclose_forcefully(stream)
 
     await serve_admitted(stream, limits, log, handshake_then_serve)
 

@@ -69,22 +69,21 @@ class TLSHandshakeError(Exception):
     for the log line and the count."""
 
 
-async def accept_tls(stream: trio.SocketStream, context: ssl.SSLContext, deadline_s: float) -> TLSSocketStream:
-    """`stream` as the server side of TLS, its handshake done within
-    `deadline_s`; TLSHandshakeError otherwise (the TLS stream closed; the
-    caller closes `stream`, whose socket the TLS stream took)."""
+async def accept_tls(stream: trio.SocketStream, context: ssl.SSLContext) -> TLSSocketStream:
+    """`stream` as the server side of TLS, its handshake done (the caller
+    bounds the time); TLSHandshakeError if it fails. On any failure or
+    cancellation the TLS stream, which took `stream`'s socket, is closed."""
     tls_stream = TLSSocketStream.wrap(stream, context, server_side=True)
     try:
-        with trio.fail_after(deadline_s):
-            await tls_stream.do_handshake()
-    except trio.TooSlowError:
-        await tls_stream.aclose()
-        raise TLSHandshakeError(f"no TLS handshake within {deadline_s:g}s") from None
-    except trio.BrokenResourceError as error:
-        await tls_stream.aclose()
+        await tls_stream.do_handshake()
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as error:
+        await trio.aclose_forcefully(tls_stream)
         cause = error.__cause__
         reason = getattr(cause, "reason", None) or type(cause or error).__name__
         raise TLSHandshakeError(f"TLS handshake failed: {reason}") from None
+    except BaseException:
+        await trio.aclose_forcefully(tls_stream)
+        raise
     return tls_stream
 
 

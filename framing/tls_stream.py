@@ -21,6 +21,8 @@ import trio
 # made wait for writability while a send waited for it too) are tried
 # again after this long.
 BUSY_RETRY_S = 0.001
+# TLS records a receive takes beyond its first, when they are already there.
+MORE_RECORDS_MAX = 16
 
 
 class TLSSocketStream(trio.abc.Stream):
@@ -64,6 +66,9 @@ class TLSSocketStream(trio.abc.Stream):
             else:
                 await trio.lowlevel.wait_readable(self._socket)
         except trio.BusyResourceError:
+            # The other direction waits on the same readiness (a read that
+            # needs to write while a send waits for room): its wait ends
+            # as soon as the socket is ready, and this one tries again then.
             await trio.sleep(BUSY_RETRY_S)
         except (OSError, ValueError) as closed:  # the descriptor went away
             raise trio.ClosedResourceError("the TLS connection is closed") from closed
@@ -85,7 +90,13 @@ class TLSSocketStream(trio.abc.Stream):
 
     def try_send(self, data) -> int:
         """Send what the socket takes now, without waiting: the bytes sent
-        (0 when it is full). Raises BrokenResourceError if it broke."""
+        (0 when it is full). Raises BrokenResourceError if it broke.
+
+        After a 0, OpenSSL may hold part of `data` in a record it has begun:
+        the next send must start with the same bytes, and be no shorter
+        (SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER, which Python sets, lets the
+        buffer move). FrameOutput's writer does exactly that: it sends what
+        is left from the first unsent byte on."""
         self._check_open()
         try:
             return self._socket.send(data)
@@ -133,7 +144,11 @@ class TLSSocketStream(trio.abc.Stream):
         record (16 KiB at most), and a receiver is faster with many at once."""
         chunks = [data]
         total = len(data)
-        while total < max_bytes:
+        # Bounded in reads, not only bytes: a peer sending one-byte records
+        # would otherwise hold the event loop for thousands of them.
+        for _ in range(MORE_RECORDS_MAX):
+            if total >= max_bytes:
+                break
             try:
                 more = self._socket.recv(max_bytes - total)
             except (ssl.SSLError, OSError):

@@ -77,4 +77,26 @@ class Authenticator:
         return renewed
 
 
-__all__ = ["ANONYMOUS_WHEN_OFF", "Authenticator", "Principal", "TLS_METHOD", "TOKEN_METHOD"]
+class RefusalLog:
+    """At most one log line a second about refused credentials, with a count
+    of those not logged: a client retrying a bad token in a loop must not
+    flood a server's log. Time comes in as `now_s`."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self._logged_s = -float("inf")
+        self._suppressed = 0
+
+    def allows(self, now_s: float) -> bool:
+        if now_s - self._logged_s < self.interval_s:
+            self._suppressed += 1
+            return False
+        self._logged_s = now_s
+        return True
+
+    def take_suppressed(self) -> int:
+        suppressed, self._suppressed = self._suppressed, 0
+        return suppressed
+
+
+__all__ = ["ANONYMOUS_WHEN_OFF", "RefusalLog", "Authenticator", "Principal", "TLS_METHOD", "TOKEN_METHOD"]

@@ -288,6 +288,7 @@ def send_case(host: str, port: int, protocol: str, case: FuzzCase, timeout_s: fl
     process that keeps the connection open past `timeout_s` raises
     `TimeoutError`: after the client's end of stream every bad or finished
     connection must be closed."""
+    import errno
     import socket
 
     with socket.create_connection((host, port), timeout=timeout_s) as sock:
@@ -299,6 +300,10 @@ def send_case(host: str, port: int, protocol: str, case: FuzzCase, timeout_s: fl
             sock.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             return b""  # closed on us while we sent: the outcome we want
+        except OSError as error:
+            if error.errno != errno.ENOTCONN:
+                raise
+            return b""  # closed and reset before our end of stream: the same
         answered = bytearray()
         while True:
             try:

@@ -66,7 +66,7 @@ from broker.topic_records import TopicRecord, split_partition
 from broker.topic_store import TopicStore
 from coordination.store import MetadataError
 from framing.codec import ProtocolError
-from framing.peer_limits import ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
+from framing.peer_limits import HANDSHAKE_FRAME_BYTES_MAX, ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
 from framing.stream import FrameOutput, enable_keepalive
 from ledger_client import BKError
 from security.tls import stream_peer_common_name as peer_common_name
@@ -75,6 +75,7 @@ from security.authentication import ANONYMOUS_WHEN_OFF, TOKEN_METHOD, Principal
 # What an AUTH_CHALLENGE carries to ask for a fresh token (Pulsar's
 # AuthData.REFRESH_AUTH_DATA).
 REFRESH_AUTH_DATA = b"PulsarAuthRefresh"
+ERROR_DRAIN_S = 1.0  # for a last ERROR to go out before its connection closes
 
 
 class BrokerAccess(Protocol):
@@ -255,6 +256,13 @@ class _Connection:
         self.output.queue_parts(parts, nbytes)
         self.output.flush()
 
+    async def drain_briefly(self) -> None:
+        """Give what is queued (a last ERROR) a moment to go out before the
+        connection closes; nothing to wait for when it went out at once."""
+        with trio.move_on_after(ERROR_DRAIN_S):
+            while self.output.bytes:
+                await self.output.wait_drained()
+
     async def wait_for_room(self) -> None:
         while self.output.bytes > self.output_bytes_max and not self.closed:
             with trio.move_on_after(1.0):
@@ -346,8 +354,7 @@ class PulsarFrontEnd:
         except BrokerError as error:
             connection.send(encode(command(Type.ERROR, request_id=0, error=ServerError.AuthenticationError,
                                            message=str(error)[:500])))
-            with trio.move_on_after(1.0):
-                await connection.output.wait_drained()
+            await connection.drain_briefly()
             connection.cancel_scope.cancel()
             return
         connection.challenged_at = None
@@ -406,7 +413,9 @@ class PulsarFrontEnd:
             early: list[Frame] | None = None
             with peer_faults(log, peer, self._count_protocol_error):
                 with trio.fail_after(HANDSHAKE_TIMEOUT_S):
+                    decoder.frame_bytes_max = HANDSHAKE_FRAME_BYTES_MAX
                     early = await self._handshake(connection, decoder)
+                    decoder.frame_bytes_max = self.config.frame_bytes_max
             if early is None:
                 return
             self._connections.add(connection)
@@ -423,8 +432,7 @@ class PulsarFrontEnd:
                         # An ERROR first, where one can be sent; then only this connection closes.
                         connection.send(encode(command(Type.ERROR, request_id=0, error=ServerError.UnknownError,
                                                        message=f"protocol error: {error}"[:500])))
-                        with trio.move_on_after(1.0):
-                            await connection.output.wait_drained()
+                        await connection.drain_briefly()
                         raise
                 nursery.cancel_scope.cancel()
         finally:
@@ -695,7 +703,8 @@ class PulsarFrontEnd:
                        schema_version=version.to_bytes(8, "big"))
 
     async def _get_or_create_schema(self, connection: _Connection, body) -> Any:
-        await self.broker.access.check_topic(connection.principal.role, quire_name(body.topic), None, "set the schema of")
+        await self.broker.access.check_topic(connection.principal.role, quire_name(body.topic), Action.PRODUCE,
+                                             "set the schema of")
         version = await self._schema_version(quire_name(body.topic), body.schema)
         return command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, request_id=body.request_id, schema_version=version)
 

@@ -91,8 +91,10 @@ async def test_bookies_refuse_ledger_clients_outside_their_client_roles(secure_b
     with trio.fail_after(10):  # logged as the bookie closes each connection
         while "refusing TLS connection from 127.0.0.1:" not in bookie.log_path.read_text(errors="replace"):
             await trio.sleep(0.05)
+    # The first refusal is logged with its reason (the next ones within a
+    # second are counted, not logged: a client retrying must not flood the log).
     log = bookie.log_path.read_text(errors="replace")
-    assert "refusing ledger client 127.0.0.1:" in log and "not one of the bookie's client roles" in log
+    assert "refusing ledger client 127.0.0.1:" in log and "needs credentials" in log
     # A ledger client with a granted token, or a certificate whose CN is a client role, writes and reads.
     for credentials in (secure_bookies["ops"], ClientCredentials(tls_context=client_context(
             secure_bookies["ca"], cert_file=secure_bookies["tls"]["ops.cert.pem"], key_file=secure_bookies["tls"]["ops.key.pem"]))):

@@ -361,7 +361,8 @@ async def test_hostile_credentials_are_refused_counted_and_logged_and_the_broker
     assert "longer than" in answers[0] and "method" in answers[1] and "proxied" in answers[2] and "ASCII" in answers[3], answers
     assert secure_cluster.metric("quire_broker_authentication_refusals_total") == before + 4
     logged = secure_cluster.broker.log_path.read_text(errors="replace")[len(log_before):]
-    assert logged.count("refused Pulsar connection from 127.0.0.1:") >= 4 and secure_cluster.token(ADMIN) not in logged
+    # Logged at most once a second (a client retrying in a loop must not flood the log), never with the token.
+    assert "refused Pulsar connection from 127.0.0.1:" in logged and secure_cluster.token(ADMIN) not in logged
     # TLS spoken to a plaintext port: a protocol error, that connection only.
     errors_before = secure_cluster.metric("quire_broker_protocol_errors_total")
     context = secure_cluster.tls_context()
