@@ -29,6 +29,7 @@ from framing.peer_limits import (
     HANDSHAKE_FRAME_BYTES_MAX,
     FrameReader,
     decode_from_peer,
+    keepalive_sweep,
     peer_faults,
     serve_admitted,
     serve_admitted_tls,
@@ -586,25 +587,20 @@ class BrokerServer:
         interval_s = self.config.keepalive_interval_s
         while True:
             await trio.sleep(interval_s / 4)
-            now = trio.current_time()
+            keepalive_sweep(self._connections, trio.current_time(), interval_s,
+                            ping=lambda connection: connection.send(Ping()), timed_out=self._timed_out)
             for connection in list(self._connections):
-                if connection.reader is None or connection.cancel_scope is None:
-                    continue
-                silent_s = connection.reader.silence_s(now)
-                if silent_s >= 2 * interval_s:
-                    self.connections_timed_out += 1
-                    log.info("closing connection from %s: silent for %.0fs (keep-alive interval %gs)",
-                             connection.peer, silent_s, interval_s)
-                    connection.cancel_scope.cancel()
-                elif silent_s >= interval_s and not connection.pinged:
-                    connection.pinged = True
-                    connection.send(Ping())
                 expires_at = connection.principal.expires_at
-                if expires_at is not None and time.time() >= expires_at:
+                if expires_at is not None and connection.cancel_scope is not None and time.time() >= expires_at:
                     # quire's protocol has no challenge: the client connects
                     # again, with the token its token function gives now.
                     self.access.refused_authentication(connection.peer, "quire", "its token expired")
                     connection.cancel_scope.cancel()
+
+    def _timed_out(self, connection: _Connection, silent_s: float) -> None:
+        self.connections_timed_out += 1
+        log.info("closing connection from %s: silent for %.0fs (keep-alive interval %gs)",
+                 connection.peer, silent_s, self.config.keepalive_interval_s)
 
     def _forget_connection(self, connection: _Connection) -> None:
         for service, link in connection.producers.values():

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import math
 import ssl
-from typing import Awaitable, Callable, Iterator, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Iterator, TypeVar
 
 import trio
 
@@ -158,6 +158,24 @@ async def serve_admitted(stream: trio.SocketStream, limits: ConnectionLimits, lo
         await serve(peer)
     finally:
         limits.release(address)
+
+
+def keepalive_sweep(connections: Iterable, now_s: float, interval_s: float, *, ping: Callable[[Any], None],
+                    timed_out: Callable[[Any, float], None]) -> None:
+    """Pulsar's keep-alive, one pass over a server's connections: one silent
+    for an interval (while the server reads it) is sent a PING (`ping`), one
+    silent for two is closed (`timed_out` first, to count and log it). A
+    connection has `reader` (its FrameReader), `cancel_scope`, `pinged`."""
+    for connection in list(connections):
+        if connection.reader is None or connection.cancel_scope is None:
+            continue
+        silent_s = connection.reader.silence_s(now_s)
+        if silent_s >= 2 * interval_s:
+            timed_out(connection, silent_s)
+            connection.cancel_scope.cancel()
+        elif silent_s >= interval_s and not connection.pinged:
+            connection.pinged = True
+            ping(connection)
 
 
 # The largest frame a peer may send before its handshake is answered: its

@@ -6,12 +6,25 @@ from __future__ import annotations
 import inspect
 import socket
 import time
+import tracemalloc
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
     from ledger_client.metadata import LedgerMetadata
 
 T = TypeVar("T")
+
+
+def peak_bytes_of(call: Callable[[], Any]) -> int:
+    """The most Python's allocator held while `call` ran (what a bomb would
+    cost; protobuf's own memory is not Python's and is not seen)."""
+    tracemalloc.start()
+    try:
+        call()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak
 
 
 def free_port() -> int:

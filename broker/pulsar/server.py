@@ -66,7 +66,7 @@ from broker.topic_records import TopicRecord, split_partition
 from broker.topic_store import TopicStore
 from coordination.store import MetadataError
 from framing.codec import ProtocolError
-from framing.peer_limits import HANDSHAKE_FRAME_BYTES_MAX, ConnectionLimits, FrameBudget, FrameReader, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
+from framing.peer_limits import HANDSHAKE_FRAME_BYTES_MAX, ConnectionLimits, FrameBudget, FrameReader, keepalive_sweep, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
 from framing.stream import FrameOutput, enable_keepalive
 from ledger_client import BKError
 from security.tls import stream_peer_common_name as peer_common_name
@@ -311,21 +311,19 @@ class PulsarFrontEnd:
         """As the broker's own protocol: a PING after an interval of silence,
         closed after two."""
         interval_s = self.config.keepalive_interval_s
+        ping = encode(command(Type.PING))
         while True:
             await trio.sleep(interval_s / 4)
             now = trio.current_time()
+            keepalive_sweep(self._connections, now, interval_s, ping=lambda connection: connection.send(ping),
+                            timed_out=self._timed_out)
             for connection in list(self._connections):
-                if connection.reader is None or connection.cancel_scope is None:
-                    continue
-                silent_s = connection.reader.silence_s(now)
-                if silent_s >= 2 * interval_s:
-                    self.broker.connections_timed_out += 1
-                    log.info("closing Pulsar connection from %s: silent for %.0fs", connection.peer, silent_s)
-                    connection.cancel_scope.cancel()
-                elif silent_s >= interval_s and not connection.pinged:
-                    connection.pinged = True
-                    connection.send(encode(command(Type.PING)))
-                self._check_credentials(connection, now)
+                if connection.cancel_scope is not None:
+                    self._check_credentials(connection, now)
+
+    def _timed_out(self, connection: _Connection, silent_s: float) -> None:
+        self.broker.connections_timed_out += 1
+        log.info("closing Pulsar connection from %s: silent for %.0fs", connection.peer, silent_s)
 
     def _check_credentials(self, connection: _Connection, now: float) -> None:
         """A connection whose token expired is asked for a fresh one (Pulsar's

@@ -112,15 +112,18 @@ def secure_cluster(zookeeper, tmp_path_factory):
         print_logs(broker_factory.created)
 
 
-def pulsar_client(cluster: SecureCluster, token=None, *, operation_timeout_s: int = 10) -> pulsar.Client:
+def pulsar_client(cluster: SecureCluster, token=None, *, operation_timeout_s: int = 10, tls: bool = False) -> pulsar.Client:
     authentication = None if token is None else pulsar.AuthenticationToken(token)
-    return pulsar.Client(cluster.pulsar_url, authentication=authentication, operation_timeout_seconds=operation_timeout_s,
-                         io_threads=1, message_listener_threads=1, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    over_tls = {"tls_trust_certs_file_path": str(cluster.tls_files["ca.cert.pem"])} if tls else {}
+    return pulsar.Client(cluster.pulsar_tls_url if tls else cluster.pulsar_url, authentication=authentication,
+                         operation_timeout_seconds=operation_timeout_s, io_threads=1, message_listener_threads=1,
+                         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error), **over_tls)
 
 
-def pulsar_refusal(cluster: SecureCluster, token, topic: str, *, operation_timeout_s: int = 10) -> Exception | None:
+def pulsar_refusal(cluster: SecureCluster, token, topic: str, *, operation_timeout_s: int = 10,
+                   tls: bool = False) -> Exception | None:
     """What creating a producer raises (None if it works)."""
-    client = pulsar_client(cluster, token, operation_timeout_s=operation_timeout_s)
+    client = pulsar_client(cluster, token, operation_timeout_s=operation_timeout_s, tls=tls)
     try:
         client.create_producer(topic, send_timeout_millis=5_000)
         return None
@@ -130,7 +133,8 @@ def pulsar_refusal(cluster: SecureCluster, token, topic: str, *, operation_timeo
         client.close()
 
 
-async def test_pulsar_clients_without_a_good_token_are_refused(secure_cluster):
+@pytest.mark.parametrize("tls", [False, True], ids=["pulsar", "pulsar+ssl"])
+async def test_pulsar_clients_without_a_good_token_are_refused(secure_cluster, tls):
     # The broker answers a refused CONNECT with an ERROR (AuthenticationError)
     # and closes the connection, as Pulsar's does; the C++ client reports
     # that as a failed connection and gives up at its operation timeout.
@@ -146,14 +150,15 @@ async def test_pulsar_clients_without_a_good_token_are_refused(secure_cluster):
     }
     for what, (token, reason) in tokens.items():
         before = secure_cluster.broker.log_path.read_text(errors="replace")
-        error = await trio.to_thread.run_sync(lambda: pulsar_refusal(secure_cluster, token, topic, operation_timeout_s=3))
+        error = await trio.to_thread.run_sync(lambda: pulsar_refusal(secure_cluster, token, topic, operation_timeout_s=3, tls=tls))
         assert error is not None, f"{what}: a producer was created"
         refusals = secure_cluster.broker.log_path.read_text(errors="replace")[len(before):]
         assert "refused Pulsar connection from 127.0.0.1:" in refusals and reason in refusals.lower(), f"{what}:\n{refusals}"
         if token:
             assert token not in refusals
     # The broker kept serving.
-    assert await trio.to_thread.run_sync(pulsar_refusal, secure_cluster, secure_cluster.token(ADMIN), topic) is None
+    assert await trio.to_thread.run_sync(lambda: pulsar_refusal(secure_cluster, secure_cluster.token(ADMIN), topic,
+                                                                tls=tls)) is None
 
 
 async def test_a_role_produces_and_consumes_only_where_it_is_granted(secure_cluster):
@@ -301,6 +306,7 @@ async def test_quire_clients_connect_over_tls_and_bad_tls_peers_are_refused(secu
     # Plaintext to a TLS port, and a handshake that never comes: each is
     # closed, counted and logged with its address; the broker serves on.
     before = secure_cluster.broker.log_path.read_text(errors="replace")
+    tls_refused_before = secure_cluster.metric("quire_broker_tls_handshakes_refused_total")
     for port in (secure_cluster.tls_port, secure_cluster.pulsar_tls_port):
         with trio.fail_after(10):  # closed at once (reset, or a plain close)
             stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -319,6 +325,10 @@ async def test_quire_clients_connect_over_tls_and_bad_tls_peers_are_refused(secu
             await stream.aclose()
     with trio.fail_after(10):
         while "refusing TLS connection from 127.0.0.1:" not in secure_cluster.broker.log_path.read_text(errors="replace")[len(before):]:
+            await trio.sleep(0.1)
+    # Each of the four counted: two plaintext, two that never shook hands.
+    with trio.fail_after(10):
+        while secure_cluster.metric("quire_broker_tls_handshakes_refused_total") < tls_refused_before + 4:
             await trio.sleep(0.1)
     # TLS to the plaintext port: the client fails cleanly, in one error.
     with pytest.raises(Exception) as refused:

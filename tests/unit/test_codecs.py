@@ -6,7 +6,6 @@ another exception, never memory past the declared size)."""
 from __future__ import annotations
 
 import os
-import tracemalloc
 import zlib
 from functools import cache
 
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 
 from broker.codecs import Codec, CodecError, compress, decompress
 from broker.pulsar.pulsar_api_pb2 import CompressionType
+from tests.support import peak_bytes_of
 
 COMPRESSED = [codec for codec in Codec if codec is not Codec.NONE]
 MIB = 1024 * 1024
@@ -272,17 +272,6 @@ def test_the_bombs_are_what_they_say():
     assert lz4.block.decompress(lz4_bomb(MIB), uncompressed_size=MIB) == bytes(MIB)
     assert snappy.uncompress(snappy_bomb(MIB, MIB)) == bytes(MIB)
     assert zstandard.get_frame_parameters(bomb(Codec.ZSTD, 256 * MIB, declared=True)).content_size == 256 * MIB
-
-
-def peak_bytes_of(call) -> int:
-    """The most Python's allocator held while `call` ran."""
-    tracemalloc.start()
-    try:
-        call()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak
 
 
 def refused(codec: Codec, data: bytes, size: int) -> None:

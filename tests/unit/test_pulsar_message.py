@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tracemalloc
 
 import crc32c
 import pytest
@@ -32,6 +31,7 @@ from broker.pulsar_message import (
     split_batch,
     uncompressed_payload,
 )
+from tests.support import peak_bytes_of
 
 BOUND = 16 * 1024 * 1024
 MESSAGES = [
@@ -285,14 +285,11 @@ def test_a_payload_past_the_bound_is_refused_before_it_is_decompressed():
     message = batch_of(compress(Codec.ZSTD, bytes(1024)), 1, compression=Codec.ZSTD.wire_number,
                        uncompressed_size=256 * 1024 * 1024)
     parsed = parse_message(message)
-    tracemalloc.start()
-    try:
+    def refused() -> None:
         with pytest.raises(MalformedMessageError, match=r"declares 268435456 bytes uncompressed, past 1048576"):
             uncompressed_payload(parsed, 1024 * 1024)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    assert peak < 64 * 1024
+
+    assert peak_bytes_of(refused) < 64 * 1024
     plain = parse_message(batch_of(bytes(2000), 1))
     with pytest.raises(MalformedMessageError, match="payload of 2000 bytes is past 1999"):
         uncompressed_payload(plain, 1999)
