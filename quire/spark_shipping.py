@@ -32,7 +32,8 @@ from quire.cli_parsing import UsageError
 
 ALIAS = "quire-env"  # the folder executors unpack the archive into (spark.archives' #fragment)
 WORKER_PYTHON = f"./{ALIAS}/bin/python"
-PACKAGES = ("coordination", "framing", "bookie", "ledger_client", "broker", "sim", "quire", "bench")
+# quire's top-level packages (pyproject.toml's, which tests/integration/test_packaging.py checks against).
+PACKAGES = ("coordination", "framing", "security", "bookie", "ledger_client", "broker", "sim", "quire", "bench")
 # Executors get these from their own Spark; venv-pack only packs.
 NOT_SHIPPED = frozenset({"pyspark", "py4j", "venv-pack"})
 # Bump when the way the environment is built changes: older archives are not used.

@@ -10,8 +10,20 @@ import sys
 import zipfile
 from pathlib import Path
 
+from quire.spark_shipping import PACKAGES as TOP_LEVEL
+
 REPOSITORY = Path(__file__).resolve().parents[2]
-TOP_LEVEL = ["coordination", "framing", "bookie", "ledger_client", "broker", "sim", "quire", "bench"]
+
+
+def test_one_list_of_top_level_packages():
+    # The wheel's (pyproject.toml), the one shipped to Spark's executors, and
+    # every top-level folder of the repository that is a package.
+    import tomllib
+
+    included = tomllib.loads((REPOSITORY / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    assert {name.rstrip("*") for name in included} == set(TOP_LEVEL)
+    folders = {path.parent.name for path in REPOSITORY.glob("*/__init__.py")} - {"tests", "build"}
+    assert folders == set(TOP_LEVEL)
 
 
 def test_the_wheel_contains_every_package(tmp_path):
