@@ -128,6 +128,12 @@ def _tail(path: Path, lines_max: int) -> list[str]:
         return []
 
 
+# The four-letter words quire's ZooKeeper answers: those it asks (health,
+# readiness). `dump`, `wchp` and `cons` would show anyone quire's node paths;
+# the Jepsen-style runs, which find sessions with `dump`, add it.
+FOUR_LETTER_WORDS = ("ruok", "srvr", "stat")
+
+
 class ZooKeeperServer:
     """One standalone ZooKeeper process serving on `host:port`, with its data,
     configuration (`DATA_DIR/conf`) and log (`DATA_DIR/zookeeper.log`) in
@@ -148,7 +154,10 @@ class ZooKeeperServer:
         die_with_parent: bool = False,
         jvm_heap_mb: int = 512,
         jar_dir: Path = JAR_DIR,
+        four_letter_words: tuple[str, ...] = FOUR_LETTER_WORDS,
     ) -> None:
+        """`four_letter_words`: those the server answers (ZooKeeper's
+        4lw.commands.whitelist)."""
         if not isinstance(port, int) or not 0 < port < 65536:
             raise ValueError(f"port must be within 1..65535, got {port!r}")
         if not isinstance(tick_time_ms, int) or tick_time_ms <= 0:
@@ -161,6 +170,7 @@ class ZooKeeperServer:
         self.die_with_parent = die_with_parent
         self.jvm_heap_mb = jvm_heap_mb
         self.jar_dir = Path(jar_dir)
+        self.four_letter_words = four_letter_words
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -234,9 +244,7 @@ class ZooKeeperServer:
                     f"clientPortAddress={self.host}",
                     f"maxSessionTimeout={_SESSION_TIMEOUT_MAX_MS}",
                     "admin.enableServer=false",
-                    # Only the words quire asks (health, readiness): `dump`,
-                    # `wchp` and `cons` would show anyone quire's node paths.
-                    "4lw.commands.whitelist=ruok,srvr,stat",
+                    f"4lw.commands.whitelist={','.join(self.four_letter_words)}",
                     "",
                 ]
             )

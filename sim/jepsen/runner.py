@@ -25,7 +25,7 @@ from pathlib import Path
 
 import trio
 
-from coordination.zk_launcher import ZooKeeperServer, four_letter_word
+from coordination.zk_launcher import FOUR_LETTER_WORDS, ZooKeeperServer, four_letter_word
 from sim.jepsen.checker import CheckResult, check
 from sim.jepsen.client import SESSION_MARKER
 from sim.jepsen.history import HistoryWriter, Operation, merge_histories
@@ -307,7 +307,9 @@ class ClusterRun:
 
     async def run(self) -> JepsenReport:
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        zk = ZooKeeperServer(free_port(), self.work_dir / "zookeeper", die_with_parent=True)
+        # `dump`: how the expire-session fault finds and confirms sessions.
+        zk = ZooKeeperServer(free_port(), self.work_dir / "zookeeper", die_with_parent=True,
+                             four_letter_words=(*FOUR_LETTER_WORDS, "dump"))
         self.ports = {name: free_port() for name in self.server_names}
         mesh = ProxyMesh(self._links(zk.port))
         self.nemesis = Nemesis.recording_in(self.work_dir, self.start_monotonic, self.rng, zk.port, faults=self.selected_faults)
