@@ -27,7 +27,7 @@ from security.tokens import create_secret_key, create_token, write_key_file
 from tests.integration.bookie_processes import BookieFactory
 from tests.integration.broker_processes import BrokerFactory
 from tests.integration.processes import print_logs
-from tests.support import free_port
+from tests.support import free_port, wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -88,9 +88,8 @@ async def test_bookies_refuse_ledger_clients_outside_their_client_roles(secure_b
         async with BookieClient.connect(address, credentials=ClientCredentials(secure_bookies["token"](OPS))) as client:
             await client.get_info()
     bookie = secure_bookies["bookies"][0]
-    with trio.fail_after(10):  # logged as the bookie closes each connection
-        while "refusing TLS connection from 127.0.0.1:" not in bookie.log_path.read_text(errors="replace"):
-            await trio.sleep(0.05)
+    await wait_until_async(lambda: "refusing TLS connection from 127.0.0.1:" in bookie.log_path.read_text(errors="replace"),
+                           deadline_s=10, what="the bookie logging the TLS refusal")  # logged as it closes the connection
     # The first refusal is logged with its reason (the next ones within a
     # second are counted, not logged: a client retrying must not flood the log).
     log = bookie.log_path.read_text(errors="replace")

@@ -23,7 +23,7 @@ from security.tokens import create_key_pair, create_secret_key, create_token, wr
 from tests.integration.bookie_processes import BookieFactory
 from tests.integration.broker_processes import BrokerFactory
 from tests.integration.processes import print_logs
-from tests.support import free_port
+from tests.support import free_port, wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -234,7 +234,7 @@ async def test_a_connection_outlives_its_first_token_by_answering_the_challenge(
             while time.monotonic() < deadline:
                 producer.send(b"%d" % sent)
                 sent += 1
-                time.sleep(0.2)
+                time.sleep(0.2)  # pacing: the sends span several tokens' lifetimes
             received = [consumer.receive(10_000).data() for _ in range(sent)]
             assert received == [b"%d" % index for index in range(sent)]
         finally:
@@ -323,13 +323,13 @@ async def test_quire_clients_connect_over_tls_and_bad_tls_peers_are_refused(secu
             except trio.BrokenResourceError:
                 pass
             await stream.aclose()
-    with trio.fail_after(10):
-        while "refusing TLS connection from 127.0.0.1:" not in secure_cluster.broker.log_path.read_text(errors="replace")[len(before):]:
-            await trio.sleep(0.1)
+    await wait_until_async(
+        lambda: "refusing TLS connection from 127.0.0.1:" in secure_cluster.broker.log_path.read_text(errors="replace")[len(before):],
+        deadline_s=10, what="the TLS refusal logged")
     # Each of the four counted: two plaintext, two that never shook hands.
-    with trio.fail_after(10):
-        while secure_cluster.metric("quire_broker_tls_handshakes_refused_total") < tls_refused_before + 4:
-            await trio.sleep(0.1)
+    await wait_until_async(
+        lambda: secure_cluster.metric("quire_broker_tls_handshakes_refused_total") >= tls_refused_before + 4,
+        deadline_s=10, what="four TLS refusals counted")
     # TLS to the plaintext port: the client fails cleanly, in one error.
     with pytest.raises(Exception) as refused:
         async with Client.connect(service_url=f"127.0.0.1:{secure_cluster.broker.port}",
@@ -380,9 +380,8 @@ async def test_hostile_credentials_are_refused_counted_and_logged_and_the_broker
         stream = await trio.open_tcp_stream("127.0.0.1", secure_cluster.broker.pulsar_port)
         tls_stream = trio.SSLStream(stream, context, server_hostname="127.0.0.1")
         await tls_stream.do_handshake()
-    with trio.fail_after(10):
-        while secure_cluster.metric("quire_broker_protocol_errors_total") == errors_before:
-            await trio.sleep(0.1)
+    await wait_until_async(lambda: secure_cluster.metric("quire_broker_protocol_errors_total") > errors_before,
+                           deadline_s=10, what="the protocol error counted")
     assert secure_cluster.metric("quire_broker_tls_handshakes_refused_total") >= 1  # from the TLS tests before, or now
     # A role refused a produce is counted too, and the broker still serves a good client.
     refusals_before = secure_cluster.metric("quire_broker_authorization_refusals_total")
@@ -411,7 +410,7 @@ async def test_a_quire_client_connects_again_with_a_fresh_token_when_its_token_e
         while trio.current_time() < deadline:
             await producer.send(b"%d" % sent)
             sent += 1
-            await trio.sleep(0.1)
+            await trio.sleep(0.1)  # pacing: the sends span several tokens' lifetimes
         reader = await client.create_reader(topic, start="earliest")
         received = [(await reader.receive()).data for _ in range(sent)]
     assert received == [b"%d" % index for index in range(sent)]
