@@ -27,6 +27,19 @@ def peak_bytes_of(call: Callable[[], Any]) -> int:
     return peak
 
 
+def cannot_run_here(reason: str) -> None:
+    """Skip a test whose machinery (Docker, a Spark cluster, a tmpfs) this
+    machine lacks; fail it under CI (CI=true), whose machine has them all:
+    a test skipped there would prove nothing."""
+    import os
+
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI's machine must run this test)")
+    pytest.skip(reason)
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on at the time of the call."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

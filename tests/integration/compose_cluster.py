@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from quire.docker_image import IMAGE, BuildFailed, DockerUnavailable, build_image, start_engine, stop_engine
-from tests.support import free_port, wait_until
+from tests.support import cannot_run_here, free_port, wait_until
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 SERVICES = ("zookeeper", "bookie-1", "bookie-2", "bookie-3", "broker-1", "broker-2")
@@ -109,7 +109,7 @@ def docker_engine(tmp_path_factory):
     try:
         started = start_engine(tmp_path_factory.mktemp("dockerd") / "dockerd.log", die_with_parent=True)
     except DockerUnavailable as error:
-        pytest.skip(f"Docker cannot run here: {error}")
+        cannot_run_here(f"Docker cannot run here: {error}")
     try:
         yield
     finally:

@@ -27,7 +27,7 @@ from ledger_client.errors import BKError
 from tests.integration.bookie_processes import bookies  # noqa: F401  (fixture)
 from tests.integration.test_bookie_operations import wait_for_registration
 from tests.integration.test_metrics import scrape_async, value
-from tests.support import free_port, wait_until_async
+from tests.support import cannot_run_here, free_port, wait_until_async
 
 MIB = 1024 * 1024
 DISK_BYTES = 64 * MIB
@@ -44,7 +44,7 @@ def small_disk(tmp_path):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount_point)],
                              capture_output=True, text=True)
     if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+        cannot_run_here(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
     try:
         yield mount_point
     finally:

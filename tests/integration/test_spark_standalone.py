@@ -23,7 +23,7 @@ from quire.spark_shipping import ALIAS
 from quire.spark_standalone import IsolationRefused, StandaloneCluster, private_spark_copy, spark_home
 from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
 from tests.integration.test_spark_export import SMALL_LEDGERS, produce_mixed, read_all
-from tests.support import free_port
+from tests.support import cannot_run_here, free_port
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 EXAMPLE = CHECKOUT / "docs" / "examples" / "spark_submit_export.py"
@@ -45,7 +45,7 @@ def standalone(tmp_path_factory, spark_copy):
         cluster.start()
     except IsolationRefused as error:
         cluster.stop()
-        pytest.skip(f"the Spark workers cannot be hidden from the checkout here: {error}")
+        cannot_run_here(f"the Spark workers cannot be hidden from the checkout here: {error}")
     try:
         yield cluster
     finally:
