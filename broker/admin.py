@@ -13,8 +13,15 @@ import time
 from typing import Any, Protocol
 
 from framing.codec import describe
-from broker.authorization import TenantInfo, check_role, parse_actions
-from broker.errors import BadRequestError, NotFoundError, TopicExistsError, TopicNotFoundError
+from broker.authorization import Action, NamespacePolicies, TenantInfo, check_role, parse_actions
+from broker.errors import (
+    BadRequestError,
+    NotFoundError,
+    PreconditionFailedError,
+    SubscriptionNotFoundError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
 from broker.tenant_store import split_namespace
 from broker.topic_names import NAMESPACE, namespace_of_topic
 from broker.topic_records import PARTITIONS_MAX, TopicPolicies, TopicRecord, check_name
@@ -37,6 +44,7 @@ def _argument(arguments: dict, name: str, kind: type, default: Any = ...) -> Any
 class AdminBackend(Protocol):
     """What the admin actions need of their broker (BrokerServer is one)."""
 
+    config: Any
     topic_store: TopicStore
     tenant_store: Any
     access: Any
@@ -80,10 +88,12 @@ class AdminHandler:
         partitions = _argument(arguments, "partitions", int, 0)
         if not 0 <= partitions <= PARTITIONS_MAX:
             raise BadRequestError(f"partitions must be in 0..{PARTITIONS_MAX}, got {partitions}")
-        policies = TopicPolicies.from_dict(_argument(arguments, "policies", dict, {}), self.server.default_policies)
+        given = _argument(arguments, "policies", dict, {})
+        policies = TopicPolicies.from_dict(given, self.server.default_policies)
         await self.server.access.check_topic_admin(role, topic, "create topic")
+        record = TopicRecord(partitions, policies, int(time.time() * 1000), frozenset(given))
         try:
-            await self.server.topic_store.create_topic(topic, TopicRecord(partitions, policies, int(time.time() * 1000)))
+            await self.server.topic_store.create_topic(topic, record)
         except NodeExistsError:
             raise TopicExistsError(f"topic {topic!r} exists") from None
         return {"topic": topic, "partitions": partitions, "policies": policies.to_dict()}
@@ -100,7 +110,8 @@ class AdminHandler:
             record, version = found
             policies = TopicPolicies.from_dict(changes, record.policies)
             try:
-                await store.write_topic(topic, TopicRecord(record.partitions, policies, record.created_ms), version)
+                await store.write_topic(topic, TopicRecord(record.partitions, policies, record.created_ms,
+                                                           record.own_policy_names() | frozenset(changes)), version)
             except BadVersionError:
                 continue
             return {"topic": topic, "policies": policies.to_dict()}
@@ -170,6 +181,87 @@ class AdminHandler:
         deleted = await service.apply_retention()
         return {"deleted_ledgers": deleted, "first_offset": service.managed_ledger.first_offset}
 
+    # --- subscriptions of a partition (Pulsar's `pulsar-admin topics ...-subscription`) -----------
+    # Asked of the partition's owner, as the stats are.
+
+    async def _subscription_service(self, arguments: dict, role: str | None, what: str):
+        partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic(role, partition, Action.CONSUME, what)
+        return await self.server.serving(partition)
+
+    def _subscription(self, service, arguments: dict):
+        name = _argument(arguments, "subscription", str)
+        subscription = service.subscriptions.get(name)
+        if subscription is None:
+            raise SubscriptionNotFoundError(f"no subscription {describe(name)} on {service.name}")
+        return subscription
+
+    async def _create_subscription(self, arguments: dict, role: str | None) -> dict:
+        """`position`: "latest" (the default), "earliest", or a message id
+        [ledger id, entry id, batch index] the subscription starts at."""
+        service = await self._subscription_service(arguments, role, "subscribe to")
+        name = check_name(_argument(arguments, "subscription", str), "subscription")
+        position = arguments.get("position", "latest")
+        if position in ("latest", "earliest"):
+            subscription = await service.create_subscription(name, initial_position=position)
+        elif isinstance(position, list) and len(position) == 3 and all(type(value) is int for value in position):
+            subscription = await service.create_subscription(name, start_offset=await service.offset_of_message(*position))
+        else:
+            raise BadRequestError("position is latest, earliest or [ledger id, entry id, batch index]")
+        return {"subscription": name, "next_offset": subscription.cursor.mark_delete + 1}
+
+    async def _delete_subscription(self, arguments: dict, role: str | None) -> dict:
+        """Refused while consumers are connected, unless `force` (they are disconnected)."""
+        service = await self._subscription_service(arguments, role, "unsubscribe from")
+        subscription = self._subscription(service, arguments)
+        if _argument(arguments, "force", bool, False):
+            self.server.close_consumers(service, subscription.name)
+        await service.unsubscribe(subscription.name, None)
+        return {}
+
+    async def _skip_messages(self, arguments: dict, role: str | None) -> dict:
+        """Acknowledge the next `count` unacknowledged messages (all of them without `count`)."""
+        service = await self._subscription_service(arguments, role, "skip messages on")
+        subscription = self._subscription(service, arguments)
+        count = _argument(arguments, "count", int, None)
+        if count is not None and count < 0:
+            raise BadRequestError(f"count must be 0 or more, got {count}")
+        confirmed = service.managed_ledger.confirmed_offset
+        offset = confirmed + 1 if count is None else subscription.cursor.offset_past_unacknowledged(count, confirmed)
+        return {"skipped": await subscription.acknowledge_before(offset)}
+
+    async def _expire_messages(self, arguments: dict, role: str | None) -> dict:
+        """Acknowledge the messages published more than `seconds` ago, on
+        one subscription or (without `subscription`) on every durable one."""
+        partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic_admin(role, partition, "expire messages on")
+        service = await self.server.serving(partition)
+        seconds = _argument(arguments, "seconds", int)
+        if seconds < 0:
+            raise BadRequestError(f"seconds must be 0 or more, got {seconds}")
+        offset = await service.managed_ledger.offset_at_time(int(time.time() * 1000) - seconds * 1000)
+        if "subscription" in arguments:
+            subscriptions = [self._subscription(service, arguments)]
+        else:
+            subscriptions = [subscription for subscription in service.subscriptions.values() if subscription.durable]
+        expired = {subscription.name: await subscription.acknowledge_before(offset) for subscription in subscriptions}
+        return {"expired": expired}
+
+    async def _reset_cursor(self, arguments: dict, role: str | None) -> dict:
+        """Move the subscription to the first message published at or after
+        `publish_time_ms`, or to `message_id` [ledger id, entry id, batch
+        index]; its consumers subscribe again."""
+        service = await self._subscription_service(arguments, role, "reset a cursor on")
+        subscription = self._subscription(service, arguments)
+        publish_time_ms = _argument(arguments, "publish_time_ms", int, None)
+        message_id = _argument(arguments, "message_id", list, None)
+        if (publish_time_ms is None) == (message_id is None):
+            raise BadRequestError("a cursor is reset to a publish time or a message id")
+        if message_id is not None and not (len(message_id) == 3 and all(type(value) is int for value in message_id)):
+            raise BadRequestError("a message id is [ledger id, entry id, batch index]")
+        offset = await self.server.seek(service, subscription.name, publish_time_ms=publish_time_ms, message_id=message_id)
+        return {"next_offset": offset}
+
     # --- tenants and namespaces (Pulsar's `pulsar-admin tenants|namespaces`) ---------------------
 
     async def _list_tenants(self, arguments: dict, role: str | None) -> dict:
@@ -178,14 +270,14 @@ class AdminHandler:
 
     async def _create_tenant(self, arguments: dict, role: str | None) -> dict:
         tenant = check_name(_argument(arguments, "tenant", str), "tenant")
-        info = _tenant_info(arguments)
+        info = self._tenant_info(arguments)
         self.server.access.check_superuser(role, f"create tenant {tenant}")
         await self.server.tenant_store.create_tenant(tenant, info)
         return {"tenant": tenant, **info.to_dict()}
 
     async def _update_tenant(self, arguments: dict, role: str | None) -> dict:
         tenant = check_name(_argument(arguments, "tenant", str), "tenant")
-        info = _tenant_info(arguments)
+        info = self._tenant_info(arguments)
         self.server.access.check_superuser(role, f"change tenant {tenant}")
         await self.server.tenant_store.update_tenant(tenant, info)
         return {"tenant": tenant, **info.to_dict()}
@@ -203,6 +295,20 @@ class AdminHandler:
         self.server.access.check_superuser(role, f"delete tenant {tenant}")
         await self.server.tenant_store.delete_tenant(tenant)
         return {}
+
+    def _tenant_info(self, arguments: dict) -> TenantInfo:
+        """The tenant's record the arguments give; its allowed clusters must
+        exist (quire's brokers form one cluster, named by --cluster-name)."""
+        try:
+            info = TenantInfo.from_dict({"admin_roles": _argument(arguments, "admin_roles", list, []),
+                                         "allowed_clusters": _argument(arguments, "allowed_clusters", list, [])})
+        except ValueError as error:
+            raise BadRequestError(str(error)) from None
+        cluster = self.server.config.cluster_name
+        unknown = [name for name in info.allowed_clusters if name != cluster]
+        if unknown:
+            raise PreconditionFailedError(f"clusters {', '.join(unknown[:10])} do not exist (this is cluster {cluster})")
+        return info
 
     async def _list_namespaces(self, arguments: dict, role: str | None) -> dict:
         tenant = check_name(_argument(arguments, "tenant", str), "tenant")
@@ -224,11 +330,31 @@ class AdminHandler:
         return {}
 
     async def _permissions(self, arguments: dict, role: str | None) -> dict:
+        return await self._namespace_policies(arguments, role)
+
+    async def _namespace_policies(self, arguments: dict, role: str | None) -> dict:
+        """The namespace's grants, the policies it sets for its topics, and
+        the broker's defaults (what its topics have where neither sets one)."""
         namespace = _namespace(arguments)
-        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"read the permissions of {namespace}")
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"read the policies of {namespace}")
         policies = await self.server.tenant_store.namespace(namespace)
         if policies is None:
             raise NotFoundError(f"namespace {namespace} does not exist")
+        return {"namespace": namespace, **policies.to_dict(), "defaults": self.server.default_policies.to_dict()}
+
+    async def _set_namespace_policies(self, arguments: dict, role: str | None) -> dict:
+        """Set policies for the namespace's topics (`policies`: name -> value)
+        and stop setting others (`remove`: names); a topic's own setting of a
+        policy still wins. Loaded partitions take them at their next check."""
+        namespace = _namespace(arguments)
+        changes = _argument(arguments, "policies", dict, {})
+        removed = _argument(arguments, "remove", list, [])
+        await self.server.access.check_tenant_admin(role, split_namespace(namespace)[0], f"change the policies of {namespace}")
+        try:
+            NamespacePolicies().with_policies(changes, removed)  # checked before anything is read
+        except ValueError as error:
+            raise BadRequestError(str(error)) from None
+        policies = await self.server.tenant_store.update_namespace(namespace, lambda policies: policies.with_policies(changes, removed))
         return {"namespace": namespace, **policies.to_dict()}
 
     async def _grant_permission(self, arguments: dict, role: str | None) -> dict:
@@ -257,12 +383,6 @@ def _namespace(arguments: dict) -> str:
         raise BadRequestError(str(error)) from None
 
 
-def _tenant_info(arguments: dict) -> TenantInfo:
-    try:
-        return TenantInfo.from_dict({"admin_roles": _argument(arguments, "admin_roles", list, []),
-                                     "allowed_clusters": _argument(arguments, "allowed_clusters", list, [])})
-    except ValueError as error:
-        raise BadRequestError(str(error)) from None
 
 
 __all__ = ["AdminBackend", "AdminHandler"]

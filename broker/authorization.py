@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from broker.errors import AuthorizationError
-from broker.topic_records import check_name
+from broker.topic_records import NAMESPACE_POLICY_NAMES, check_name, check_namespace_policies
 
 ROLE_CHARS_MAX = 256
 ROLES_MAX = 1_000  # admin roles of a tenant, granted roles of a namespace
@@ -87,9 +87,12 @@ class TenantInfo:
 
 @dataclass(frozen=True)
 class NamespacePolicies:
-    """A namespace (`/tenants/<tenant>/<namespace>`): the roles granted actions on it."""
+    """A namespace (`/tenants/<tenant>/<namespace>`): the roles granted
+    actions on it, and the policies its topics take unless they set their
+    own (retention, backlog quota, deduplication: NAMESPACE_POLICY_NAMES)."""
 
     permissions: dict[str, frozenset[Action]] = field(default_factory=dict)
+    policies: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Any) -> NamespacePolicies:
@@ -98,10 +101,25 @@ class NamespacePolicies:
         permissions = data.get("permissions", {})
         if not isinstance(permissions, dict) or len(permissions) > ROLES_MAX:
             raise ValueError(f"permissions map at most {ROLES_MAX} roles to actions")
-        return cls({check_role(role): parse_actions(actions) for role, actions in permissions.items()})
+        policies = data.get("policies", {})
+        if not isinstance(policies, dict):
+            raise ValueError("a namespace's policies are an object")
+        return cls({check_role(role): parse_actions(actions) for role, actions in permissions.items()},
+                   check_namespace_policies(policies))
 
     def to_dict(self) -> dict:
-        return {"permissions": {role: sorted(actions) for role, actions in sorted(self.permissions.items())}}
+        return {"permissions": {role: sorted(actions) for role, actions in sorted(self.permissions.items())},
+                "policies": dict(sorted(self.policies.items()))}
+
+    def with_policies(self, changes: dict[str, Any], removed: Iterable[str] = ()) -> NamespacePolicies:
+        """These policies with `changes` set and the `removed` ones no longer
+        set by the namespace (its topics go back to the broker's defaults);
+        ValueError for a policy a namespace cannot set."""
+        removed = set(removed)
+        policies = {name: value for name, value in self.policies.items() if name not in removed}
+        policies.update(check_namespace_policies(changes))
+        check_namespace_policies({name: None for name in removed if name not in NAMESPACE_POLICY_NAMES})
+        return replace(self, policies=policies)
 
     def to_bytes(self) -> bytes:
         return json.dumps(self.to_dict(), sort_keys=True).encode()
@@ -114,10 +132,10 @@ class NamespacePolicies:
         """These policies with `actions` granted to `role` (replacing what it had, as Pulsar's grant does)."""
         if role not in self.permissions and len(self.permissions) >= ROLES_MAX:
             raise ValueError(f"a namespace grants at most {ROLES_MAX} roles")
-        return NamespacePolicies({**self.permissions, role: frozenset(actions)})
+        return replace(self, permissions={**self.permissions, role: frozenset(actions)})
 
     def revoked(self, role: str) -> NamespacePolicies:
-        return NamespacePolicies({name: actions for name, actions in self.permissions.items() if name != role})
+        return replace(self, permissions={name: actions for name, actions in self.permissions.items() if name != role})
 
 
 @dataclass(frozen=True)

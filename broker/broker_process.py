@@ -50,8 +50,9 @@ async def run_broker(
         raise BrokerStartupError(f"cannot listen on {config.host}:{config.port}: {error.strerror or error}") from None
     registry, metrics, endpoint = None, None, None
     try:
-        if config.metrics_port:
+        if config.metrics_port or config.web_port is not None or config.web_tls_port is not None:
             registry, metrics = broker_registry()
+        if config.metrics_port:
             try:
                 endpoint = MetricsEndpoint(registry, config.host, config.metrics_port)
             except OSError as error:
@@ -71,9 +72,14 @@ async def run_broker(
             startup.begin("read the bookie registry (/bookies)")
             async with BookKeeper.open(sync_store, credentials=bookie_credentials) as bk:
                 server = BrokerServer(config, bk, bk.store, metrics)
-                await server.listen(listeners)
+                try:
+                    await server.listen(listeners)
+                except OSError as error:
+                    raise BrokerStartupError(f"cannot listen on one of the broker's ports ({describe_ports(config)}): "
+                                             f"{error.strerror or error}") from None
                 if registry is not None:
                     register_collector(registry, server)
+                    server.metrics_registry = registry
                 # A step's error would come out of _serve's nursery wrapped in a group.
                 with unwrap_single_exception():
                     await _serve(server, startup, handle_signals, task_status)
@@ -92,6 +98,12 @@ async def run_broker(
                 await trio.to_thread.run_sync(endpoint.close)
 
 
+def describe_ports(config: BrokerConfig) -> str:
+    ports = (("--tls-port", config.tls_port), ("--pulsar-port", config.pulsar_port), ("--pulsar-tls-port", config.pulsar_tls_port),
+             ("--web-port", config.web_port), ("--web-tls-port", config.web_tls_port))
+    return ", ".join(f"{flag} {port}" for flag, port in ports if port is not None)
+
+
 async def _serve(server: BrokerServer, startup: Startup, handle_signals: bool, task_status) -> None:
     config = server.config
     async with trio.open_nursery() as nursery:
@@ -104,10 +116,15 @@ async def _serve(server: BrokerServer, startup: Startup, handle_signals: bool, t
             message += f"; Pulsar on pulsar+ssl://{server.info.pulsar_address_for(None, tls=True)}"
         if server.tls_port is not None:
             message += f"; TLS on {server.info.address_for(None, tls=True)}"
+        for tls, port in ((False, server.web_port), (True, server.web_tls_port)):
+            if port is not None:
+                message += f"; web service on {server.info.web_url_for(None, tls=tls)}"
         if config.metrics_port:
             message += f"; metrics on http://{config.host}:{config.metrics_port}/metrics"
+        elif server.web is not None:
+            message += "; metrics at the web service's /metrics"
         else:
-            message += "; metrics off (use --metrics-port P)"
+            message += "; metrics off (use --metrics-port P or --web-port P)"
         log.info(message)
         print(message, flush=True)
         task_status.started(server)

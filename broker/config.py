@@ -66,6 +66,14 @@ class BrokerConfig:
     tls_port: int | None = None
     pulsar_tls_port: int | None = None
     tls_handshake_deadline_s: float = 10.0
+    # The web service (REST admin API under /admin/v2, HTTP lookup under
+    # /lookup/v2, /metrics) on host:web_port and over HTTPS on
+    # host:web_tls_port (0 picks one); None: no such listener.
+    web_port: int | None = None
+    web_tls_port: int | None = None
+    # How the broker checks other brokers' HTTPS certificates when it asks
+    # them for a partitioned topic's partitions (None: the system's CAs).
+    web_client_tls_context: ssl.SSLContext | None = None
 
     def __post_init__(self) -> None:
         if self.frame_buffer_bytes_max < self.frame_bytes_max:
@@ -80,6 +88,8 @@ class BrokerConfig:
                              f"must fit a frame ({self.frame_bytes_max} bytes)")
         if (self.tls_port is not None or self.pulsar_tls_port is not None) and self.tls_context is None:
             raise ValueError("a TLS listener needs a certificate and its key (--tls-cert-file, --tls-key-file)")
+        if self.web_tls_port is not None and self.tls_context is None:
+            raise ValueError("an HTTPS listener needs a certificate and its key (--tls-cert-file, --tls-key-file)")
         if not 0 < self.frame_deadline_s <= 3600 or not 0 < self.keepalive_interval_s <= 86_400:
             raise ValueError("the frame deadline and the keep-alive interval must be positive")
 

@@ -230,6 +230,19 @@ class Cursor:
         self.mark_delete = next_offset - 1
         self.acked = RangeSet()
 
+    def offset_past_unacknowledged(self, count: int, last_offset: int) -> int:
+        """The offset just past the first `count` unacknowledged messages up
+        to `last_offset` (past all of them when there are fewer): acknowledging
+        everything below it skips exactly those."""
+        position, remaining = self.mark_delete, max(count, 0)
+        for first, last in self.acked:
+            gap = first - position - 1
+            if remaining <= gap:
+                return position + remaining + 1
+            remaining -= gap
+            position = last
+        return max(min(position + remaining, last_offset), position) + 1
+
     def backlog(self, last_offset: int) -> int:
         """Messages up to `last_offset` not acknowledged."""
         if last_offset <= self.mark_delete:

@@ -42,6 +42,12 @@ class BadRequestError(BrokerError):
     status = BrokerStatus.BAD_REQUEST
 
 
+class PreconditionFailedError(BadRequestError):
+    """The request is well formed, but what it names is not in a state
+    that allows it (a cluster that does not exist, partitions not above
+    zero): HTTP 412 on the web API, BAD_REQUEST on the wire."""
+
+
 class MalformedBatchError(BadRequestError):
     """A producer's batch that cannot be stored faithfully: its declared
     codec, count, keys or sequence ids do not match its body, or the body
@@ -198,6 +204,7 @@ __all__ = [
     "BadRequestError",
     "BrokerError",
     "BrokerStatus",
+    "PreconditionFailedError",
     "ChecksumMismatchError",
     "ClientClosedError",
     "ConflictError",

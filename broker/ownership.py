@@ -54,6 +54,10 @@ class BrokerInfo:
     # listener name; empty when it serves no TLS listener.
     tls_listeners: dict[str, str] = field(default_factory=dict, hash=False)
     pulsar_tls_listeners: dict[str, str] = field(default_factory=dict, hash=False)
+    # Its web service (REST admin API, HTTP lookup), over HTTP and HTTPS, by
+    # listener name; empty when it serves none.
+    web_listeners: dict[str, str] = field(default_factory=dict, hash=False)
+    web_tls_listeners: dict[str, str] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.listeners.get(INTERNAL_LISTENER, self.address) != self.address:
@@ -80,6 +84,13 @@ class BrokerInfo:
         listeners = self.pulsar_tls_listeners if tls else self.pulsar_listeners
         return listeners.get(INTERNAL_LISTENER if listener is None else listener)
 
+    def web_url_for(self, listener: str | None, *, tls: bool = False) -> str | None:
+        """The http:// (https:// if `tls`) URL of its web service `listener`
+        (None: the internal one); None if it has no such listener."""
+        listeners = self.web_tls_listeners if tls else self.web_listeners
+        address = listeners.get(INTERNAL_LISTENER if listener is None else listener)
+        return None if address is None else f"{'https' if tls else 'http'}://{address}"
+
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
 
@@ -88,7 +99,8 @@ class BrokerInfo:
         fields = json.loads(data)
         return cls(fields["broker_id"], fields["address"], dict(fields.get("listeners") or {}),
                    dict(fields.get("pulsar_listeners") or {}), dict(fields.get("tls_listeners") or {}),
-                   dict(fields.get("pulsar_tls_listeners") or {}))
+                   dict(fields.get("pulsar_tls_listeners") or {}), dict(fields.get("web_listeners") or {}),
+                   dict(fields.get("web_tls_listeners") or {}))
 
 
 @dataclass(frozen=True)

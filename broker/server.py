@@ -49,7 +49,7 @@ from broker.errors import (
     TopicFencedError,
     TopicNotFoundError,
 )
-from broker.managed_ledger import EntryCache, Position
+from broker.managed_ledger import EntryCache
 from broker.lease import Lease
 from broker.metrics import BrokerMetrics
 from broker.ownership import INTERNAL_LISTENER, BrokerInfo, Ownership
@@ -86,6 +86,7 @@ from broker.publish_buffer import PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.hosting import PartitionHosting
 from broker.pulsar.server import PulsarFrontEnd
+from broker.web import WebFrontEnd
 from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
 from broker.tenant_store import TenantStore
@@ -155,6 +156,8 @@ class BrokerServer:
         self.topic_store = TopicStore(store)
         self.pulsar_port: int | None = None  # bound once `listen` ran
         self.pulsar_tls_port: int | None = None
+        self.web_port: int | None = None
+        self.web_tls_port: int | None = None
         self.tls_port: int | None = None
         self._tls_listeners: list[trio.SocketListener] = []
         self.tls_handshakes_refused = 0  # TLS handshakes that failed or stalled, both protocols
@@ -187,6 +190,9 @@ class BrokerServer:
         self.started_ms = int(time.time() * 1000)
         # Pulsar's binary protocol, when its port is given (broker/pulsar/server.py).
         self.pulsar = None if config.pulsar_port is None and config.pulsar_tls_port is None else PulsarFrontEnd(self)
+        # The web service (REST admin API, HTTP lookup, /metrics), when its port is given (broker/web).
+        self.web = None if config.web_port is None and config.web_tls_port is None else WebFrontEnd(self)
+        self.metrics_registry = None  # what /metrics serves (the process sets it when it measures)
 
     # --- lifetime --------------------------------------------------------------------------
 
@@ -201,6 +207,8 @@ class BrokerServer:
             self.tls_port = self._tls_listeners[0].socket.getsockname()[1]
         if self.pulsar is not None:
             self.pulsar_port, self.pulsar_tls_port = await self.pulsar.listen(self.config.pulsar_port, self.config.pulsar_tls_port)
+        if self.web is not None:
+            self.web_port, self.web_tls_port = self.web.listen(self.config.web_port, self.config.web_tls_port)
         self.info = self._broker_info(port)
         self.ownership.info = self.info
         return port
@@ -256,8 +264,10 @@ class BrokerServer:
             pulsar_listeners = {INTERNAL_LISTENER: f"{host}:{self.pulsar_port}", **config.pulsar_advertised_listeners}
         tls_listeners = {} if self.tls_port is None else {INTERNAL_LISTENER: f"{host}:{self.tls_port}"}
         pulsar_tls_listeners = {} if self.pulsar_tls_port is None else {INTERNAL_LISTENER: f"{host}:{self.pulsar_tls_port}"}
+        web_listeners = {} if self.web_port is None else {INTERNAL_LISTENER: f"{host}:{self.web_port}"}
+        web_tls_listeners = {} if self.web_tls_port is None else {INTERNAL_LISTENER: f"{host}:{self.web_tls_port}"}
         return BrokerInfo(config.broker_id, address, dict(config.advertised_listeners), pulsar_listeners,
-                          tls_listeners, pulsar_tls_listeners)
+                          tls_listeners, pulsar_tls_listeners, web_listeners, web_tls_listeners)
 
     async def run(self, *, startup: Startup | None = None, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """Register and serve. With `startup`, its ZooKeeper steps are tried
@@ -291,6 +301,10 @@ class BrokerServer:
             address = info.pulsar_address_for(None, tls=tls)
             if address is not None:
                 described.append(f"Pulsar at {scheme}://{address}")
+        for tls in (False, True):
+            url = info.web_url_for(None, tls=tls)
+            if url is not None:
+                described.append(f"web service at {url}")
         return "".join(f", {text}" for text in described)
 
     async def _ensure_layout(self) -> None:
@@ -306,6 +320,8 @@ class BrokerServer:
                     await nursery.start(trio.serve_listeners, self._handle_tls_connection, self._tls_listeners)
                 if self.pulsar is not None:
                     await nursery.start(self.pulsar.serve)
+                if self.web is not None:
+                    await nursery.start(self.web.serve)
                 task_status.started()
 
     async def shutdown(self) -> None:
@@ -328,7 +344,7 @@ class BrokerServer:
         if not (create and self.config.auto_topic_creation):
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
         await self.access.check_namespace(topic)
-        record = TopicRecord(0, self.config.default_policies, int(time.time() * 1000))
+        record = TopicRecord(0, self.config.default_policies, int(time.time() * 1000), frozenset())
         try:
             await self.topic_store.create_topic(topic, record)
             log.info("topic %s created on first use", topic)
@@ -344,12 +360,12 @@ class BrokerServer:
         check_name(partition)
         found = await self.topic_store.read_topic(partition)
         if found is not None and found[0].partitions == 0:
-            return partition, -1, found[0].policies
+            return partition, -1, await self.tenant_store.policies_in_effect(partition, found[0])
         topic, index = split_partition(partition)
         if index >= 0:
             found = await self.topic_store.read_topic(topic)
             if found is not None and index < found[0].partitions:
-                return topic, index, found[0].policies
+                return topic, index, await self.tenant_store.policies_in_effect(topic, found[0])
         raise TopicNotFoundError(f"no partition or topic {partition!r}")
 
     async def lookup(self, partition: str, authoritative: bool) -> tuple[BrokerInfo, bool]:
@@ -406,14 +422,7 @@ class BrokerServer:
         if offset is None and publish_time_ms is not None:
             offset = await service.managed_ledger.offset_at_time(publish_time_ms)
         elif offset is None and message_id is not None and len(message_id) == 3:
-            ledger_id, entry_id, batch_index = message_id
-            position = Position(ledger_id, entry_id)
-            if not service.managed_ledger.has_entry(position):
-                raise BadRequestError(f"{service.name} holds no entry {ledger_id}:{entry_id}")
-            header = (await service.managed_ledger.read_entry(position)).header
-            if batch_index >= header.message_count:
-                raise BadRequestError(f"entry {ledger_id}:{entry_id} holds {header.message_count} messages")
-            offset = header.first_offset + batch_index
+            offset = await service.offset_of_message(*message_id)
         elif offset is None:
             raise BadRequestError("a seek names an offset, a message id or a publish time")
         await subscription.seek(offset)

@@ -277,6 +277,10 @@ class Subscription:
         self.core.seek(offset, managed_ledger.first_offset, managed_ledger.confirmed_offset)
         self.read_position = None
         self.wake()
+        await self._durable()
+
+    async def _durable(self) -> None:
+        """Until every change of the cursor made so far is durable."""
         waiter = AckWaiter()
         for answered in self.core.when_durable(waiter):
             answered.answer()
@@ -284,6 +288,18 @@ class Subscription:
         await waiter.done.wait()
         if waiter.error is not None:
             raise waiter.error
+
+    async def acknowledge_before(self, offset: int) -> int:
+        """Acknowledge every message below `offset` (an admin's skip, clear
+        backlog or expiry; message TTL); returns how many that acknowledged,
+        once the cursor holding it is durable."""
+        offset = min(offset, self.managed_ledger.confirmed_offset + 1)
+        backlog = self.backlog()
+        if self.core.skip_to(offset):
+            self.read_position = None
+        self.wake()
+        await self._durable()
+        return backlog - self.backlog()
 
     def skip_to(self, first_offset: int) -> None:
         """Retention deleted everything below `first_offset`."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from broker.authorization import NamespacePolicies, TenantInfo
 from broker.errors import ConflictError, NotFoundError
 from broker.topic_names import DEFAULT_NAMESPACE, DEFAULT_TENANT, namespace_of_topic
-from broker.topic_records import TENANTS, check_name, namespace_path, tenant_path
+from broker.topic_records import TENANTS, TopicPolicies, TopicRecord, check_name, namespace_path, tenant_path
 from broker.topic_store import TopicStore
 from coordination.store import BadVersionError, NodeExistsError, NoNodeError
 
@@ -102,6 +102,12 @@ class TenantStore:
             await self.store.delete(namespace_path(tenant, name))
         except NoNodeError:
             raise NotFoundError(f"namespace {namespace} does not exist") from None
+
+    async def policies_in_effect(self, topic: str, record: TopicRecord) -> TopicPolicies:
+        """The policies topic `topic` (of `record`) works by: its own, then
+        its namespace's, then the broker's defaults it was made with."""
+        namespace = await self.namespace(namespace_of_topic(topic))
+        return record.policies_under(namespace.policies if namespace is not None else {})
 
     async def update_namespace(self, namespace: str, change) -> NamespacePolicies:
         """Apply `change` (policies -> policies) with compare-and-set, retried

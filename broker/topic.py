@@ -26,6 +26,7 @@ from broker.errors import (
     BadRequestError,
     BrokerError,
     BrokerStatus,
+    ConflictError,
     ConsumerBusyError,
     ProducerBusyError,
     ProducerFencedError,
@@ -46,6 +47,7 @@ from broker.subscription import ConsumerLink, Subscription
 from broker.subscription_core import SubscriptionCore
 from broker.topic_records import TopicPolicies, check_name
 from broker.topic_store import TopicStore
+from broker.tenant_store import TenantStore
 from coordination.store import MetadataError, NodeExistsError
 from ledger_client import BKError, BookKeeper
 
@@ -505,42 +507,69 @@ class PartitionService:
         start_offset: int | None,
         hash_ranges: HashRanges | None = None,
     ) -> Subscription:
+        async with self._subscribe_lock:
+            subscription = await self._open_subscription(subscription_name, subscription_type, initial_position=initial_position,
+                                                         durable=durable, important=important, start_offset=start_offset)
+            subscription.add_consumer(link, subscription_type, priority, hash_ranges)
+            return subscription
+
+    async def create_subscription(self, subscription_name: str, *, initial_position: str = "latest",
+                                  start_offset: int | None = None) -> Subscription:
+        """A durable subscription without consumers (Pulsar's admin
+        create-subscription): ConflictError if it exists."""
+        async with self._subscribe_lock:
+            if subscription_name in self.subscriptions:
+                raise ConflictError(f"subscription {subscription_name} exists on {self.name}")
+            return await self._open_subscription(subscription_name, SubscriptionType.EXCLUSIVE, initial_position=initial_position,
+                                                 durable=True, important=False, start_offset=start_offset)
+
+    async def _open_subscription(self, subscription_name: str, subscription_type: SubscriptionType, *,
+                                 initial_position: str, durable: bool, important: bool, start_offset: int | None) -> Subscription:
+        """The subscription, made (and, if durable, its cursor written) when
+        it does not exist. The caller holds the subscribe lock."""
         self._check_serving()
         check_name(subscription_name, "subscription")
         if initial_position not in ("earliest", "latest"):
             raise BadRequestError(f"initial position must be earliest or latest, got {describe(initial_position)}")
-        async with self._subscribe_lock:
-            self._check_serving()
-            subscription = self.subscriptions.get(subscription_name)
-            if subscription is not None and subscription.durable != durable:
-                raise ConsumerBusyError(f"{subscription_name} exists as a {'durable' if subscription.durable else 'non-durable'} subscription")
-            if subscription is None:
-                if start_offset is not None:
-                    next_offset = start_offset
-                elif initial_position == "earliest":
-                    next_offset = self.managed_ledger.first_offset
-                else:
-                    next_offset = self.managed_ledger.confirmed_offset + 1
-                next_offset = min(max(next_offset, self.managed_ledger.first_offset), self.managed_ledger.confirmed_offset + 1)
-                subscription = Subscription(
-                    self, subscription_name, subscription_type, Cursor.at(next_offset),
-                    durable=durable, important=important, cursor_version=None, core_class=self.context.subscription_core_class, created_ms=int(time.time() * 1000),
-                )
-                if durable:
-                    # Durable before the consumer hears of it: a restart keeps its position.
-                    try:
-                        await subscription.write_cursor()
-                    except NodeExistsError:
-                        # A subscribe cancelled after writing it (or a race):
-                        # the cursor is there; use it.
-                        subscription = await self._adopt_cursor(subscription_name)
-                self.subscriptions[subscription_name] = subscription
-                self._start_subscription(subscription)
-            elif important and not subscription.important:
-                subscription.important = True
-                await subscription.write_cursor()
-            subscription.add_consumer(link, subscription_type, priority, hash_ranges)
-            return subscription
+        subscription = self.subscriptions.get(subscription_name)
+        if subscription is not None and subscription.durable != durable:
+            raise ConsumerBusyError(f"{subscription_name} exists as a {'durable' if subscription.durable else 'non-durable'} subscription")
+        if subscription is None:
+            if start_offset is not None:
+                next_offset = start_offset
+            elif initial_position == "earliest":
+                next_offset = self.managed_ledger.first_offset
+            else:
+                next_offset = self.managed_ledger.confirmed_offset + 1
+            next_offset = min(max(next_offset, self.managed_ledger.first_offset), self.managed_ledger.confirmed_offset + 1)
+            subscription = Subscription(
+                self, subscription_name, subscription_type, Cursor.at(next_offset),
+                durable=durable, important=important, cursor_version=None, core_class=self.context.subscription_core_class, created_ms=int(time.time() * 1000),
+            )
+            if durable:
+                # Durable before the consumer hears of it: a restart keeps its position.
+                try:
+                    await subscription.write_cursor()
+                except NodeExistsError:
+                    # A subscribe cancelled after writing it (or a race):
+                    # the cursor is there; use it.
+                    subscription = await self._adopt_cursor(subscription_name)
+            self.subscriptions[subscription_name] = subscription
+            self._start_subscription(subscription)
+        elif important and not subscription.important:
+            subscription.important = True
+            await subscription.write_cursor()
+        return subscription
+
+    async def offset_of_message(self, ledger_id: int, entry_id: int, batch_index: int) -> int:
+        """The offset of message (ledger id, entry id, batch index), or BadRequestError."""
+        position = Position(ledger_id, entry_id)
+        if not self.managed_ledger.has_entry(position):
+            raise BadRequestError(f"{self.name} holds no entry {ledger_id}:{entry_id}")
+        header = (await self.managed_ledger.read_entry(position)).header
+        if not 0 <= batch_index < header.message_count:
+            raise BadRequestError(f"entry {ledger_id}:{entry_id} holds {header.message_count} messages")
+        return header.first_offset + batch_index
 
     async def _adopt_cursor(self, subscription_name: str) -> Subscription:
         stored = (await self.topic_store.read_cursors(self.name)).get(subscription_name)
@@ -624,8 +653,11 @@ class PartitionService:
 
     async def _refresh_policies(self) -> None:
         found = await self.topic_store.read_topic(self.topic)
-        if found is not None and found[0].policies != self.policies:
-            self.policies = self.managed_ledger.policies = found[0].policies
+        if found is None:
+            return
+        policies = await TenantStore(self.topic_store).policies_in_effect(self.topic, found[0])
+        if policies != self.policies:
+            self.policies = self.managed_ledger.policies = policies
             self.publishing.deduplication = self.policies.deduplication
             log.info("partition %s: policies now %s", self.name, self.policies)
 

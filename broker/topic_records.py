@@ -214,11 +214,42 @@ class TopicPolicies:
         return replace(base or cls(), **values)
 
 
+# The policies a namespace may set for its topics (Pulsar's namespace
+# policies); a topic's own setting of one wins over its namespace's.
+NAMESPACE_POLICY_NAMES = ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "deduplication")
+
+
+def check_namespace_policies(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` if they are policies a namespace may set, each valid; else ValueError."""
+    unknown = [describe(name) for name in values if name not in NAMESPACE_POLICY_NAMES]
+    if unknown:
+        raise ValueError(f"a namespace sets only {', '.join(NAMESPACE_POLICY_NAMES)}; not {', '.join(unknown[:5])}")
+    TopicPolicies.from_dict(values)
+    return dict(values)
+
+
 @dataclass(frozen=True)
 class TopicRecord:
     partitions: int  # 0: not partitioned
     policies: TopicPolicies = field(default_factory=TopicPolicies)
     created_ms: int = 0
+    # The policies set on the topic itself (at its creation or since), which
+    # its namespace's do not override; the others in `policies` are the
+    # broker's defaults at its creation. None for a record written before
+    # this was kept: then the policies that differ from the defaults.
+    own_policies: frozenset[str] | None = None
+
+    def own_policy_names(self) -> frozenset[str]:
+        if self.own_policies is not None:
+            return self.own_policies
+        defaults = TopicPolicies()
+        return frozenset(item.name for item in fields(TopicPolicies) if getattr(self.policies, item.name) != getattr(defaults, item.name))
+
+    def policies_under(self, namespace_policies: dict[str, Any]) -> TopicPolicies:
+        """The topic's policies in effect: its own, then its namespace's, then the defaults it was made with."""
+        own = self.own_policy_names()
+        inherited = {name: value for name, value in namespace_policies.items() if name not in own}
+        return TopicPolicies.from_dict(inherited, self.policies) if inherited else self.policies
 
     def partition_names(self, topic: str) -> list[str]:
         if self.partitions == 0:
@@ -226,14 +257,17 @@ class TopicRecord:
         return [partition_name(topic, index) for index in range(self.partitions)]
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {"partitions": self.partitions, "policies": self.policies.to_dict(), "created_ms": self.created_ms}, sort_keys=True
-        ).encode()
+        record = {"partitions": self.partitions, "policies": self.policies.to_dict(), "created_ms": self.created_ms}
+        if self.own_policies is not None:
+            record["own_policies"] = sorted(self.own_policies)
+        return json.dumps(record, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "TopicRecord":
         record = json.loads(data)
-        return cls(record["partitions"], TopicPolicies.from_dict(record.get("policies", {})), record.get("created_ms", 0))
+        own = record.get("own_policies")
+        return cls(record["partitions"], TopicPolicies.from_dict(record.get("policies", {})), record.get("created_ms", 0),
+                   None if own is None else frozenset(own))
 
 
 @dataclass(frozen=True)
@@ -285,7 +319,7 @@ class ManagedLedgerRecord:
 
 __all__ = [
     "BROKERS", "MANAGED_LEDGERS", "NAME_CHARS_MAX", "OWNERS", "PARTITIONS_MAX", "TENANTS", "TOPICS", "TOPIC_CHARS_MAX",
-    "LedgerInfo", "ManagedLedgerRecord", "TopicPolicies", "TopicRecord", "broker_path", "check_name", "cursor_path",
+    "NAMESPACE_POLICY_NAMES", "LedgerInfo", "ManagedLedgerRecord", "TopicPolicies", "check_namespace_policies", "TopicRecord", "broker_path", "check_name", "cursor_path",
     "cursors_path", "dedup_path", "managed_ledger_path", "name_of_node", "namespace_path", "node_name", "owner_path",
     "partition_name", "split_partition", "tenant_path", "topic_path",
 ]

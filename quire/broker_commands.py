@@ -84,7 +84,14 @@ def add_run(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pulsar-advertised-listeners", type=Listeners(), default={}, metavar="NAME:HOST:PORT,...",
                         help="the Pulsar listeners other than the internal one, each under the name a Pulsar client asks "
                              "for with its listener name, e.g. external:localhost:6650")
-    parser.add_argument("--cluster-name", default="standalone", help="the cluster's name, in the producer names the broker gives Pulsar clients (default %(default)s)")
+    parser.add_argument("--web-port", type=port_number, metavar="PORT",
+                        help="serve the web service on this port: Pulsar's REST admin API (/admin/v2), HTTP lookup "
+                             "(/lookup/v2, for Pulsar clients given an http:// service URL) and /metrics")
+    parser.add_argument("--web-tls-port", type=port_number, metavar="PORT",
+                        help="serve the web service over HTTPS on this port (needs --tls-cert-file and --tls-key-file)")
+    parser.add_argument("--cluster-name", default="standalone",
+                        help="the cluster's name (Pulsar's clusterName): the REST API's /admin/v2/clusters, the clusters "
+                             "tenants may be allowed, the producer names the broker gives (default %(default)s)")
     parser.add_argument("--broker-id", help="stable identity (default: the advertised address)")
     parser.add_argument(
         "--metrics-port", type=metrics_port, default=0, metavar="PORT",
@@ -147,13 +154,21 @@ def run(arguments: argparse.Namespace) -> int:
     from quire.security_options import authenticator_from, bookie_credentials_from, tls_server_context_from
 
     tls_context = tls_server_context_from(arguments)
-    if tls_context is None and (arguments.tls_port is not None or arguments.pulsar_tls_port is not None):
-        raise UsageError("--tls-port and --pulsar-tls-port need --tls-cert-file and --tls-key-file")
+    if tls_context is None and any(port is not None for port in (arguments.tls_port, arguments.pulsar_tls_port, arguments.web_tls_port)):
+        raise UsageError("--tls-port, --pulsar-tls-port and --web-tls-port need --tls-cert-file and --tls-key-file")
     ports = [port for port in (arguments.port, arguments.metrics_port, arguments.pulsar_port, arguments.tls_port,
-                               arguments.pulsar_tls_port) if port]
+                               arguments.pulsar_tls_port, arguments.web_port, arguments.web_tls_port) if port]
     if len(ports) != len(set(ports)):
         raise UsageError(f"the broker's ports must differ from each other (--port, --metrics-port, --pulsar-port, "
-                         f"--tls-port, --pulsar-tls-port): {', '.join(map(str, ports))}")
+                         f"--tls-port, --pulsar-tls-port, --web-port, --web-tls-port): {', '.join(map(str, ports))}")
+    web_client_context = None
+    if arguments.tls_trust_certs_file is not None:
+        from security.tls import client_context
+
+        try:
+            web_client_context = client_context(arguments.tls_trust_certs_file)
+        except (OSError, ValueError) as error:
+            raise UsageError(f"TLS: {error}") from None
     authenticator = authenticator_from(arguments, tls_certificates=arguments.tls_trust_certs_file is not None)
     try:
         config = BrokerConfig(
@@ -178,6 +193,9 @@ def run(arguments: argparse.Namespace) -> int:
             tls_context=tls_context,
             tls_port=arguments.tls_port,
             pulsar_tls_port=arguments.pulsar_tls_port,
+            web_port=arguments.web_port,
+            web_tls_port=arguments.web_tls_port,
+            web_client_tls_context=web_client_context,
             tls_handshake_deadline_s=arguments.tls_handshake_timeout / 1000,
             **peer_limits_from(arguments),
         )

@@ -61,9 +61,10 @@ from broker.pulsar.pulsar_api_pb2 import (
 from broker.pulsar.wire import Frame, PulsarFrameDecoder, Type, command, encode, encode_parts
 from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.topic import PartitionService, ProducerLink
-from broker.topic_names import NotPersistentError, TopicNameError, namespace_of, namespace_of_topic, pulsar_name, quire_name
+from broker.topic_names import NotPersistentError, TopicNameError, namespace_of, quire_name
 from broker.topic_records import TopicRecord, split_partition
 from broker.topic_store import TopicStore
+from broker.topic_lookup import ensure_topic, lookup_partition, partition_count, topics_of_namespace
 from coordination.store import MetadataError
 from framing.codec import ProtocolError
 from framing.peer_limits import HANDSHAKE_FRAME_BYTES_MAX, ConnectionLimits, FrameBudget, FrameReader, keepalive_sweep, peer_faults, serve_admitted, serve_admitted_tls, wait_for_output_room
@@ -625,22 +626,14 @@ class PulsarFrontEnd:
     # --- topics --------------------------------------------------------------------------------
 
     async def _partitioned_metadata(self, connection: _Connection, body) -> Any:
-        name = quire_name(body.topic)
-        await self.broker.access.check_topic(connection.principal.role, name, None, "look up")
-        topic, index = split_partition(name)
-        if index >= 0 and (await self.broker.topic_store.read_topic(name)) is None:
-            partitions = 0  # a partition of a partitioned topic is a topic of its own to a client
-        else:
-            record = await self.broker.topic_record(name, create=body.metadata_auto_creation_enabled)
-            partitions = record.partitions
+        partitions = await partition_count(self.broker, quire_name(body.topic), connection.principal.role,
+                                           create=body.metadata_auto_creation_enabled)
         return command(Type.PARTITIONED_METADATA_RESPONSE, request_id=body.request_id, partitions=partitions,
                        response=CommandPartitionedTopicMetadataResponse.Success)
 
     async def _lookup(self, connection: _Connection, body) -> Any:
         name = quire_name(body.topic)
-        await self.broker.access.check_topic(connection.principal.role, name, None, "look up")
-        await self._ensure_topic(name)
-        info, redirect = await self.broker.lookup(name, body.authoritative)
+        info, redirect = await lookup_partition(self.broker, name, connection.principal.role, authoritative=body.authoritative)
         listener = body.advertised_listener_name or None  # clients send "" for none
         address = info.pulsar_address_for(listener)
         tls_address = info.pulsar_address_for(listener, tls=True)
@@ -658,29 +651,11 @@ class PulsarFrontEnd:
                        response=CommandLookupTopicResponse.Redirect if redirect else CommandLookupTopicResponse.Connect,
                        authoritative=redirect)
 
-    async def _ensure_topic(self, name: str) -> None:
-        """A topic named for the first time is created, not partitioned (as
-        Pulsar does by default); a partition's topic must exist."""
-        topic, index = split_partition(name)
-        if index >= 0 and (await self.broker.topic_store.read_topic(topic)) is not None:
-            return
-        await self.broker.topic_record(name, create=True)
-
     async def _topics_of_namespace(self, connection: _Connection, body) -> Any:
         namespace = namespace_of(body.namespace)
-        await self.broker.access.check_in_namespace(connection.principal.role, namespace, None,
-                                                    f"list the topics of namespace {namespace}")
+        names = await topics_of_namespace(self.broker, namespace, connection.principal.role)
         if body.mode == body.NON_PERSISTENT:
-            names: list[str] = []
-        else:
-            names = []
-            for topic in await self.broker.topic_store.list_topics():
-                if namespace_of_topic(topic) != namespace:
-                    continue
-                found = await self.broker.topic_store.read_topic(topic)
-                if found is None:
-                    continue
-                names.extend(pulsar_name(partition) for partition in found[0].partition_names(topic))
+            names = []  # quire's topics are all persistent
         filtered = False
         if body.HasField("topics_pattern"):
             pattern = _topics_pattern(body.topics_pattern)
@@ -749,7 +724,7 @@ class PulsarFrontEnd:
         producer_name = body.producer_name if body.HasField("producer_name") and body.producer_name else \
             f"{self.config.cluster_name}-{self.broker.info.broker_id}-{self.broker.session_id:x}-{next(self._producer_names)}"
         await self.broker.access.check_topic(connection.principal.role, name, Action.PRODUCE, "produce to")
-        await self._ensure_topic(name)
+        await ensure_topic(self.broker, name)
         schema_version = None
         if body.HasField("schema") and body.schema.type != _SCHEMA_NONE:
             schema_version = await self._schema_version(name, body.schema)
@@ -862,7 +837,7 @@ class PulsarFrontEnd:
             raise ValueError(f"unknown subscription type {body.subType}")
         await self.broker.access.check_topic(connection.principal.role, name, Action.CONSUME, "consume from")
         if body.force_topic_creation:
-            await self._ensure_topic(name)
+            await ensure_topic(self.broker, name)
         service = await self.broker.serving(name)
         start_offset = None
         if not body.durable and body.HasField("start_message_id"):

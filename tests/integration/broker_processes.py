@@ -25,15 +25,20 @@ SESSION_TIMEOUT_MS = 4_000  # how long a killed broker keeps its partitions
 class BrokerProcess(QuireProcess):
     role = "broker"
     pulsar_port: int = 0  # Pulsar's protocol (every test broker serves it)
+    web_port: int = 0  # the web service (every test broker serves it)
 
     @property
     def pulsar_url(self) -> str:
         return f"pulsar://127.0.0.1:{self.pulsar_port}"
 
+    @property
+    def web_url(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
     def arguments(self) -> list[str]:
         return [
             "broker", "run", "--zk", self.zk_hosts, "--root", self.root, "--port", str(self.port),
-            "--pulsar-port", str(self.pulsar_port),
+            "--pulsar-port", str(self.pulsar_port), "--web-port", str(self.web_port),
             "--session-timeout-ms", str(SESSION_TIMEOUT_MS), "--retention-check-interval", "500ms",
         ]
 
@@ -65,7 +70,7 @@ class BrokerFactory:
 
     def new(self, *options: str) -> BrokerProcess:
         broker = BrokerProcess(self.zk_hosts, self.root, self.base / f"broker-{len(self.created) + 1}", free_port(), list(options),
-                               pulsar_port=free_port())
+                               pulsar_port=free_port(), web_port=free_port())
         self.created.append(broker)
         return broker
 
