@@ -27,6 +27,11 @@ def add_up(parser: argparse.ArgumentParser) -> None:
                              "run every process with them: tokens, TLS (Pulsar's on BASE+2i+1) and ZooKeeper ACLs")
     parser.add_argument("--broker-tls-base-port", type=port_number, default=6750,
                         help="with --secure: broker i serves quire's protocol over TLS on BASE+i (default %(default)s)")
+    parser.add_argument("--web-base-port", type=port_or_zero, default=8080,
+                        help="broker i serves its web service (Pulsar's REST admin API, HTTP lookup, /metrics) on BASE+i "
+                             "(0: none; default %(default)s)")
+    parser.add_argument("--web-tls-base-port", type=port_number, default=8443,
+                        help="with --secure: broker i serves its web service over HTTPS on BASE+i (default %(default)s)")
     parser.add_argument(
         "--metrics-base-port", type=metrics_port, default=8000,
         help="Prometheus /metrics: bookie i on BASE+i, broker j on BASE+BOOKIES+j (0: no metrics; default %(default)s)",
@@ -52,6 +57,8 @@ def up(arguments: argparse.Namespace) -> int:
             root=arguments.root,
             secure=arguments.secure,
             broker_tls_base_port=arguments.broker_tls_base_port,
+            web_base_port=arguments.web_base_port,
+            web_tls_base_port=arguments.web_tls_base_port,
         )
     except ClusterError as error:
         raise UsageError(str(error)) from None
@@ -60,6 +67,9 @@ def up(arguments: argparse.Namespace) -> int:
     scheme = "pulsar+ssl" if arguments.secure else "pulsar"
     if pulsar_urls:
         print(f"Pulsar clients: {scheme}://{','.join(pulsar_urls)}")
+    web_urls = [record.web_url for record in state.processes if record.web_url]
+    if web_urls:
+        print(f"REST admin API: {web_urls[0]}/admin/v2 (HTTP lookup for Pulsar clients: {web_urls[0]})")
     if arguments.secure:
         security = Path(state.security_dir)
         print(f"secured: tokens, TLS and ZooKeeper ACLs; keys, certificates and tokens in {security}\n"
@@ -85,11 +95,12 @@ def status(arguments: argparse.Namespace) -> int:
     if not rows:
         print(f"cluster in {arguments.data_dir} is stopped")
         return 1
-    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}  {'PULSAR':<28} METRICS")
+    print(f"{'NAME':<12} {'ROLE':<10} {'PID':>7} {'ADDRESS':<21} {'STATE':<22} {'DISK':>10}  {'PULSAR':<28} "
+          f"{'WEB':<24} METRICS")
     for row in rows:
         print(
             f"{row['name']:<12} {row['role']:<10} {row['pid']:>7} {row['address']:<21} "
-            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB  {row['pulsar']:<28} {row['metrics']}"
+            f"{row['state']:<22} {row['disk_bytes'] / 1e6:>8.1f}MB  {row['pulsar']:<28} {row['web']:<24} {row['metrics']}"
         )
     return 0 if all(row["state"] != "down" for row in rows) else 1
 

@@ -21,6 +21,8 @@ STATE_FILE = "cluster.json"
 METRICS_BASE_PORT = 8000  # BookKeeper's prometheusStatsHttpPort
 PULSAR_BASE_PORT = 6650  # Pulsar's brokerServicePort; broker i takes BASE+2i (and BASE+2i+1 for TLS)
 BROKER_TLS_BASE_PORT = 6750  # with --secure: broker i serves quire's protocol over TLS on BASE+i
+WEB_BASE_PORT = 8080  # Pulsar's webServicePort: broker i serves the REST admin API and HTTP lookup on BASE+i
+WEB_TLS_BASE_PORT = 8443  # Pulsar's webServicePortTls: with --secure, broker i serves them over HTTPS on BASE+i
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 STATUS_ZK_PROBE_S = 1.0  # `ruok` to ZooKeeper
@@ -42,6 +44,7 @@ class ProcessRecord:
     data_dirs: list[str] = field(default_factory=list)
     metrics_address: str = ""  # HOST:PORT of its /metrics, if any
     pulsar_url: str = ""  # a broker's pulsar:// service URL, if it serves Pulsar's protocol
+    web_url: str = ""  # a broker's web service (REST admin API, HTTP lookup), if it serves one
 
 
 @dataclass
@@ -193,6 +196,8 @@ def up(
     pulsar_base_port: int = PULSAR_BASE_PORT,
     secure: bool = False,
     broker_tls_base_port: int = BROKER_TLS_BASE_PORT,
+    web_base_port: int = WEB_BASE_PORT,
+    web_tls_base_port: int = WEB_TLS_BASE_PORT,
     progress=print,
 ) -> ClusterState:
     """`metrics_base_port`: bookie i serves /metrics on BASE+i, broker j on
@@ -200,7 +205,9 @@ def up(
     Pulsar's protocol on BASE+2i (the next port is its TLS listener's);
     0: no Pulsar listener. `secure`: tokens, TLS and ZooKeeper ACLs
     everywhere (see `make_security`); broker i then also serves quire's
-    protocol over TLS on `broker_tls_base_port` + i."""
+    protocol over TLS on `broker_tls_base_port` + i and its web service
+    over HTTPS on `web_tls_base_port` + i. `web_base_port`: broker i serves
+    its web service (REST admin API, HTTP lookup, /metrics) on BASE+i; 0: none."""
     from bookie.durable_files import directory_problem
 
     # The ports first: they are arithmetic on the arguments, checked before
@@ -208,11 +215,14 @@ def up(
     metrics_ports = [metrics_base_port + index for index in range(bookies + brokers)] if metrics_base_port else []
     pulsar_ports = [pulsar_base_port + 2 * index for index in range(brokers)] if pulsar_base_port else []
     ports = [zk_port] + [bookie_base_port + index for index in range(bookies)] + [broker_base_port + index for index in range(brokers)]
-    ports += metrics_ports + pulsar_ports
+    web_ports = [web_base_port + index for index in range(brokers)] if web_base_port else []
+    ports += metrics_ports + pulsar_ports + web_ports
     if secure:
         ports += [port + 1 for port in pulsar_ports] + [broker_tls_base_port + index for index in range(brokers)]
+        ports += [web_tls_base_port + index for index in range(brokers)]
     if len(set(ports)) != len(ports):
-        raise ClusterError(f"the ports of ZooKeeper, bookies, brokers, Pulsar listeners and metrics overlap: {sorted(ports)}")
+        raise ClusterError(f"the ports of ZooKeeper, bookies, brokers, Pulsar listeners, web services and metrics overlap: "
+                           f"{sorted(ports)}")
     if max(ports) > 65535:
         raise ClusterError(f"ports run past 65535: {sorted(ports)}")
     data_dir = Path(data_dir).resolve()
@@ -275,12 +285,17 @@ def up(
                 pulsar += ["--pulsar-tls-port", str(pulsar_ports[index] + 1)] if pulsar_ports else []
                 pulsar += ["--tls-port", str(broker_tls_base_port + index)]
                 pulsar_url = f"pulsar+ssl://127.0.0.1:{pulsar_ports[index] + 1}" if pulsar_ports else ""
+            web = ["--web-port", str(web_ports[index])] if web_ports else []
+            web_url = f"http://127.0.0.1:{web_ports[index]}" if web_ports else ""
+            if secure:
+                web += ["--web-tls-port", str(web_tls_base_port + index)]
+                web_url = f"https://127.0.0.1:{web_tls_base_port + index}"
             _spawn(
                 state,
                 dict(role="broker", name=name, address=f"127.0.0.1:{port}", metrics_address=_metrics_address(metrics),
-                     pulsar_url=pulsar_url),
+                     pulsar_url=pulsar_url, web_url=web_url),
                 quire_command(
-                    "broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *pulsar, *metrics,
+                    "broker", "run", "--zk", zk_hosts, "--root", root, "--port", str(port), *pulsar, *web, *metrics,
                     *options["broker"], *(broker_options or []),
                 ),
                 data_dir / "logs" / f"{name}.log",
@@ -450,6 +465,7 @@ def status(data_dir: Path) -> tuple[ClusterState | None, list[dict]]:
                 name=record.name, role=record.role, pid=record.pid, address=record.address,
                 metrics=f"http://{record.metrics_address}/metrics" if record.metrics_address else "-",
                 pulsar=record.pulsar_url or "-",
+                web=record.web_url or "-",
                 state=process_state, disk_bytes=directory_bytes(record.data_dirs), log=record.log,
             )
         )

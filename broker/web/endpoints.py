@@ -81,22 +81,25 @@ def no_content() -> Response:
     return Response(status_code=204)
 
 
-class Redirect(Exception):
-    """Answer 307 to `url`: another broker serves what the request names."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.url = url
-
-
-async def read_json(request: Request, *, default: Any = ...) -> Any:
-    """The request's JSON body, at most BODY_BYTES_MAX bytes; `default`
-    when it is empty (none given: a body is required)."""
+async def read_body(request: Request) -> bytes:
+    """The request's body, at most BODY_BYTES_MAX bytes (read once: a relay
+    to another broker sends it on)."""
+    cached = getattr(request.state, "body", None)
+    if cached is not None:
+        return cached
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > BODY_BYTES_MAX:
             raise BadRequestError(f"a request body holds at most {BODY_BYTES_MAX} bytes")
+    request.state.body = bytes(body)
+    return request.state.body
+
+
+async def read_json(request: Request, *, default: Any = ...) -> Any:
+    """The request's JSON body; `default` when it is empty (none given: a
+    body is required)."""
+    body = await read_body(request)
     if not body.strip():
         if default is ...:
             raise BadRequestError("this request needs a JSON body")
@@ -145,8 +148,6 @@ def endpoint(handler: Handler) -> Callable[[Any], Callable[[Request], Awaitable[
             try:
                 role = authenticate(web, request)
                 return await handler(web, request, role)
-            except Redirect as redirect:
-                return Response(status_code=307, headers={"Location": redirect.url})
             except BrokerError as error:
                 status = status_of(error)
                 if status in (401, 403):
@@ -185,5 +186,5 @@ def authenticate(web: Any, request: Request) -> str | None:
     return principal.role
 
 
-__all__ = ["BODY_BYTES_MAX", "Redirect", "endpoint", "error_response", "int_parameter", "no_content",
-           "query_flag", "read_json", "status_of"]
+__all__ = ["BODY_BYTES_MAX", "endpoint", "error_response", "int_parameter", "no_content",
+           "query_flag", "read_body", "read_json", "status_of"]

@@ -9,9 +9,9 @@ do. What is about a partitioned topic is asked of each partition's owner
 
 from __future__ import annotations
 
-import urllib.parse
 from typing import Any, Awaitable, Callable
 
+import httpx
 import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -31,7 +31,7 @@ from broker.errors import (
 from broker.topic_lookup import lookup_partition, partition_count
 from broker.topic_names import pulsar_name, quire_name
 from broker.topic_records import TopicRecord, partition_name, split_partition
-from broker.web.endpoints import Redirect, endpoint, int_parameter, no_content, query_flag, read_json
+from broker.web.endpoints import endpoint, int_parameter, no_content, query_flag, read_body, read_json
 from broker.web.pulsar_json import internal_stats, partitioned_stats, topic_stats
 
 V2 = "/admin/v2"
@@ -39,6 +39,10 @@ TOPIC = V2 + "/persistent/{tenant}/{namespace}/{topic}"
 SUBSCRIPTION = TOPIC + "/subscription/{subscription}"
 LATEST = 2**63 - 1  # Pulsar's MessageId.latest is (Long.MAX_VALUE, Long.MAX_VALUE)
 PARTITION_CALLS_IN_FLIGHT_MAX = 16  # a partitioned topic's partitions asked at once
+# A request relayed to a partition's owner says how many times it was: an
+# owner changing meanwhile cannot send it round for ever.
+RELAY_HEADER = "x-quire-relayed"
+RELAY_HOPS_MAX = 3
 
 
 def _topic(request: Request) -> str:
@@ -75,23 +79,43 @@ async def _partitions_of(web: Any, name: str) -> tuple[TopicRecord | None, list[
 
 
 async def _on_owner(web: Any, request: Request, partition: str, local: Callable[[], Awaitable[Any]]) -> Any:
-    """`local()` here if this broker serves the partition; otherwise a
-    redirect to its owner (with authority when that broker is to take it)."""
+    """`local()` here if this broker serves the partition; otherwise the
+    request is relayed to the broker that does (with authority when that
+    broker is to take it), and its answer is this one."""
     info, redirect = await web.server.lookup(partition, query_flag(request, "authoritative"))
     if info.broker_id == web.server.info.broker_id:
         return await local()
-    url = _owner_url(info, request.url.scheme == "https")
-    query = dict(request.query_params)
-    if redirect:
-        query["authoritative"] = "true"
-    raise Redirect(f"{url}{request.url.path}" + (f"?{urllib.parse.urlencode(query)}" if query else ""))
+    answer = await _ask_owner(web, request, info, redirect, request.scope["path"], dict(request.query_params),
+                              await read_body(request))
+    return _relayed(answer)
 
 
-def _owner_url(info: Any, tls: bool) -> str:
-    url = info.web_url_for(None, tls=tls) or info.web_url_for(None, tls=not tls)
+async def _ask_owner(web: Any, request: Request, info: Any, authoritative: bool, path: str, query: dict,
+                     body: bytes) -> Any:
+    """The answer of another broker's web service to the request's method
+    on `path`, with the caller's credentials. Pulsar's brokers answer 307
+    with the owner's URL instead; relaying lets a client that reaches one
+    broker (through a published port, say) reach every partition."""
+    hops = int_parameter(request.headers.get(RELAY_HEADER), RELAY_HEADER, default=0, minimum=0)
+    if hops >= RELAY_HOPS_MAX:
+        raise ServiceUnavailableError(f"the partition's owner is changing (relayed {hops} times): try again")
+    headers = {RELAY_HEADER: str(hops + 1)}
+    for name in ("authorization", "content-type"):
+        if name in request.headers:
+            headers[name] = request.headers[name]
+    if authoritative:
+        query = {**query, "authoritative": "true"}
+    url = info.web_url_for(None) or info.web_url_for(None, tls=True)
     if url is None:
         raise NotAllowedError(f"broker {info.broker_id} serves the partition and has no web service")
-    return url
+    try:
+        return await web.client.request(request.method, url + path, params=query, headers=headers, content=body)
+    except httpx.HTTPError as error:
+        raise ServiceUnavailableError(f"broker {info.broker_id}, which serves the partition, did not answer: {error}") from None
+
+
+def _relayed(answer: Any) -> Response:
+    return Response(answer.content, status_code=answer.status_code, media_type=answer.headers.get("content-type"))
 
 
 def _partition_path(partition: str, suffix: str) -> str:
@@ -99,14 +123,14 @@ def _partition_path(partition: str, suffix: str) -> str:
 
 
 async def _each_partition(web: Any, request: Request, partitions: list[str], role: str | None, suffix: str,
-                          local: Callable[[str], Awaitable[Any]], *, method: str = "GET", body: Any = None,
-                          query: dict | None = None) -> dict[str, Any]:
+                          local: Callable[[str], Awaitable[Any]]) -> dict[str, Any]:
     """Each partition's answer, by partition: `local(partition)` for those
-    this broker serves, an HTTP request (`method` to the partition's path
-    and `suffix`) to the owner of each other one, with the caller's
-    credentials. The first failure fails the whole."""
+    this broker serves; for each other one, its owner's answer to the
+    request's method on the partition's path and `suffix`, with the
+    request's query and body. The first failure fails the whole."""
     answers: dict[str, Any] = {}
     slots = trio.Semaphore(PARTITION_CALLS_IN_FLIGHT_MAX)
+    body = await read_body(request)
 
     async def one(partition: str) -> None:
         async with slots:
@@ -114,13 +138,8 @@ async def _each_partition(web: Any, request: Request, partitions: list[str], rol
             if info.broker_id == web.server.info.broker_id:
                 answers[partition] = await local(partition)
                 return
-            params = {**(query or {}), **({"authoritative": "true"} if redirect else {})}
-            headers = {}
-            if "authorization" in request.headers:
-                headers["Authorization"] = request.headers["authorization"]
-            url = _owner_url(info, request.url.scheme == "https") + _partition_path(partition, suffix)
-            answer = await web.client.request(method, url, params=params, headers=headers, json=body,
-                                              follow_redirects=True)
+            answer = await _ask_owner(web, request, info, redirect, _partition_path(partition, suffix),
+                                      dict(request.query_params), body)
             if answer.status_code >= 400:
                 raise _remote_error(answer, partition)
             answers[partition] = answer.json() if answer.content else None
@@ -236,8 +255,7 @@ async def delete_partitioned_topic(web: Any, request: Request, role: str | None)
     if record is None or record.partitions == 0:
         raise TopicNotFoundError(f"partitioned topic {pulsar_name(topic)} does not exist")
     await web.server.access.check_topic_admin(role, topic, "delete")
-    await _each_partition(web, request, record.partition_names(topic), role, "", method="DELETE",
-                          query={"force": str(force).lower()},
+    await _each_partition(web, request, record.partition_names(topic), role, "",
                           local=lambda partition: _delete_one(web, request, role, partition, force))
     await _admin(web, "delete_topic_record", {"topic": topic}, role)
     return no_content()
@@ -319,21 +337,19 @@ def _suffix(request: Request) -> str:
     return path[len(prefix):]
 
 
-async def _fan_out(web: Any, request: Request, role: str | None, action: str, arguments: dict, *,
-                   body: Any = None) -> list[Any]:
+async def _fan_out(web: Any, request: Request, role: str | None, action: str, arguments: dict) -> list[Any]:
     """Run admin `action` on the topic's partition, or on each partition of
     a partitioned topic (the others' owners are asked the request's method
     and path, for each partition); the answers, one per partition."""
     topic = _topic(request)
     record, partitions = await _partitions_of(web, topic)
-    suffix, method = _suffix(request), request.method
+    suffix = _suffix(request)
 
     async def local(partition: str) -> Any:
         return await _admin(web, action, {**arguments, "partition": partition}, role)
 
     if record is not None and record.partitions > 0:
-        answers = await _each_partition(web, request, partitions, role, suffix, local=local, method=method, body=body,
-                                        query=dict(request.query_params))
+        answers = await _each_partition(web, request, partitions, role, suffix, local=local)
         return list(answers.values())
 
     async def run() -> list[Any]:
@@ -388,7 +404,7 @@ async def create_subscription(web: Any, request: Request, role: str | None) -> R
         raise NotAllowedError("quire does not replicate subscriptions between clusters")
     body = await read_json(request, default=None)
     arguments = {**_subscription_arguments(request), "position": _message_position(body)}
-    await _fan_out(web, request, role, "create_subscription", arguments, body=body)
+    await _fan_out(web, request, role, "create_subscription", arguments)
     return no_content()
 
 
@@ -443,15 +459,14 @@ async def reset_cursor_to_message(web: Any, request: Request, role: str | None) 
 
 @endpoint
 async def lookup(web: Any, request: Request, role: str | None) -> Response:
-    """Pulsar's LookupData for a partition, from the broker that serves it
-    (307 to the one to ask, with authority, when that is another)."""
+    """Pulsar's LookupData for a partition: the broker that serves it, or
+    that one's answer when it is to take the partition (asked with authority)."""
     topic = _topic(request)
     listener = request.query_params.get("listenerName") or request.headers.get("x-pulsar-listener-name") or None
     info, redirect = await lookup_partition(web.server, topic, role, authoritative=query_flag(request, "authoritative"))
     if redirect:
-        url = _owner_url(info, request.url.scheme == "https")
-        query = {**request.query_params, "authoritative": "true"}
-        raise Redirect(f"{url}{request.url.path}?{urllib.parse.urlencode(query)}")
+        answer = await _ask_owner(web, request, info, True, request.scope["path"], dict(request.query_params), b"")
+        return _relayed(answer)
     # Every field is there, "" for a listener the broker lacks: Pulsar's
     # C++ client refuses an answer without one of them.
     data = {}

@@ -79,6 +79,21 @@ def test_a_pulsar_client_on_the_host_names_the_external_listener(compose):
     assert "received 100 messages" in consumed.stderr, consumed.stderr
 
 
+def test_the_rest_admin_api_answers_from_the_host(compose):
+    import requests
+
+    web = f"http://localhost:{compose.ports['QUIRE_BROKER_1_WEB_PORT']}"
+    assert requests.get(f"{web}/admin/v2/clusters", timeout=60).json() == ["standalone"]
+    assert sorted(requests.get(f"{web}/admin/v2/brokers/standalone", timeout=60).json()) == ["broker-1:8080", "broker-2:8081"]
+    created = requests.put(f"{web}/admin/v2/persistent/public/default/over-rest/partitions", json=2, timeout=60)
+    assert created.status_code == 204, created.text
+    # A lookup names the listener a client on the host dials.
+    lookup = requests.get(f"{web}/lookup/v2/topic/persistent/public/default/over-rest-partition-0",
+                          params={"listenerName": "external"}, timeout=60).json()
+    published = {compose.ports[f"QUIRE_BROKER_{number}_PULSAR_PORT"] for number in (1, 2)}
+    assert lookup["brokerUrl"] in {f"pulsar://localhost:{port}" for port in published}, lookup
+
+
 async def produce_while(compose, topic: str, producer_id: str, fault, *, before: int, after: int) -> dict[bytes, int]:
     """A deduplicating producer on the host sends `before` messages, then
     `fault()` runs (in a thread) while it sends `after` more; returns every

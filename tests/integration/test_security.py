@@ -42,6 +42,7 @@ class SecureCluster:
     tls_port: int
     pulsar_tls_port: int
     metrics_port: int
+    web_tls_port: int
 
     def metric(self, name: str) -> float:
         import urllib.request
@@ -86,7 +87,8 @@ def secure_cluster(zookeeper, tmp_path_factory):
     tls_files = write_tls_files(base / "tls", hosts=["127.0.0.1", "localhost"], roles=["svc", "stranger"])
     bookie_factory = BookieFactory(zookeeper.address, root, base)
     broker_factory = BrokerFactory(zookeeper.address, root, base)
-    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, free_port(), free_port(), free_port())
+    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, free_port(), free_port(), free_port(),
+                            free_port())
 
     async def start() -> None:
         for _ in range(3):
@@ -97,7 +99,7 @@ def secure_cluster(zookeeper, tmp_path_factory):
             "--tls-cert-file", str(tls_files["server.cert.pem"]), "--tls-key-file", str(tls_files["server.key.pem"]),
             "--tls-trust-certs-file", str(tls_files["ca.cert.pem"]), "--tls-port", str(cluster.tls_port),
             "--pulsar-tls-port", str(cluster.pulsar_tls_port), "--tls-handshake-timeout", "2s",
-            "--metrics-port", str(cluster.metrics_port))
+            "--metrics-port", str(cluster.metrics_port), "--web-tls-port", str(cluster.web_tls_port))
         async with Client.connect(cluster.zk_hosts, root, auth_token=cluster.token(ADMIN)) as admin:
             await admin.create_tenant("acme", admin_roles=["acme-admin"])
             await admin.create_namespace(NAMESPACE)
@@ -415,3 +417,37 @@ async def test_a_quire_client_connects_again_with_a_fresh_token_when_its_token_e
         received = [(await reader.receive()).data for _ in range(sent)]
     assert received == [b"%d" % index for index in range(sent)]
     assert len(issued) >= 3, issued
+
+
+async def test_rest_calls_without_a_good_token_or_grant_are_refused_and_change_nothing(secure_cluster):
+    import requests
+
+    def call(method: str, path: str, token: str | None = None, *, body=None, tls: bool = False) -> requests.Response:
+        base = f"https://127.0.0.1:{secure_cluster.web_tls_port}" if tls else secure_cluster.broker.web_url
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
+        return requests.request(method, base + path, json=body, headers=headers, timeout=30,
+                                verify=str(secure_cluster.tls_files["ca.cert.pem"]) if tls else True)
+
+    def check() -> None:
+        admin, bob = secure_cluster.token(ADMIN), secure_cluster.token(BOB)
+        tenant = f"t-{uuid.uuid4().hex[:8]}"
+        info = {"adminRoles": [], "allowedClusters": ["standalone"]}
+        # No token, a token signed with another key, an expired one: 401.
+        assert call("GET", "/admin/v2/tenants").status_code == 401
+        other_key = create_secret_key()
+        assert call("GET", "/admin/v2/tenants", secure_cluster.token(ADMIN, key=other_key)).status_code == 401
+        expired = create_token(ADMIN, secret_key=secure_cluster.secret_key, now=time.time() - 3600, expiry_s=60)
+        assert call("GET", "/admin/v2/tenants", expired).status_code == 401
+        assert call("PUT", f"/admin/v2/tenants/{tenant}", "Basic abc", body=info).status_code == 401
+        # A role without the right: 403, and nothing made or removed.
+        assert call("PUT", f"/admin/v2/tenants/{tenant}", bob, body=info).status_code == 403
+        assert call("DELETE", f"/admin/v2/namespaces/{NAMESPACE}", bob).status_code == 403
+        assert call("POST", f"/admin/v2/namespaces/{NAMESPACE}/permissions/bob", bob, body=["produce"]).status_code == 403
+        assert call("GET", f"/admin/v2/tenants/{tenant}", admin).status_code == 404
+        assert call("GET", f"/admin/v2/namespaces/{NAMESPACE}/permissions", admin).json() == {"svc": ["consume", "produce"]}
+        # The superuser, over HTTP and HTTPS.
+        assert call("PUT", f"/admin/v2/tenants/{tenant}", admin, body=info).status_code == 204
+        assert call("GET", "/admin/v2/tenants", admin, tls=True).json().count(tenant) == 1
+        assert call("DELETE", f"/admin/v2/tenants/{tenant}", admin, tls=True).status_code == 204
+
+    await trio.to_thread.run_sync(check)

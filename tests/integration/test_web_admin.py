@@ -14,7 +14,8 @@ import requests
 import trio
 
 from broker.client import Client
-from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
+from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
+from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401
 from tests.support import wait_until_async
 
 pytestmark = pytest.mark.integration
@@ -277,3 +278,40 @@ async def test_metrics_are_served_on_the_web_port(shared_cluster):
     text = await trio.to_thread.run_sync(scrape)
     assert "quire_broker_" in text and "process_cpu_seconds_total" in text
 
+
+
+async def test_any_broker_answers_for_partitions_another_serves(zk_hosts, zk_root, bookies, brokers):
+    # Two brokers: the partitions of a topic spread over both. Each broker
+    # answers for every partition (it asks the owner and relays its answer),
+    # puts a partitioned topic's stats together from both, and answers HTTP
+    # lookups naming the owner.
+    for _ in range(3):
+        await bookies.started()
+    first, second = await brokers.started(), await brokers.started()
+    name = unique("spread")
+    rests = [Rest(first.web_url), Rest(second.web_url)]
+    path = f"{V2}/persistent/public/default/{name}"
+    assert (await rests[0]("PUT", path + "/partitions", 8)).status_code == 204
+    async with Client.connect(zk_hosts, zk_root) as client:
+        producer = await client.create_producer(name, unique("p"))
+        for index in range(40):
+            await producer.send(f"m{index}".encode(), key=f"k{index}")
+        owners = {await client.lookup(f"{name}-partition-{index}") for index in range(8)}
+    assert owners == {first.address, second.address}, "the partitions did not spread over both brokers"
+
+    for rest in rests:
+        stats = (await rest("GET", path + "/partitioned-stats")).json()
+        assert stats["msgInCounter"] == 40 and len(stats["partitions"]) == 8
+        for index in range(8):
+            partition = await rest("GET", f"{path}-partition-{index}/stats")
+            assert partition.status_code == 200, partition.text
+            lookup = (await rest("GET", f"/lookup/v2/topic/persistent/public/default/{name}-partition-{index}")).json()
+            assert lookup["brokerUrl"] in (first.pulsar_url, second.pulsar_url)
+    assert (await rests[1]("PUT", path + "/subscription/audit", {"ledgerId": -1, "entryId": -1})).status_code == 204
+    stats = (await rests[0]("GET", path + "/partitioned-stats")).json()
+    assert stats["subscriptions"]["audit"]["msgBacklog"] == 40
+    assert (await rests[0]("POST", path + "/subscription/audit/skip_all")).status_code == 204
+    assert (await rests[1]("GET", path + "/partitioned-stats")).json()["subscriptions"]["audit"]["msgBacklog"] == 0
+    assert (await rests[1]("PUT", path + "/unload")).status_code == 204
+    assert (await rests[0]("DELETE", path + "/partitions")).status_code == 204
+    assert (await rests[1]("GET", path + "/partitions")).json() == {"partitions": 0}
