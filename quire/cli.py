@@ -25,6 +25,7 @@ from quire import (
     ledger_commands,
     logging_setup,
     sim_commands,
+    subscription_commands,
     tenant_commands,
     token_commands,
     topic_commands,
@@ -148,7 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     topic_commands.add_topic(command(topic, "unload", "have the owners give a topic up (another broker takes it)", topic_commands.unload))
     topic_commands.add_delete(command(topic, "delete", "delete a topic, its ledgers and subscriptions", topic_commands.delete))
-    tenant_commands.register(group, command)
+    subscription_commands.register_topic(topic, command)
+    subscription_commands.register_namespace(tenant_commands.register(group, command), command)
 
     produce = commands.add_parser("produce", help="send messages to a topic", description="send standard input's lines (or --count generated messages) to a topic")
     _common(produce)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 
-from quire.cli_parsing import UsageError
 from quire.topic_commands import _print, _run, add_brokers
 
 
@@ -138,8 +137,9 @@ def namespace_permissions(arguments: argparse.Namespace) -> int:
     return _run(arguments, body)
 
 
-def register(group, command) -> None:
-    """The `tenant` and `namespace` command groups (cli.build_parser's helpers)."""
+def register(group, command):
+    """The `tenant` and `namespace` command groups (cli.build_parser's
+    helpers); returns the namespace group, for the commands of other modules."""
     tenant = group("tenant", "tenants: who administers them (Pulsar's pulsar-admin tenants)")
     add_tenant_create(command(tenant, "create", "create a tenant (superusers only)", tenant_create))
     add_tenant_create(command(tenant, "update", "replace a tenant's admin roles and clusters (superusers only)", tenant_update))
@@ -152,6 +152,7 @@ def register(group, command) -> None:
     add_grant(command(namespace, "grant-permission", "let a role produce and/or consume in a namespace", namespace_grant))
     add_revoke(command(namespace, "revoke-permission", "take a role's grant on a namespace away", namespace_revoke))
     add_namespace(command(namespace, "permissions", "the roles granted actions on a namespace", namespace_permissions))
+    return namespace
 
 
 __all__ = ["register"]

@@ -7,7 +7,6 @@ import argparse
 import base64
 import contextlib
 import json
-import os
 import sys
 import time
 from typing import AsyncIterator, Awaitable, Callable

@@ -389,6 +389,16 @@ class Client:
     async def permissions(self, namespace: str) -> dict:
         return (await self.admin("permissions", namespace=namespace))["permissions"]
 
+    async def namespace_policies(self, namespace: str) -> dict:
+        """The namespace's grants, the policies it sets for its topics, and the broker's defaults."""
+        return await self.admin("namespace_policies", namespace=namespace)
+
+    async def set_namespace_policies(self, namespace: str, *, remove: list[str] = (), **policies: Any) -> dict:
+        """Set policies for the namespace's topics (retention_time_ms,
+        retention_bytes, backlog_quota_bytes, deduplication) and stop setting
+        those named in `remove`; a topic's own setting still wins."""
+        return await self.admin("set_namespace_policies", namespace=namespace, policies=policies, remove=list(remove))
+
     async def brokers(self) -> list[dict]:
         return (await self.admin("brokers"))["brokers"]
 
@@ -413,13 +423,53 @@ class Client:
     async def unload(self, topic: str) -> None:
         """Have each partition's owner give it up (another broker, or the
         same, takes it on the next lookup)."""
-        for name, _ in await self.partition_names(topic, create=False):
-            await self.admin_at_owner(name, "unload")
+        await self._on_partitions(topic, "unload")
+
+    # --- subscriptions, on every partition (Pulsar's `pulsar-admin topics ...-subscription`) ---
+
+    async def _on_partitions(self, topic: str, action: str, **arguments: Any) -> dict:
+        """Admin `action` on each partition's owner; the answers by partition."""
+        return {name: await self.admin_at_owner(name, action, **arguments)
+                for name, _ in await self.partition_names(topic, create=False)}
+
+    async def subscriptions(self, topic: str) -> list[str]:
+        stats = await self.topic_stats(topic)
+        return sorted({name for partition in stats["partitions"].values() for name in partition["subscriptions"]})
+
+    async def create_subscription(self, topic: str, subscription: str, *, position: str | list[int] = "latest") -> dict:
+        """A durable subscription without consumers, on every partition, from
+        `position`: latest, earliest, or [ledger id, entry id, batch index]
+        (of a topic that is not partitioned)."""
+        return await self._on_partitions(topic, "create_subscription", subscription=subscription, position=position)
+
+    async def delete_subscription(self, topic: str, subscription: str, *, force: bool = False) -> dict:
+        """Refused while consumers are connected, unless `force` (they are disconnected)."""
+        return await self._on_partitions(topic, "delete_subscription", subscription=subscription, force=force)
+
+    async def skip_messages(self, topic: str, subscription: str, count: int | None = None) -> dict:
+        """Acknowledge the next `count` unacknowledged messages of each
+        partition (all of them: clear the backlog)."""
+        arguments = {} if count is None else {"count": count}
+        return await self._on_partitions(topic, "skip_messages", subscription=subscription, **arguments)
+
+    async def expire_messages(self, topic: str, seconds: int, subscription: str | None = None) -> dict:
+        """Acknowledge the messages published more than `seconds` ago (on every durable subscription without one named)."""
+        arguments = {} if subscription is None else {"subscription": subscription}
+        return await self._on_partitions(topic, "expire_messages", seconds=seconds, **arguments)
+
+    async def reset_cursor(self, topic: str, subscription: str, *, publish_time_ms: int | None = None,
+                           message_id: list[int] | None = None) -> dict:
+        """Move the subscription to the first message published at or after
+        `publish_time_ms` (every partition), or to `message_id` [ledger id,
+        entry id, batch index] of a partition `topic` names."""
+        if message_id is not None:
+            return {quire_name(topic): await self.admin_at_owner(quire_name(topic), "reset_cursor", subscription=subscription,
+                                                                 message_id=list(message_id))}
+        return await self._on_partitions(topic, "reset_cursor", subscription=subscription, publish_time_ms=publish_time_ms)
 
     async def apply_retention(self, topic: str) -> dict:
         """Apply retention now (brokers do it every few seconds anyway)."""
-        return {name: await self.admin_at_owner(name, "apply_retention")
-                for name, _ in await self.partition_names(topic, create=False)}
+        return await self._on_partitions(topic, "apply_retention")
 
 
 __all__ = ["Client"]

@@ -315,3 +315,53 @@ async def test_any_broker_answers_for_partitions_another_serves(zk_hosts, zk_roo
     assert (await rests[1]("PUT", path + "/unload")).status_code == 204
     assert (await rests[0]("DELETE", path + "/partitions")).status_code == 204
     assert (await rests[1]("GET", path + "/partitions")).json() == {"partitions": 0}
+
+
+def quire(cluster, *arguments: str) -> dict | str:
+    """`quire ARGUMENTS` against the cluster; its output, as JSON when it is."""
+    import json
+    import subprocess
+    import sys
+
+    completed = subprocess.run([sys.executable, "-m", "quire", *arguments, "--zk", cluster.zk_hosts, "--root", cluster.root],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    try:
+        return json.loads(completed.stdout)
+    except ValueError:
+        return completed.stdout
+
+
+async def test_the_command_line_and_the_rest_api_do_the_same_admin_actions(shared_cluster):
+    rest = Rest(shared_cluster.brokers[0].web_url)
+    tenant, name = unique("cli"), unique("subs")
+    namespace = f"{tenant}/ns"
+    path = f"{V2}/persistent/public/default/{name}"
+
+    def run(*arguments: str):
+        return quire(shared_cluster, *arguments)
+
+    await produce(shared_cluster, name, 6)
+    await trio.to_thread.run_sync(run, "topic", "create-subscription", name, "--subscription", "s", "--position", "earliest")
+    assert (await rest("GET", path + "/subscriptions")).json() == ["s"]
+    await trio.to_thread.run_sync(run, "topic", "skip", name, "--subscription", "s", "--count", "2")
+    assert (await rest("GET", path + "/stats")).json()["subscriptions"]["s"]["msgBacklog"] == 4
+    await trio.to_thread.run_sync(run, "topic", "expire", name, "--subscription", "s", "--older-than", "0s")
+    assert (await rest("GET", path + "/stats")).json()["subscriptions"]["s"]["msgBacklog"] == 0
+    await trio.to_thread.run_sync(run, "topic", "reset-cursor", name, "--subscription", "s", "--ago", "1h")
+    assert (await rest("GET", path + "/stats")).json()["subscriptions"]["s"]["msgBacklog"] == 6
+    assert (await trio.to_thread.run_sync(run, "topic", "subscriptions", name)).split() == ["s"]
+    await trio.to_thread.run_sync(run, "topic", "delete-subscription", name, "--subscription", "s")
+    assert (await rest("GET", path + "/subscriptions")).json() == []
+
+    assert (await rest("PUT", f"{V2}/tenants/{tenant}", {"allowedClusters": ["standalone"]})).status_code == 204
+    await trio.to_thread.run_sync(run, "namespace", "create", namespace)
+    await trio.to_thread.run_sync(run, "namespace", "set-policies", namespace, "--retention-time", "2h", "--retention-size", "none",
+                                  "--deduplication", "off")
+    assert (await rest("GET", f"{V2}/namespaces/{namespace}/retention")).json() == {"retentionTimeInMinutes": 120,
+                                                                                     "retentionSizeInMB": -1}
+    assert (await rest("GET", f"{V2}/namespaces/{namespace}/deduplication")).json() is False
+    policies = await trio.to_thread.run_sync(run, "namespace", "remove-policies", namespace, "--policies", "deduplication")
+    assert "deduplication" not in policies["policies"]
+    assert (await trio.to_thread.run_sync(run, "namespace", "policies", namespace))["policies"] == {
+        "retention_bytes": None, "retention_time_ms": 7_200_000}

@@ -23,20 +23,22 @@ from quire.jepsen_commands import nemesis_faults
 from quire.cli import _zk_auth
 from quire.security_options import _roles
 from quire.tenant_commands import _actions, _namespace, _names
+from quire.subscription_commands import _message_id, _policy_names, _position
 
 # Nothing listens there: a command that got as far as ZooKeeper would fail
 # with "could not reach ZooKeeper", not with the range's message.
 DEAD_ZOOKEEPER = "127.0.0.1:1"
 ERROR_LINE = re.compile(r"^quire(?: [a-z-]+)*: error: ")
 # Types of arguments that hold no number.
-NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults, _zk_auth, _roles, _names, _namespace, _actions)
+NOT_NUMBERS = (None, str, Path, spark_setting, nemesis_faults, _zk_auth, _roles, _names, _namespace, _actions,
+               _position, _message_id, _policy_names)  # a message id's parts are bounded as ledger and entry ids
 # Words in an argument's name that say it is a number: such an argument
 # without a range would be a number nobody bounds.
 NUMBER_WORDS = ("port", "count", "size", "bytes", "_ms", "seed", "jobs", "timeout", "interval", "partitions", "window",
                 "quorum", "entries", "time", "delay", "grace", "_max", "first", "last", "writers", "readers", "bookies",
                 "brokers", "duration", "show", "keys", "threshold", "lwm", "_id", "_s")
 # ... and those that are names or addresses all the same.
-NOT_NUMBER_NAMES = {"bookie_id", "broker_id", "producer_id", "advertised_host", "auth_token_secret_key"}
+NOT_NUMBER_NAMES = {"bookie_id", "broker_id", "producer_id", "advertised_host", "auth_token_secret_key", "message_id"}
 
 
 def leaf_commands() -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
@@ -84,6 +86,8 @@ def valid_text(action: argparse.Action, tmp_path: Path) -> str:
         return str(next(iter(action.choices)))
     if kind is Path or "dir" in action.dest or action.dest == "out":
         return str(tmp_path / action.dest)
+    if kind is _namespace:
+        return "tenant/namespace"
     return "x"
 
 
