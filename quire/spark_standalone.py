@@ -171,6 +171,10 @@ class StandaloneCluster:
                     return
             except OSError:  # the master's web UI is not up yet
                 pass
+            except ValueError:
+                # The UI answers its HTML page for /json/ until the JSON
+                # handler is attached, early in the master's start.
+                pass
             if time.monotonic() > end:
                 raise RuntimeError(f"{self.workers} Spark workers not registered after {deadline_s}s:\n"
                                    + "\n".join(self.log_tail(name) for name, _ in self.processes))
