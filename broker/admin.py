@@ -239,13 +239,11 @@ class AdminHandler:
         seconds = _argument(arguments, "seconds", int)
         if seconds < 0:
             raise BadRequestError(f"seconds must be 0 or more, got {seconds}")
-        offset = await service.managed_ledger.offset_at_time(int(time.time() * 1000) - seconds * 1000)
         if "subscription" in arguments:
             subscriptions = [self._subscription(service, arguments)]
         else:
             subscriptions = [subscription for subscription in service.subscriptions.values() if subscription.durable]
-        expired = {subscription.name: await subscription.acknowledge_before(offset) for subscription in subscriptions}
-        return {"expired": expired}
+        return {"expired": await service.expire_messages(seconds, subscriptions)}
 
     async def _reset_cursor(self, arguments: dict, role: str | None) -> dict:
         """Move the subscription to the first message published at or after

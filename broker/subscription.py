@@ -121,6 +121,7 @@ class Subscription:
         )
         self.consumers: dict[int, ConsumerLink] = {}
         self.messages_out = 0
+        self.expired_messages = 0  # acknowledged on its behalf: message TTL, an admin's expiry
         self.read_position: Position | None = None
         self.idle_since = time.monotonic()  # when its last consumer left
         self._wakeup = trio.Event()
@@ -443,6 +444,7 @@ class Subscription:
             "individually_acknowledged_ranges": len(self.cursor.acked),
             "backlog_messages": self.backlog(),
             "messages_out": self.messages_out,
+            "expired_messages": self.expired_messages,
             "held_for_redelivery": self.dispatcher.replay_count,
             "unacknowledged_messages": self.dispatcher.unacked_total,
             "consumers": [

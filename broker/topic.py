@@ -630,6 +630,7 @@ class PartitionService:
                 if now - last_retention_check >= self.context.retention_check_interval_s:
                     last_retention_check = now
                     await self._refresh_policies()
+                    await self.expire_messages()
                     await self.apply_retention()
             except BrokerError as error:
                 self.fence(error)
@@ -680,6 +681,28 @@ class PartitionService:
             return managed_ledger.stored_bytes
         held = self.held_from_offset()
         return 0 if held is None else managed_ledger.core.bytes_from(held)
+
+    async def expire_messages(self, ttl_s: int | None = None, subscriptions: list[Subscription] | None = None) -> dict[str, int]:
+        """Acknowledge, on behalf of `subscriptions` (default: every one),
+        the messages published more than `ttl_s` seconds ago (default: the
+        message TTL policy; nothing without one). Returns how many each
+        subscription had expired."""
+        ttl_s = self.policies.message_ttl_s if ttl_s is None else ttl_s
+        chosen = list(self.subscriptions.values()) if subscriptions is None else subscriptions
+        if ttl_s is None or not chosen:
+            return {}
+        cutoff_ms = int(time.time() * 1000) - ttl_s * 1000
+        if all(subscription.backlog() == 0 for subscription in chosen):
+            return {subscription.name: 0 for subscription in chosen}
+        offset = await self.managed_ledger.offset_at_time(cutoff_ms)
+        expired = {}
+        for subscription in chosen:
+            if subscription.closed:
+                continue
+            count = await subscription.acknowledge_before(offset)
+            subscription.expired_messages += count
+            expired[subscription.name] = count
+        return expired
 
     async def apply_retention(self) -> list[int]:
         deleted = await self.managed_ledger.trim(self.held_from_offset())

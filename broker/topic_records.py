@@ -167,12 +167,15 @@ class TopicPolicies:
     # fast the ledger list, one ZooKeeper node, grows on a busy topic.
     rollover_min_time_ms: int = 10 * 60 * 1000
     deduplication: bool = True
+    # Pulsar's message TTL: messages published longer ago than this are
+    # acknowledged on behalf of every subscription (None: never).
+    message_ttl_s: int | None = None
     ensemble_size: int = 3
     write_quorum: int = 3
     ack_quorum: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes"):
+        for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "message_ttl_s"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer or None, got {describe(value)}")
@@ -216,7 +219,7 @@ class TopicPolicies:
 
 # The policies a namespace may set for its topics (Pulsar's namespace
 # policies); a topic's own setting of one wins over its namespace's.
-NAMESPACE_POLICY_NAMES = ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "deduplication")
+NAMESPACE_POLICY_NAMES = ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "deduplication", "message_ttl_s")
 
 
 def check_namespace_policies(values: dict[str, Any]) -> dict[str, Any]:

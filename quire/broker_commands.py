@@ -42,6 +42,9 @@ def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--rollover-min-time", type=ranges.age, metavar="DURATION",
                         help=f"{scope}no rollover for entries or size before a ledger is this old" + unless_set(human_duration(built_in.rollover_min_time_ms)))
     parser.add_argument("--deduplication", choices=["on", "off"], help=f"{scope}producer deduplication" + unless_set("on" if built_in.deduplication else "off"))
+    parser.add_argument("--message-ttl", type=ranges.positive_age, metavar="DURATION",
+                        help=f"{scope}acknowledge messages older than this on every subscription's behalf (Pulsar's "
+                             f"message TTL, checked every --retention-check-interval; whole seconds)" + unless_set("none"))
     parser.add_argument("--ensemble-size", "-E", type=ranges.ensemble, help=f"{scope}bookies per ledger" + unless_set(str(built_in.ensemble_size)))
     parser.add_argument("--write-quorum", "-W", type=ranges.ensemble, help=f"{scope}copies of each entry" + unless_set(str(built_in.write_quorum)))
     parser.add_argument("--ack-quorum", "-A", type=ranges.ensemble, help=f"{scope}copies acknowledged before a message is persisted" + unless_set(str(built_in.ack_quorum)))
@@ -58,6 +61,8 @@ def policies_from(arguments: argparse.Namespace) -> dict:
     policies = {field: getattr(arguments, flag) for flag, field in names.items() if getattr(arguments, flag) is not None}
     if arguments.deduplication is not None:
         policies["deduplication"] = arguments.deduplication == "on"
+    if arguments.message_ttl is not None:
+        policies["message_ttl_s"] = max(1, arguments.message_ttl // 1000)
     return policies
 
 

@@ -18,7 +18,8 @@ from quire.topic_commands import _print, _run, add_topic
 SKIP_COUNT = Bounded("integer", 1, 2**62, why="offsets are signed 64-bit")
 UNLIMITED = "none"
 NAMESPACE_POLICY_FLAGS = {"retention-time": "retention_time_ms", "retention-size": "retention_bytes",
-                          "backlog-quota": "backlog_quota_bytes", "deduplication": "deduplication"}
+                          "backlog-quota": "backlog_quota_bytes", "deduplication": "deduplication",
+                          "message-ttl": "message_ttl_s"}
 
 
 def _subscription(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -152,6 +153,8 @@ def add_set_policies(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backlog-quota", type=_limit(ranges.storage_bytes), metavar="BYTES|none",
                         help="refuse producers while a partition's backlog holds this much (none: no quota)")
     parser.add_argument("--deduplication", choices=["on", "off"], help="producer deduplication of the namespace's topics")
+    parser.add_argument("--message-ttl", type=_limit(ranges.positive_age), metavar="DURATION|none",
+                        help="acknowledge messages older than this on every subscription's behalf (none: never)")
 
 
 def add_remove_policies(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +187,8 @@ def set_namespace_policies(arguments: argparse.Namespace) -> int:
             changes[name] = None if value == UNLIMITED else value
     if "deduplication" in changes:
         changes["deduplication"] = changes["deduplication"] == "on"
+    if changes.get("message_ttl_s") is not None:
+        changes["message_ttl_s"] = max(1, changes["message_ttl_s"] // 1000)
     if not changes:
         raise UsageError("name at least one policy to set (see --help)")
 

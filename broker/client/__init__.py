@@ -2,7 +2,7 @@
 `broker.client.sync.Client` offers the same for code that is not async."""
 
 from broker.client.client import Client
-from broker.client.consumer import Consumer, ConsumerOptions
+from broker.client.consumer import Consumer, ConsumerOptions, DeadLetterPolicy
 from broker.client.messages import Message, MessageId, SendResult
 from broker.client.producer import Producer, ProducerOptions, SendFuture
 from broker.client.routing import HashingScheme, partition_for_key
@@ -26,6 +26,7 @@ __all__ = [
     "Consumer",
     "ConsumerBusyError",
     "ConsumerOptions",
+    "DeadLetterPolicy",
     "HashingScheme",
     "Message",
     "MessageId",

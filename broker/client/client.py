@@ -24,7 +24,7 @@ import trio
 
 from broker.client.client_services import ClientServices
 from broker.client.connection import BrokerConnection
-from broker.client.consumer import Consumer, ConsumerOptions, PartitionConsumer
+from broker.client.consumer import Consumer, ConsumerOptions, DeadLetterPolicy, PartitionConsumer
 from broker.client.producer import Producer, ProducerOptions, PartitionProducer
 from broker.dispatcher import SubscriptionType
 from broker.errors import ConnectionClosedError, ServiceUnavailableError
@@ -305,17 +305,20 @@ class Client:
         priority: int = 0,
         initial_position: str = "latest",
         important: bool = False,
+        dead_letter_policy: DeadLetterPolicy | None = None,
     ) -> Consumer:
         """A consumer of a durable subscription (created if new, at the
         `initial_position`). `important`: the subscription holds every
-        message it has not acknowledged, whatever the topic's retention."""
+        message it has not acknowledged, whatever the topic's retention.
+        `dead_letter_policy`: where messages go that were delivered too often
+        (negatively acknowledged, or not acknowledged within `ack_timeout_ms`)."""
         check_name(subscription, "subscription")
         # One name for every partition: failover's choice (partition i to
         # consumer i mod n, by name) and key-shared's ring stay put.
         consumer_name = consumer_name or f"consumer-{uuid.uuid4().hex[:12]}"
         options = ConsumerOptions(
             SubscriptionType.parse(subscription_type).value, consumer_name, receiver_queue_size, ack_timeout_ms,
-            negative_ack_delay_ms, ack_group_ms, priority, initial_position, important,
+            negative_ack_delay_ms, ack_group_ms, priority, initial_position, important, dead_letter=dead_letter_policy,
         )
         return await self._consumer(topic, subscription, options)
 
@@ -334,7 +337,7 @@ class Client:
 
     async def _consumer(self, topic: str, subscription: str, options: ConsumerOptions) -> Consumer:
         topic = quire_name(topic)
-        consumer = Consumer(topic, subscription)
+        consumer = Consumer(topic, subscription, self.create_producer, options.dead_letter)
         for name, index in await self.partition_names(topic, create=True):
             partition = PartitionConsumer(self._services, consumer, topic, name, index, subscription, options)
             await self.nursery.start(partition.run)

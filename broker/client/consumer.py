@@ -33,9 +33,28 @@ from broker.client.connection import BrokerConnection
 from broker.client.messages import Message, MessageId
 from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
 from broker.message_format import MalformedEntryError, body_items, decode_entry
+from broker.topic_names import pulsar_name
 from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeadLetterPolicy:
+    """Pulsar's dead-letter policy: a message delivered `max_redeliver_count`
+    times again and then negatively acknowledged (or not acknowledged in
+    time) once more goes to `dead_letter_topic` (default
+    `<topic>-<subscription>-DLQ`) and is acknowledged, instead of coming back."""
+
+    max_redeliver_count: int
+    dead_letter_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        if type(self.max_redeliver_count) is not int or self.max_redeliver_count < 1:
+            raise ValueError("max_redeliver_count must be a positive integer")
+
+    def topic_for(self, topic: str, subscription: str) -> str:
+        return self.dead_letter_topic or f"{topic}-{subscription}-DLQ"
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,7 @@ class ConsumerOptions:
     important: bool = False  # the subscription holds every message it has not acknowledged, whatever the retention
     durable: bool = True
     start_offset: int | None = None  # readers: where to start
+    dead_letter: DeadLetterPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.receiver_queue_size < 2:
@@ -96,6 +116,9 @@ class PartitionConsumer:
         self._acks_pending: collections.Counter[int] = collections.Counter()
         self._cumulative_pending: collections.Counter[int] = collections.Counter()
         self._unacked_deadlines: collections.OrderedDict[int, float] = collections.OrderedDict()  # offset -> deadline (s)
+        # Given to the application as often as the dead-letter policy allows:
+        # at their next redelivery they go to the dead-letter topic (offset -> message).
+        self._last_deliveries: dict[int, Message] = {}
         self._cancel_scope = trio.CancelScope()
 
     # --- lifetime --------------------------------------------------------------------------
@@ -229,6 +252,9 @@ class PartitionConsumer:
         """The application took a message: track its ack timeout, and give
         permits back once half the queue was taken."""
         self._last_offset_given = message.offset
+        dead_letter = self.options.dead_letter
+        if dead_letter is not None and message.redelivery_count >= dead_letter.max_redeliver_count:
+            self._last_deliveries[message.offset] = message
         if self.options.ack_timeout_ms is not None:
             self._unacked_deadlines[message.offset] = trio.current_time() + self.options.ack_timeout_ms / 1000.0
         self._permits_used(1)
@@ -254,6 +280,7 @@ class PartitionConsumer:
     def acknowledge(self, offset: int) -> Awaitable[None]:
         """Taken when called; the awaitable returns once it is durable."""
         self._unacked_deadlines.pop(offset, None)
+        self._last_deliveries.pop(offset, None)
         self._acks_pending[offset] += 1
         group = self._acks
         group.offsets.append(offset)
@@ -264,6 +291,8 @@ class PartitionConsumer:
         """Taken when called; the awaitable returns once it is durable."""
         for tracked in [tracked for tracked in self._unacked_deadlines if tracked <= offset]:
             del self._unacked_deadlines[tracked]
+        for tracked in [tracked for tracked in self._last_deliveries if tracked <= offset]:
+            del self._last_deliveries[tracked]
         self._cumulative_pending[offset] += 1
         group = _AckGroup(True)
         group.offsets.append(offset)
@@ -324,7 +353,35 @@ class PartitionConsumer:
 
     async def _redeliver_later(self, offsets: list[int], delay_s: float) -> None:
         await trio.sleep(delay_s)
-        self._send(Redeliver(self.handle, offsets))
+        self._redeliver(offsets)
+
+    def _redeliver(self, offsets: list[int]) -> None:
+        """Ask for these again, except those the dead-letter policy sends to
+        its topic instead."""
+        dead = [self._last_deliveries.pop(offset) for offset in offsets if offset in self._last_deliveries]
+        if dead:
+            self._services.spawn(self._dead_letter, dead)
+            dead_offsets = {message.offset for message in dead}
+            offsets = [offset for offset in offsets if offset not in dead_offsets]
+        if offsets:
+            self._send(Redeliver(self.handle, offsets))
+
+    async def _dead_letter(self, messages: list[Message]) -> None:
+        """Publish each message to the dead-letter topic (with Pulsar's
+        REAL_TOPIC and ORIGIN_MESSAGE_ID properties), then acknowledge it;
+        one that could not be published is delivered again."""
+        for message in messages:
+            try:
+                producer = await self.consumer.dead_letter_producer()
+                properties = {**message.properties, "REAL_TOPIC": pulsar_name(message.partition),
+                              "ORIGIN_MESSAGE_ID": ":".join(map(str, message.message_id[:3]))}
+                await producer.send(message.data, key=message.key, properties=properties)
+            except BrokerError as error:
+                log.warning("consumer of %s on %s: message %s not sent to the dead-letter topic (%s); delivered again",
+                            self.subscription, self.partition, message.message_id, error)
+                self._send(Redeliver(self.handle, [message.offset]))
+                continue
+            await self.acknowledge(message.offset)
 
     async def _ack_timeout_loop(self) -> None:
         timeout_s = self.options.ack_timeout_ms / 1000.0
@@ -337,7 +394,7 @@ class PartitionConsumer:
             if expired:
                 log.info("consumer of %s on %s: %d messages not acknowledged in time, delivered again",
                          self.subscription, self.partition, len(expired))
-                self._send(Redeliver(self.handle, expired))
+                self._redeliver(expired)
 
     # --- seeking and unsubscribing --------------------------------------------------------------
 
@@ -350,6 +407,7 @@ class PartitionConsumer:
         body = await connection.request(lambda request_id: Seek(request_id, self.handle, offset, publish_time_ms, position))
         self.consumer._drop_queued(self)
         self._unacked_deadlines.clear()
+        self._last_deliveries.clear()
         # What comes from the new position is the application's, acknowledged before or not.
         self._acks_pending.clear()
         self._cumulative_pending.clear()
@@ -369,10 +427,15 @@ class Consumer:
     """A subscription's consumer on a topic: every partition's messages in
     one queue, `receive()` in arrival order (per partition, in order)."""
 
-    def __init__(self, topic: str, subscription: str) -> None:
+    def __init__(self, topic: str, subscription: str, make_producer=None, dead_letter: DeadLetterPolicy | None = None) -> None:
+        """`make_producer(topic, producer_id)`: the client's, for the dead-letter topic."""
         self.topic = topic
         self.subscription = subscription
         self.partitions: list[PartitionConsumer] = []
+        self._make_producer = make_producer
+        self._dead_letter = dead_letter
+        self._dead_letter_producer = None
+        self._dead_letter_lock = trio.Lock()
         self._queue: collections.deque[tuple[PartitionConsumer, int, Message]] = collections.deque()
         self._arrived = trio.Event()
         self._closed = False
@@ -382,6 +445,15 @@ class Consumer:
             self._queue.append((source, generation, message))
         if messages:
             self._arrived.set()
+
+    async def dead_letter_producer(self):
+        """The producer to the dead-letter topic, made on first use."""
+        async with self._dead_letter_lock:
+            if self._dead_letter_producer is None:
+                assert self._dead_letter is not None and self._make_producer is not None
+                topic = self._dead_letter.topic_for(self.topic, self.subscription)
+                self._dead_letter_producer = await self._make_producer(topic, f"{self.subscription}-DLQ")
+            return self._dead_letter_producer
 
     def _drop_queued(self, source: PartitionConsumer) -> None:
         self._queue = collections.deque(item for item in self._queue if item[0] is not source)
@@ -467,4 +539,4 @@ class Consumer:
         return await self.receive()
 
 
-__all__ = ["Consumer", "ConsumerOptions", "PartitionConsumer"]
+__all__ = ["Consumer", "ConsumerOptions", "DeadLetterPolicy", "PartitionConsumer"]

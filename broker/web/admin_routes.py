@@ -18,6 +18,8 @@ from broker.web.pulsar_json import (
     backlog_quota_policies,
     deduplication_json,
     deduplication_policies,
+    message_ttl_json,
+    message_ttl_policies,
     namespace_json,
     retention_json,
     retention_policies,
@@ -163,6 +165,7 @@ async def get_namespace(web: Any, request: Request, role: str | None) -> Respons
 NAMESPACE_POLICIES = {
     "retention": (retention_policies, retention_json, ("retention_time_ms", "retention_bytes")),
     "deduplication": (deduplication_policies, deduplication_json, ("deduplication",)),
+    "messageTTL": (message_ttl_policies, message_ttl_json, ("message_ttl_s",)),
 }
 
 

@@ -111,6 +111,16 @@ def deduplication_json(policies: dict) -> bool:
     return policies["deduplication"]
 
 
+def message_ttl_policies(body: Any) -> dict:
+    if type(body) is not int or body < 0:
+        raise BadRequestError("a message TTL is a number of seconds, 0 or more (0: none)")
+    return {"message_ttl_s": body or None}
+
+
+def message_ttl_json(policies: dict) -> int:
+    return policies["message_ttl_s"] or 0
+
+
 def namespace_json(answer: dict, cluster: str) -> dict:
     """A namespace (the admin handler's `namespace_policies`) as Pulsar's
     Policies: grants, and what it sets for its topics (null: not set)."""
@@ -123,6 +133,7 @@ def namespace_json(answer: dict, cluster: str) -> dict:
         "backlog_quota_map": backlog_quota_json(policies),
         "retention_policies": retention_json(retention) if has_retention else None,
         "deduplicationEnabled": policies.get("deduplication"),
+        "message_ttl_in_seconds": policies.get("message_ttl_s"),
         "deleted": False,
     }
 
@@ -231,5 +242,6 @@ def _timestamp(ms: int) -> str:
     return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
-__all__ = ["backlog_quota_json", "backlog_quota_policies", "deduplication_json", "deduplication_policies", "namespace_json", "internal_stats", "partitioned_stats", "retention_json",
+__all__ = ["backlog_quota_json", "backlog_quota_policies", "deduplication_json", "deduplication_policies", "message_ttl_json",
+           "message_ttl_policies", "namespace_json", "internal_stats", "partitioned_stats", "retention_json",
            "retention_policies", "tenant_arguments", "tenant_json", "topic_stats"]
