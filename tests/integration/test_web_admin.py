@@ -47,6 +47,14 @@ def pulsar_client(url: str) -> pulsar.Client:
                          logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
 
 
+async def new_namespace(rest: Rest, prefix: str) -> str:
+    """A tenant of its own and its namespace `ns`, made over REST."""
+    tenant = unique(prefix)
+    assert (await rest("PUT", f"{V2}/tenants/{tenant}", {"allowedClusters": ["standalone"]})).status_code == 204
+    assert (await rest("PUT", f"{V2}/namespaces/{tenant}/ns")).status_code == 204
+    return f"{tenant}/ns"
+
+
 async def produce(cluster, topic: str, count: int) -> None:
     async with Client.connect(cluster.zk_hosts, cluster.root) as client:
         producer = await client.create_producer(topic, unique("p"))
@@ -117,10 +125,7 @@ async def test_clusters_tenants_and_namespaces_answer_as_pulsar(shared_cluster):
 
 async def test_a_namespace_policy_reaches_its_topics_unless_a_topic_sets_its_own(shared_cluster):
     rest = Rest(shared_cluster.brokers[0].web_url)
-    tenant = unique("dedup")
-    namespace = f"{tenant}/ns"
-    assert (await rest("PUT", f"{V2}/tenants/{tenant}", {"allowedClusters": ["standalone"]})).status_code == 204
-    assert (await rest("PUT", f"{V2}/namespaces/{namespace}")).status_code == 204
+    namespace = await new_namespace(rest, "dedup")
     topic = f"persistent://{namespace}/orders"
     assert (await rest("PUT", f"{V2}/persistent/{namespace}/orders")).status_code == 204
 
@@ -369,10 +374,7 @@ async def test_the_command_line_and_the_rest_api_do_the_same_admin_actions(share
 
 async def test_message_ttl_set_over_rest_expires_messages_on_every_subscription(shared_cluster):
     rest = Rest(shared_cluster.brokers[0].web_url)
-    tenant = unique("ttl")
-    namespace = f"{tenant}/ns"
-    assert (await rest("PUT", f"{V2}/tenants/{tenant}", {"allowedClusters": ["standalone"]})).status_code == 204
-    assert (await rest("PUT", f"{V2}/namespaces/{namespace}")).status_code == 204
+    namespace = await new_namespace(rest, "ttl")
     path = f"{V2}/persistent/{namespace}/events"
     assert (await rest("PUT", path)).status_code == 204
     for subscription in ("a", "b"):
