@@ -5,6 +5,8 @@ a namespace's NamespacePolicies. public/default always exists.
 
 from __future__ import annotations
 
+import time
+
 from broker.authorization import NamespacePolicies, TenantInfo
 from broker.errors import ConflictError, NotFoundError
 from broker.topic_names import DEFAULT_NAMESPACE, DEFAULT_TENANT, namespace_of_topic
@@ -13,6 +15,8 @@ from broker.topic_store import TopicStore
 from coordination.store import BadVersionError, NodeExistsError, NoNodeError
 
 POLICY_UPDATE_TRIES_MAX = 5
+NAMESPACE_READ_S = 1.0  # how stale the namespace policies a topic checks may be
+NAMESPACE_READS_MAX = 10_000  # namespaces remembered; past it, all are read again
 
 
 class TenantStore:
@@ -105,9 +109,25 @@ class TenantStore:
 
     async def policies_in_effect(self, topic: str, record: TopicRecord) -> TopicPolicies:
         """The policies topic `topic` (of `record`) works by: its own, then
-        its namespace's, then the broker's defaults it was made with."""
-        namespace = await self.namespace(namespace_of_topic(topic))
-        return record.policies_under(namespace.policies if namespace is not None else {})
+        its namespace's, then the broker's defaults it was made with. The
+        namespace's record is read at most once a NAMESPACE_READ_S for all
+        of its topics: every loaded partition checks its policies every few
+        seconds, and a namespace may have thousands."""
+        tenant, name = split_namespace(namespace_of_topic(topic))
+        path = namespace_path(tenant, name)
+        reads = self.topic_store.namespace_reads
+        now = time.monotonic()
+        found = reads.get(path)
+        if found is None or now - found[0] >= NAMESPACE_READ_S:
+            try:
+                data, _ = await self.store.get(path)
+            except NoNodeError:
+                data = None
+            if len(reads) >= NAMESPACE_READS_MAX:
+                reads.clear()
+            found = reads[path] = (now, data)
+        policies = {} if found[1] is None else NamespacePolicies.from_bytes(found[1]).policies
+        return record.policies_under(policies)
 
     async def update_namespace(self, namespace: str, change) -> NamespacePolicies:
         """Apply `change` (policies -> policies) with compare-and-set, retried

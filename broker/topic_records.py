@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from framing.codec import describe
@@ -200,7 +200,9 @@ class TopicPolicies:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Every field is a plain value: no need for asdict's deep copy (every
+        # stats answer carries a partition's policies).
+        return {name: getattr(self, name) for name in _POLICY_NAMES}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], base: "TopicPolicies | None" = None) -> "TopicPolicies":
@@ -216,6 +218,8 @@ class TopicPolicies:
                              f"known: {sorted(known)}")
         return replace(base or cls(), **values)
 
+
+_POLICY_NAMES = tuple(item.name for item in fields(TopicPolicies))
 
 # The policies a namespace may set for its topics (Pulsar's namespace
 # policies); a topic's own setting of one wins over its namespace's.

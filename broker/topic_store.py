@@ -36,6 +36,9 @@ class TopicStore:
 
     def __init__(self, store: AsyncMetadataStore) -> None:
         self.store = store
+        # Namespaces' records as their topics' policy checks read them
+        # (broker.tenant_store): path -> (read at, monotonic s; data or None).
+        self.namespace_reads: dict[str, tuple[float, bytes | None]] = {}
 
     async def ensure_layout(self) -> None:
         for path in (BROKERS, TOPICS, OWNERS, MANAGED_LEDGERS, SCHEMAS):

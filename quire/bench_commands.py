@@ -18,6 +18,7 @@ BENCHMARKS = {
     "metrics_overhead": "ledger_write's workload with the bookies' metrics off and on",
     "security_overhead": "publishing through the Pulsar client and quire's, on an open cluster and on one with tokens and TLS",
     "soak": "hostile frames, kill -9 cycles and a long stream of small messages: processes stay up and bounded",
+    "rest_admin": "the REST admin API's topic stats over 1,000 topics, one by one, concurrently, and as one partitioned topic",
 }
 
 

@@ -28,6 +28,7 @@ from broker.errors import (
     ServiceUnavailableError,
     TopicNotFoundError,
 )
+from broker.ownership_core import Access
 from broker.topic_lookup import lookup_partition, partition_count
 from broker.topic_names import pulsar_name, quire_name
 from broker.topic_records import TopicRecord, partition_name, split_partition
@@ -66,7 +67,10 @@ async def _record(web: Any, topic: str) -> TopicRecord | None:
 
 async def _partitions_of(web: Any, name: str) -> tuple[TopicRecord | None, list[str]]:
     """(the topic's record, its partitions) of a topic or a partition's
-    name; TopicNotFoundError when neither exists."""
+    name (None for a partition of a partitioned topic, or a partition this
+    broker serves); TopicNotFoundError when neither exists."""
+    if web.server.hosting.core.access(name) is Access.SERVE:
+        return None, [name]  # served here: a partition, and it exists (no ZooKeeper read)
     record = await _record(web, name)
     if record is not None:
         return record, record.partition_names(name)
