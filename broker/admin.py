@@ -47,6 +47,7 @@ class AdminBackend(Protocol):
     config: Any
     topic_store: TopicStore
     tenant_store: Any
+    schemas: Any  # broker.schema_registry.SchemaRegistry
     access: Any
     ownership: Ownership
     info: BrokerInfo
@@ -165,7 +166,7 @@ class AdminHandler:
         for partition in found[0].partition_names(topic):
             if await self.server.topic_store.read_managed_ledger(partition) is not None:
                 raise BadRequestError(f"partition {partition} still exists: delete the partitions first")
-        await self.server.topic_store.delete_schema(topic)  # a topic made again under the name starts without one
+        await self.server.schemas.delete(topic)  # a topic made again under the name starts without one
         await self.server.topic_store.delete_topic_record(topic)
         return {}
 
@@ -259,6 +260,60 @@ class AdminHandler:
             raise BadRequestError("a message id is [ledger id, entry id, batch index]")
         offset = await self.server.seek(service, subscription.name, publish_time_ms=publish_time_ms, message_id=message_id)
         return {"next_offset": offset}
+
+    # --- schemas (Pulsar's `pulsar-admin schemas`): any broker answers from ZooKeeper -------------
+
+    async def _schema_topic(self, arguments: dict, role: str | None, *, admin: bool, what: str) -> str:
+        name = check_name(_argument(arguments, "topic", str))
+        if admin:
+            await self.server.access.check_topic_admin(role, name, what)
+        else:
+            await self.server.access.check_topic(role, name, None, what)
+        return await self.server.schemas.topic_of(name)
+
+    @staticmethod
+    def _schema_answer(stored) -> dict:
+        schema = stored.schema
+        return {"version": stored.version, "type": stored.type_name, "name": schema.name,
+                "definition": schema.schema_data.decode("utf-8", "replace"),
+                "properties": {pair.key: pair.value for pair in schema.properties}}
+
+    async def _schema(self, arguments: dict, role: str | None) -> dict:
+        """The topic's schema: its latest version, or `version`."""
+        topic = await self._schema_topic(arguments, role, admin=False, what="read the schema of")
+        return self._schema_answer(await self.server.schemas.get(topic, _argument(arguments, "version", int, None)))
+
+    async def _schemas(self, arguments: dict, role: str | None) -> dict:
+        topic = await self._schema_topic(arguments, role, admin=False, what="read the schemas of")
+        return {"schemas": [self._schema_answer(stored) for stored in await self.server.schemas.versions(topic)]}
+
+    def _schema_argument(self, topic: str, arguments: dict):
+        from broker.schema_registry import make_schema
+
+        properties = _argument(arguments, "properties", dict, {})
+        if not all(isinstance(key, str) and isinstance(value, str) for key, value in properties.items()):
+            raise BadRequestError("a schema's properties map strings to strings")
+        return make_schema(topic, _argument(arguments, "type", str), _argument(arguments, "definition", str).encode(),
+                           properties)
+
+    async def _add_schema(self, arguments: dict, role: str | None) -> dict:
+        """Add a version (`type`, `definition`, `properties`), if the topic's
+        compatibility strategy takes it; the same schema again gets its version."""
+        topic = await self._schema_topic(arguments, role, admin=True, what="change the schema of")
+        return {"version": await self.server.schemas.add(topic, self._schema_argument(topic, arguments))}
+
+    async def _schema_compatibility(self, arguments: dict, role: str | None) -> dict:
+        topic = await self._schema_topic(arguments, role, admin=False, what="check a schema against")
+        compatible, strategy, reason = await self.server.schemas.check_compatible(topic, self._schema_argument(topic, arguments))
+        return {"compatible": compatible, "strategy": strategy.value, "reason": reason}
+
+    async def _delete_schema(self, arguments: dict, role: str | None) -> dict:
+        topic = await self._schema_topic(arguments, role, admin=True, what="delete the schema of")
+        versions = await self.server.schemas.versions(topic)
+        if not versions:
+            raise NotFoundError(f"{topic} has no schema")
+        await self.server.schemas.delete(topic)
+        return {"version": versions[-1].version}
 
     # --- tenants and namespaces (Pulsar's `pulsar-admin tenants|namespaces`) ---------------------
 

@@ -95,6 +95,11 @@ class ConflictError(BrokerError):
     status = BrokerStatus.CONFLICT
 
 
+class IncompatibleSchemaError(ConflictError):
+    """A schema the topic's compatibility strategy refuses (Pulsar's
+    IncompatibleSchema; HTTP 409 on the web API)."""
+
+
 class NotOwnerError(BrokerError):
     status = BrokerStatus.NOT_OWNER
 
@@ -204,6 +209,7 @@ __all__ = [
     "BadRequestError",
     "BrokerError",
     "BrokerStatus",
+    "IncompatibleSchemaError",
     "PreconditionFailedError",
     "ChecksumMismatchError",
     "ClientClosedError",

@@ -90,6 +90,7 @@ from broker.web import WebFrontEnd
 from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
 from broker.tenant_store import TenantStore
+from broker.schema_registry import SchemaRegistry
 from broker.topic_store import TopicStore
 from coordination.async_store import AsyncMetadataStore
 from coordination.startup import Startup
@@ -174,6 +175,7 @@ class BrokerServer:
         self.retired_stats = self.hosting.retired_stats
         self.admin = AdminHandler(self)
         self.tenant_store = TenantStore(self.topic_store)
+        self.schemas = SchemaRegistry(self.topic_store, self.tenant_store)
         self.access = AccessControl(config.authenticator, config.superuser_roles, self.tenant_store)
         self._connections: set[_Connection] = set()
         self.protocol_errors = 0  # connections closed for breaking the protocol

@@ -107,18 +107,18 @@ class TenantStore:
         except NoNodeError:
             raise NotFoundError(f"namespace {namespace} does not exist") from None
 
-    async def policies_in_effect(self, topic: str, record: TopicRecord) -> TopicPolicies:
+    async def policies_in_effect(self, topic: str, record: TopicRecord, *, max_age_s: float = NAMESPACE_READ_S) -> TopicPolicies:
         """The policies topic `topic` (of `record`) works by: its own, then
         its namespace's, then the broker's defaults it was made with. The
         namespace's record is read at most once a NAMESPACE_READ_S for all
         of its topics: every loaded partition checks its policies every few
-        seconds, and a namespace may have thousands."""
+        seconds, and a namespace may have thousands (`max_age_s` 0: read it now)."""
         tenant, name = split_namespace(namespace_of_topic(topic))
         path = namespace_path(tenant, name)
         reads = self.topic_store.namespace_reads
         now = time.monotonic()
         found = reads.get(path)
-        if found is None or now - found[0] >= NAMESPACE_READ_S:
+        if found is None or now - found[0] >= max_age_s:
             try:
                 data, _ = await self.store.get(path)
             except NoNodeError:

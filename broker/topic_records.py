@@ -26,6 +26,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from broker.schema_compatibility import Strategy
 from framing.codec import describe
 
 # A topic, partition, subscription or producer name: a ZooKeeper node name,
@@ -41,6 +42,7 @@ TOPIC_CHARS_MAX = 3 * NAME_CHARS_MAX + 2  # TENANT/NAMESPACE/TOPIC
 PARTITION_SUFFIX = re.compile(r"(?P<topic>.+)-partition-(?P<index>0|[1-9][0-9]{0,5})")
 PARTITIONS_MAX = 10_000
 RETENTION_MODELS = ("pulsar", "ydb")  # see TopicPolicies
+SCHEMA_STRATEGIES = tuple(strategy.value for strategy in Strategy)
 
 BROKERS = "/brokers"
 TOPICS = "/topics"
@@ -170,6 +172,9 @@ class TopicPolicies:
     # Pulsar's message TTL: messages published longer ago than this are
     # acknowledged on behalf of every subscription (None: never).
     message_ttl_s: int | None = None
+    # Which new schemas a topic takes (Pulsar's schemaCompatibilityStrategy;
+    # broker.schema_compatibility.Strategy).
+    schema_compatibility_strategy: str = "FULL"
     ensemble_size: int = 3
     write_quorum: int = 3
     ack_quorum: int = 2
@@ -187,6 +192,9 @@ class TopicPolicies:
             raise ValueError(f"rollover_min_time_ms must be a non-negative integer, got {describe(self.rollover_min_time_ms)}")
         if type(self.deduplication) is not bool:
             raise ValueError("deduplication must be true or false")
+        if self.schema_compatibility_strategy not in SCHEMA_STRATEGIES:
+            raise ValueError(f"schema_compatibility_strategy must be one of {', '.join(SCHEMA_STRATEGIES)}, "
+                             f"got {describe(self.schema_compatibility_strategy)}")
         if self.retention_model not in RETENTION_MODELS:
             raise ValueError(f"retention_model must be one of {', '.join(RETENTION_MODELS)}, got {describe(self.retention_model)}")
         for name in ("ensemble_size", "write_quorum", "ack_quorum"):
@@ -223,7 +231,8 @@ _POLICY_NAMES = tuple(item.name for item in fields(TopicPolicies))
 
 # The policies a namespace may set for its topics (Pulsar's namespace
 # policies); a topic's own setting of one wins over its namespace's.
-NAMESPACE_POLICY_NAMES = ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "deduplication", "message_ttl_s")
+NAMESPACE_POLICY_NAMES = ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "deduplication", "message_ttl_s",
+                          "schema_compatibility_strategy")
 
 
 def check_namespace_policies(values: dict[str, Any]) -> dict[str, Any]:

@@ -74,29 +74,52 @@ class TopicStore:
         except NoNodeError:
             return []
 
-    # schemas (the bytes a Pulsar client gave; the node's version is the schema's)
+    # schemas: the bytes a Pulsar client gave (a Schema message), one per
+    # version. /schemas/<topic> holds version 0, and its children
+    # /schemas/<topic>/<version> (ten digits) the later ones.
 
-    async def read_schema(self, topic: str) -> tuple[bytes, int] | None:
+    async def schema_versions(self, topic: str) -> list[tuple[int, bytes]]:
+        """Every version of the topic's schema, oldest first: (version, data)."""
+        path = schema_path(topic)
         try:
-            data, stat = await self.store.get(schema_path(topic))
+            first, _ = await self.store.get(path)
+            names = await self.store.children(path)
         except NoNodeError:
-            return None
-        return data, stat.version
+            return []
+        versions = [(0, first)]
+        for name in sorted(name for name in names if name.isdigit()):
+            try:
+                data, _ = await self.store.get(f"{path}/{name}")
+            except NoNodeError:
+                continue  # deleted meanwhile
+            versions.append((int(name), data))
+        return versions
 
-    async def create_schema(self, topic: str, data: bytes) -> tuple[bytes, int]:
-        """Store a topic's first schema; the one stored (this one, or the
-        one another broker stored first) and its version."""
+    async def read_schema(self, topic: str, version: int | None = None) -> tuple[bytes, int] | None:
+        """The topic's schema (its latest, or `version`) and its version; None if it has none."""
+        for number, data in reversed(await self.schema_versions(topic)):
+            if version is None or number == version:
+                return data, number
+        return None
+
+    async def add_schema(self, topic: str, data: bytes, after: int | None) -> int | None:
+        """Store `data` as the version after `after` (None: the first);
+        returns its version, or None when another broker stored that
+        version first (read them again and decide again)."""
+        path = schema_path(topic)
         try:
-            await self.store.create(schema_path(topic), data, make_parents=True)
-            return data, 0
+            if after is None:
+                await self.store.create(path, data, make_parents=True)
+                return 0
+            await self.store.create(f"{path}/{after + 1:010d}", data)
+            return after + 1
         except NodeExistsError:
-            existing = await self.read_schema(topic)
-            assert existing is not None, "a schema vanished while being created"
-            return existing
+            return None
 
     async def delete_schema(self, topic: str) -> None:
+        """Every version of the topic's schema."""
         try:
-            await self.store.delete(schema_path(topic))
+            await self.store.delete(schema_path(topic), recursive=True)
         except NoNodeError:
             pass
 

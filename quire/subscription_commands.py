@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from quire import cli_ranges as ranges
 from quire.cli_parsing import Bounded, UsageError
@@ -17,9 +18,11 @@ from quire.topic_commands import _print, _run, add_topic
 # `quire namespace remove-policies --policies` names, as the policies' fields.
 SKIP_COUNT = Bounded("integer", 1, 2**62, why="offsets are signed 64-bit")
 UNLIMITED = "none"
+SCHEMA_STRATEGIES = ("ALWAYS_COMPATIBLE", "ALWAYS_INCOMPATIBLE", "BACKWARD", "FORWARD", "FULL", "BACKWARD_TRANSITIVE",
+                     "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
 NAMESPACE_POLICY_FLAGS = {"retention-time": "retention_time_ms", "retention-size": "retention_bytes",
                           "backlog-quota": "backlog_quota_bytes", "deduplication": "deduplication",
-                          "message-ttl": "message_ttl_s"}
+                          "message-ttl": "message_ttl_s", "schema-compatibility-strategy": "schema_compatibility_strategy"}
 
 
 def _subscription(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -155,6 +158,8 @@ def add_set_policies(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deduplication", choices=["on", "off"], help="producer deduplication of the namespace's topics")
     parser.add_argument("--message-ttl", type=_limit(ranges.positive_age), metavar="DURATION|none",
                         help="acknowledge messages older than this on every subscription's behalf (none: never)")
+    parser.add_argument("--schema-compatibility-strategy", choices=SCHEMA_STRATEGIES, metavar="STRATEGY",
+                        help=f"which new schemas the namespace's topics take: {', '.join(SCHEMA_STRATEGIES)}")
 
 
 def add_remove_policies(parser: argparse.ArgumentParser) -> None:
@@ -205,8 +210,67 @@ def remove_namespace_policies(arguments: argparse.Namespace) -> int:
     return _run(arguments, body)
 
 
+# --- schemas ----------------------------------------------------------------------------------
+
+
+def add_schema_show(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--version", type=ranges.ledger_id, metavar="N", help="this version (default: the latest)")
+
+
+def add_schema_set(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--type", required=True, metavar="TYPE", help="AVRO, JSON, STRING, PROTOBUF, ... (Pulsar's schema types)")
+    parser.add_argument("--definition-file", required=True, type=Path, metavar="FILE",
+                        help="the definition (an Avro schema's JSON for AVRO and JSON)")
+    parser.add_argument("--property", action="append", default=[], metavar="NAME=VALUE", help="a property of the schema (repeatable)")
+
+
+def schema_show(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        _print(await client.schema(arguments.topic, arguments.version))
+
+    return _run(arguments, body)
+
+
+def schema_list(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        _print(await client.schemas(arguments.topic))
+
+    return _run(arguments, body)
+
+
+def schema_set(arguments: argparse.Namespace) -> int:
+    from quire.topic_commands import _properties
+
+    try:
+        definition = arguments.definition_file.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UsageError(f"--definition-file {arguments.definition_file}: {error}") from None
+    properties = _properties(arguments.property)
+
+    async def body(client) -> None:
+        version = await client.add_schema(arguments.topic, arguments.type, definition, properties)
+        print(f"{arguments.topic}: schema version {version}")
+
+    return _run(arguments, body)
+
+
+def schema_delete(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        await client.delete_schema(arguments.topic)
+        print(f"deleted the schema of {arguments.topic}")
+
+    return _run(arguments, body)
+
+
 def register_topic(topic, command) -> None:
-    """The subscription commands of the `topic` group."""
+    """The subscription and schema commands of the `topic` group."""
+    add_schema_show(command(topic, "schema", "a topic's schema: its latest version, or one", schema_show))
+    add_topic(command(topic, "schemas", "every version of a topic's schema", schema_list))
+    add_schema_set(command(topic, "set-schema", "add a version of a topic's schema, if its compatibility strategy takes it",
+                           schema_set))
+    add_topic(command(topic, "delete-schema", "delete every version of a topic's schema", schema_delete))
     add_topic(command(topic, "subscriptions", "list a topic's subscriptions", subscriptions))
     add_create(command(topic, "create-subscription", "create a durable subscription without consumers", create))
     add_delete(command(topic, "delete-subscription", "delete a subscription and its cursor", delete))

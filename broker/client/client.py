@@ -402,6 +402,25 @@ class Client:
         those named in `remove`; a topic's own setting still wins."""
         return await self.admin("set_namespace_policies", namespace=namespace, policies=policies, remove=list(remove))
 
+    # --- schemas (any broker answers) ---
+
+    async def schema(self, topic: str, version: int | None = None) -> dict:
+        """The topic's schema (its latest version, or `version`): version, type, definition, properties."""
+        arguments = {} if version is None else {"version": version}
+        return await self.admin("schema", topic=quire_name(topic), **arguments)
+
+    async def schemas(self, topic: str) -> list[dict]:
+        return (await self.admin("schemas", topic=quire_name(topic)))["schemas"]
+
+    async def add_schema(self, topic: str, schema_type: str, definition: str, properties: dict[str, str] | None = None) -> int:
+        """A new version of the topic's schema, if its compatibility strategy takes it; its version."""
+        answer = await self.admin("add_schema", topic=quire_name(topic), type=schema_type, definition=definition,
+                                  properties=dict(properties or {}))
+        return answer["version"]
+
+    async def delete_schema(self, topic: str) -> None:
+        await self.admin("delete_schema", topic=quire_name(topic))
+
     async def brokers(self) -> list[dict]:
         return (await self.admin("brokers"))["brokers"]
 

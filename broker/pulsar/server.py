@@ -33,7 +33,9 @@ from broker.errors import (
     BrokerError,
     BrokerStatus,
     ConsumerBusyError,
+    IncompatibleSchemaError,
     NotAllowedError,
+    NotFoundError,
     SubscriptionNotFoundError,
     TopicFencedError,
 )
@@ -62,7 +64,7 @@ from broker.pulsar.wire import Frame, PulsarFrameDecoder, Type, command, encode,
 from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.topic import PartitionService, ProducerLink
 from broker.topic_names import NotPersistentError, TopicNameError, namespace_of, quire_name
-from broker.topic_records import TopicRecord, split_partition
+from broker.topic_records import TopicRecord
 from broker.topic_store import TopicStore
 from broker.topic_lookup import ensure_topic, lookup_partition, partition_count, topics_of_namespace
 from coordination.store import MetadataError
@@ -91,6 +93,7 @@ class BrokerAccess(Protocol):
     @property
     def session_id(self) -> int: ...
     topic_store: TopicStore
+    schemas: Any  # broker.schema_registry.SchemaRegistry
     publish_buffer: PublishBuffer
     frame_budget: FrameBudget
     protocol_errors: int
@@ -189,10 +192,6 @@ def server_error(error: BaseException) -> tuple[int, str]:
     if isinstance(error, MetadataError):
         return ServerError.MetadataError, f"{type(error).__name__}: {error}"
     return ServerError.PersistenceError, f"{type(error).__name__}: {error}"
-
-
-class IncompatibleSchemaError(NotAllowedError):
-    """A schema other than the one the topic has."""
 
 
 @dataclass(slots=True)
@@ -666,14 +665,16 @@ class PulsarFrontEnd:
 
     async def _get_schema(self, connection: _Connection, body) -> Any:
         await self.broker.access.check_topic(connection.principal.role, quire_name(body.topic), None, "read the schema of")
-        name = await self._schema_topic(quire_name(body.topic))
-        stored = await self.broker.topic_store.read_schema(name)
-        if stored is None:
+        registry = self.broker.schemas
+        name = await registry.topic_of(quire_name(body.topic))
+        version = int.from_bytes(body.schema_version, "big") if body.HasField("schema_version") and body.schema_version else None
+        try:
+            stored = await registry.get(name, version)
+        except NotFoundError as error:
             return command(Type.GET_SCHEMA_RESPONSE, request_id=body.request_id, error_code=ServerError.TopicNotFound,
-                           error_message=f"no schema for {name}")
-        data, version = stored
-        return command(Type.GET_SCHEMA_RESPONSE, request_id=body.request_id, schema=Schema.FromString(data),
-                       schema_version=version.to_bytes(8, "big"))
+                           error_message=str(error))
+        return command(Type.GET_SCHEMA_RESPONSE, request_id=body.request_id, schema=stored.schema,
+                       schema_version=stored.version.to_bytes(8, "big"))
 
     async def _get_or_create_schema(self, connection: _Connection, body) -> Any:
         await self.broker.access.check_topic(connection.principal.role, quire_name(body.topic), Action.PRODUCE,
@@ -681,28 +682,12 @@ class PulsarFrontEnd:
         version = await self._schema_version(quire_name(body.topic), body.schema)
         return command(Type.GET_OR_CREATE_SCHEMA_RESPONSE, request_id=body.request_id, schema_version=version)
 
-    async def _schema_topic(self, name: str) -> str:
-        """The topic whose schema a partition has."""
-        topic, index = split_partition(name)
-        if index >= 0 and (await self.broker.topic_store.read_topic(topic)) is not None:
-            return topic
-        return name
-
     async def _schema_version(self, name: str, schema) -> bytes:
-        """The version of `schema` on the topic, storing it if the topic has
-        none. quire keeps one schema per topic, stored and returned as
-        given, and checks no compatibility: a schema of another type or
-        definition is refused (IncompatibleSchema)."""
-        name = await self._schema_topic(name)
-        stored = await self.broker.topic_store.read_schema(name)
-        if stored is None:
-            stored = await self.broker.topic_store.create_schema(name, schema.SerializeToString())
-        data, version = stored
-        existing = Schema.FromString(data)
-        if (existing.type, existing.schema_data) != (schema.type, schema.schema_data):
-            raise IncompatibleSchemaError(
-                f"{name} has a schema of type {Schema.Type.Name(existing.type)}; quire keeps one schema per topic "
-                f"and refuses a different one ({Schema.Type.Name(schema.type)})")
+        """The version of a producer's `schema` on the topic: an equal
+        version's, or a new one its compatibility strategy takes
+        (IncompatibleSchema otherwise)."""
+        registry = self.broker.schemas
+        version = await registry.add(await registry.topic_of(name), schema)
         return version.to_bytes(8, "big")
 
     # --- producers -----------------------------------------------------------------------------
@@ -838,6 +823,9 @@ class PulsarFrontEnd:
         await self.broker.access.check_topic(connection.principal.role, name, Action.CONSUME, "consume from")
         if body.force_topic_creation:
             await ensure_topic(self.broker, name)
+        if body.HasField("schema") and body.schema.type != _SCHEMA_NONE:
+            registry = self.broker.schemas
+            await registry.check_reader(await registry.topic_of(name), body.schema)
         service = await self.broker.serving(name)
         start_offset = None
         if not body.durable and body.HasField("start_message_id"):

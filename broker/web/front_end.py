@@ -25,6 +25,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from broker.web.admin_routes import admin_routes
+from broker.web.schema_routes import schema_routes
 from broker.web.topic_routes import topic_routes
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ async def _metrics(web: "WebFrontEnd", request: Request) -> Response:
 
 def build_app(web: "WebFrontEnd") -> Starlette:
     routes = [Route("/metrics", functools.partial(_metrics, web), methods=["GET"])]
-    routes += [Route(path, handler(web), methods=[method]) for method, path, handler in admin_routes() + topic_routes()]
+    routes += [Route(path, handler(web), methods=[method]) for method, path, handler in admin_routes() + topic_routes() + schema_routes()]
     return Starlette(routes=routes)
 
 

@@ -134,6 +134,7 @@ def namespace_json(answer: dict, cluster: str) -> dict:
         "retention_policies": retention_json(retention) if has_retention else None,
         "deduplicationEnabled": policies.get("deduplication"),
         "message_ttl_in_seconds": policies.get("message_ttl_s"),
+        "schema_compatibility_strategy": policies.get("schema_compatibility_strategy", "UNDEFINED"),
         "deleted": False,
     }
 

@@ -337,7 +337,7 @@ def quire(cluster, *arguments: str) -> dict | str:
         return completed.stdout
 
 
-async def test_the_command_line_and_the_rest_api_do_the_same_admin_actions(shared_cluster):
+async def test_the_command_line_and_the_rest_api_do_the_same_admin_actions(shared_cluster, tmp_path):
     rest = Rest(shared_cluster.brokers[0].web_url)
     tenant, name = unique("cli"), unique("subs")
     namespace = f"{tenant}/ns"
@@ -358,6 +358,13 @@ async def test_the_command_line_and_the_rest_api_do_the_same_admin_actions(share
     assert (await trio.to_thread.run_sync(run, "topic", "subscriptions", name)).split() == ["s"]
     await trio.to_thread.run_sync(run, "topic", "delete-subscription", name, "--subscription", "s")
     assert (await rest("GET", path + "/subscriptions")).json() == []
+
+    definition = tmp_path / "event.avsc"
+    definition.write_text('{"type": "record", "name": "Event", "fields": [{"name": "id", "type": "long"}]}')
+    await trio.to_thread.run_sync(run, "topic", "set-schema", name, "--type", "AVRO", "--definition-file", str(definition))
+    schema = (await rest("GET", f"{V2}/schemas/public/default/{name}/schema")).json()
+    assert schema["version"] == 0 and schema["type"] == "AVRO"
+    assert (await trio.to_thread.run_sync(run, "topic", "schema", name))["definition"] == definition.read_text()
 
     assert (await rest("PUT", f"{V2}/tenants/{tenant}", {"allowedClusters": ["standalone"]})).status_code == 204
     await trio.to_thread.run_sync(run, "namespace", "create", namespace)

@@ -1,0 +1,124 @@
+"""Benchmark: the REST admin API's topic stats with 1,000 topics.
+
+3 bookies and 1 broker on loopback with its web service; 1,000 topics with
+a message each, loaded on the broker. Then:
+- `rest_topic_stats_sequential`: GET .../{topic}/stats of every topic, one
+  request after the other on one kept-alive connection (a script's loop);
+- `rest_topic_stats_concurrent`: the same 1,000 requests, 16 at a time
+  (a dashboard's scrape);
+- `rest_partitioned_stats`: GET .../partitioned-stats of a topic of 1,000
+  partitions (one request, put together from every partition).
+
+    .venv/bin/python -m bench.rest_admin
+
+Prints one JSON object per result (requests per second, latency
+percentiles, the whole pass's seconds), then a summary: the target is every
+pass over 1,000 topics within 1 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import httpx
+import trio
+
+from bench.cluster import bench_cluster, free_port, latency_summary
+from broker.client import Client
+from quire.cli_parsing import Bounded, Parser
+from quire.progress import Progress
+
+TARGET_S = 1.0
+V2 = "/admin/v2/persistent/public/default"
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/rest_admin.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--topics", type=Bounded("integer", 1, 10_000, why="the broker's partition limit"), default=1_000,
+                        help="topics (and partitions of the partitioned one)")
+    parser.add_argument("--concurrency", type=Bounded("integer", 1, 256, why="the HTTP client's pool"), default=16,
+                        help="requests in flight in the concurrent pass")
+    parser.add_argument("--rounds", type=Bounded("integer", 1, 100, why="a bench's patience"), default=3,
+                        help="passes of each kind (the best is the result; all are timed)")
+    return parser
+
+
+async def prepare(zk_hosts: str, root: str, topics: int) -> None:
+    """`topics` topics with one message each, and a topic of `topics`
+    partitions: made and loaded (their first stats load them)."""
+    async with Client.connect(zk_hosts, root) as client:
+        with Progress("topics", total=topics, unit="topics") as progress:
+            for index in range(topics):
+                await client.create_topic(f"t-{index}", ensemble_size=3, write_quorum=3, ack_quorum=2)
+                producer = await client.create_producer(f"t-{index}")
+                await producer.send(b"x" * 100)
+                await producer.close()
+                progress.update(index + 1)
+        await client.create_topic("wide", partitions=topics, ensemble_size=3, write_quorum=3, ack_quorum=2)
+
+
+async def timed_pass(http: httpx.AsyncClient, paths: list[str], concurrency: int) -> tuple[float, list[float]]:
+    latencies_ms: list[float] = []
+    slots = trio.Semaphore(concurrency)
+
+    async def one(path: str) -> None:
+        async with slots:
+            began = time.perf_counter()
+            answer = await http.get(path)
+            latencies_ms.append((time.perf_counter() - began) * 1000)
+            if answer.status_code != 200:
+                raise RuntimeError(f"GET {path}: {answer.status_code} {answer.text[:200]}")
+
+    began = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for path in paths:
+            nursery.start_soon(one, path)
+    return time.perf_counter() - began, latencies_ms
+
+
+def result(name: str, parameters: dict, passes: list[tuple[float, list[float]]], requests: int) -> dict:
+    elapsed_s, latencies_ms = min(passes, key=lambda run: run[0])
+    return {"name": name, "parameters": parameters, "requests_per_s": round(requests / elapsed_s, 1),
+            "pass_seconds": round(elapsed_s, 3), "pass_seconds_all": [round(run[0], 3) for run in passes],
+            **latency_summary(latencies_ms)}
+
+
+async def measure(web_url: str, arguments: argparse.Namespace) -> list[dict]:
+    topics = arguments.topics
+    paths = [f"{V2}/t-{index}/stats" for index in range(topics)]
+    limits = httpx.Limits(max_connections=arguments.concurrency, max_keepalive_connections=arguments.concurrency)
+    results = []
+    async with httpx.AsyncClient(base_url=web_url, timeout=120, limits=limits) as http:
+        await timed_pass(http, paths, arguments.concurrency)  # loads every topic (a cold pass)
+        await http.get(f"{V2}/wide/partitioned-stats")  # loads every partition
+        parameters = {"topics": topics, "concurrency": 1}
+        passes = [await timed_pass(http, paths, 1) for _ in range(arguments.rounds)]
+        results.append(result("rest_topic_stats_sequential", parameters, passes, topics))
+        passes = [await timed_pass(http, paths, arguments.concurrency) for _ in range(arguments.rounds)]
+        results.append(result("rest_topic_stats_concurrent", {**parameters, "concurrency": arguments.concurrency}, passes,
+                              topics))
+        passes = [await timed_pass(http, [f"{V2}/wide/partitioned-stats"], 1) for _ in range(arguments.rounds)]
+        results.append(result("rest_partitioned_stats", {"partitions": topics}, passes, 1))
+    return results
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
+    web_port = free_port()
+    with bench_cluster(3, broker_count=1, broker_options=["--web-port", str(web_port)]) as cluster:
+        trio.run(prepare, cluster.zk_hosts, cluster.root, arguments.topics)
+        results = trio.run(measure, f"http://127.0.0.1:{web_port}", arguments)
+    for value in results:
+        print(json.dumps(value), flush=True)
+    met = {value["name"]: value["pass_seconds"] <= TARGET_S for value in results}
+    print(json.dumps({"name": "rest_admin_summary", "target_pass_seconds": TARGET_S,
+                      **{f"{value['name']}_pass_seconds": value["pass_seconds"] for value in results}, "met": met}),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
