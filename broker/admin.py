@@ -103,20 +103,51 @@ class AdminHandler:
         topic = check_name(_argument(arguments, "topic", str))
         changes = _argument(arguments, "policies", dict)
         await self.server.access.check_topic_admin(role, topic, "change the policies of")
+        return await self._change_policies(topic, lambda record: (changes, record.own_policy_names() | frozenset(changes)))
+
+    async def _change_policies(self, topic: str, change) -> dict:
+        """Write the topic's record with `change(record)` -> (policy values,
+        the names it sets itself), compare-and-set, retried a few times."""
         store = self.server.topic_store
         for _ in range(POLICY_UPDATE_TRIES_MAX):
             found = await store.read_topic(topic)
             if found is None:
                 raise TopicNotFoundError(f"topic {topic!r} does not exist")
             record, version = found
-            policies = TopicPolicies.from_dict(changes, record.policies)
+            values, own = change(record)
+            policies = TopicPolicies.from_dict(values, record.policies)
             try:
-                await store.write_topic(topic, TopicRecord(record.partitions, policies, record.created_ms,
-                                                           record.own_policy_names() | frozenset(changes)), version)
+                await store.write_topic(topic, TopicRecord(record.partitions, policies, record.created_ms, own), version)
             except BadVersionError:
                 continue
             return {"topic": topic, "policies": policies.to_dict()}
         raise BadRequestError(f"topic {topic!r} changed {POLICY_UPDATE_TRIES_MAX} times while its policies were set; retry")
+
+    async def _topic_policies(self, arguments: dict, role: str | None) -> dict:
+        """The policies set on the topic itself (`own`), and those it works by
+        (`applied`: its own, then its namespace's, then the broker's defaults)."""
+        topic = check_name(_argument(arguments, "topic", str))
+        await self.server.access.check_topic(role, topic, None, "read the policies of")
+        found = await self.server.topic_store.read_topic(topic)
+        if found is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        record = found[0]
+        own = {name: getattr(record.policies, name) for name in sorted(record.own_policy_names())}
+        applied = await self.server.tenant_store.policies_in_effect(topic, record)
+        return {"topic": topic, "own": own, "applied": applied.to_dict()}
+
+    async def _remove_policies(self, arguments: dict, role: str | None) -> dict:
+        """The topic stops setting `names` itself: they come from its
+        namespace, or the broker's defaults, again."""
+        topic = check_name(_argument(arguments, "topic", str))
+        names = _argument(arguments, "names", list)
+        defaults = self.server.default_policies
+        unknown = [describe(name) for name in names if not isinstance(name, str) or name not in TopicPolicies.__dataclass_fields__]
+        if unknown:
+            raise BadRequestError(f"unknown topic policies {', '.join(unknown[:5])}")
+        await self.server.access.check_topic_admin(role, topic, "change the policies of")
+        return await self._change_policies(topic, lambda record: ({name: getattr(defaults, name) for name in names},
+                                                                  record.own_policy_names() - frozenset(names)))
 
     async def _list_topics(self, arguments: dict, role: str | None) -> dict:
         topics = []

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from broker.errors import NotFoundError, ServiceUnavailableError
-from broker.web.endpoints import endpoint, no_content, query_flag, read_json
+from broker.web.endpoints import endpoint, int_parameter, no_content, query_flag, read_json
 from broker.web.pulsar_json import (
     backlog_quota_json,
     backlog_quota_policies,
@@ -160,61 +160,109 @@ async def get_namespace(web: Any, request: Request, role: str | None) -> Respons
     return JSONResponse(namespace_json(answer, web.config.cluster_name))
 
 
-# A namespace's policies for its topics: (path, how a body becomes quire's
-# policies, how quire's policies become the answer, the policies the path sets).
-NAMESPACE_POLICIES = {
+# The policies a namespace sets for its topics, or a topic for itself:
+# (path, how a body becomes quire's policies, how quire's policies become
+# the answer, the policies the path sets).
+POLICY_PATHS = {
     "retention": (retention_policies, retention_json, ("retention_time_ms", "retention_bytes")),
     "deduplication": (deduplication_policies, deduplication_json, ("deduplication",)),
+    "deduplicationEnabled": (deduplication_policies, deduplication_json, ("deduplication",)),
     "messageTTL": (message_ttl_policies, message_ttl_json, ("message_ttl_s",)),
 }
 
 
-def _policy_kind(request: Request) -> tuple:
-    return NAMESPACE_POLICIES[request.url.path.rsplit("/", 1)[1]]
+class _Scope:
+    """Where a policy path sets policies: a namespace (for its topics) or a
+    topic (its own, which win over its namespace's)."""
+
+    def __init__(self, topic: bool) -> None:
+        self.topic = topic
+
+    def target(self, request: Request) -> dict:
+        if self.topic:
+            from broker.web.topic_routes import topic_of_request
+
+            return {"topic": topic_of_request(request)}
+        return {"namespace": _namespace(request)}
+
+    async def read(self, web: Any, request: Request, role: str | None) -> dict:
+        """The policies set here (a topic's applied ones with ?applied=true)."""
+        if not self.topic:
+            return (await _admin(web, "namespace_policies", self.target(request), role))["policies"]
+        answer = await _admin(web, "topic_policies", self.target(request), role)
+        return answer["applied"] if query_flag(request, "applied") else answer["own"]
+
+    async def set(self, web: Any, request: Request, role: str | None, policies: dict) -> None:
+        action = "set_policies" if self.topic else "set_namespace_policies"
+        await _admin(web, action, {**self.target(request), "policies": policies}, role)
+
+    async def remove(self, web: Any, request: Request, role: str | None, names: list[str]) -> None:
+        if self.topic:
+            await _admin(web, "remove_policies", {**self.target(request), "names": names}, role)
+        else:
+            await _admin(web, "set_namespace_policies", {**self.target(request), "remove": names}, role)
 
 
-@endpoint
-async def get_namespace_policy(web: Any, request: Request, role: str | None) -> Response:
-    _, to_json, names = _policy_kind(request)
-    answer = await _admin(web, "namespace_policies", {"namespace": _namespace(request)}, role)
-    if not any(name in answer["policies"] for name in names):
-        return no_content()  # not set by the namespace (Pulsar answers null)
-    return JSONResponse(to_json(answer["policies"]))
+def _policy_path(request: Request) -> tuple:
+    return POLICY_PATHS[request.url.path.rsplit("/", 1)[1]]
 
 
-@endpoint
-async def set_namespace_policy(web: Any, request: Request, role: str | None) -> Response:
-    from_body, _, _ = _policy_kind(request)
-    policies = from_body(await read_json(request))
-    await _admin(web, "set_namespace_policies", {"namespace": _namespace(request), "policies": policies}, role)
-    return no_content()
+def policy_endpoints(scope: _Scope) -> dict[str, Any]:
+    """The handlers of the policy paths, for a namespace's or a topic's."""
+
+    @endpoint
+    async def get_policy(web: Any, request: Request, role: str | None) -> Response:
+        _, to_json, names = _policy_path(request)
+        policies = await scope.read(web, request, role)
+        if not any(name in policies for name in names):
+            return no_content()  # not set here (Pulsar answers null)
+        return JSONResponse(to_json(policies))
+
+    @endpoint
+    async def set_policy(web: Any, request: Request, role: str | None) -> Response:
+        from_body, _, _ = _policy_path(request)
+        if "messageTTL" in request.query_params:  # a topic's TTL: Pulsar's clients send it in the query
+            body = int_parameter(request.query_params["messageTTL"], "messageTTL", minimum=0)
+        else:
+            body = await read_json(request)
+        await scope.set(web, request, role, from_body(body))
+        return no_content()
+
+    @endpoint
+    async def remove_policy(web: Any, request: Request, role: str | None) -> Response:
+        _, _, names = _policy_path(request)
+        await scope.remove(web, request, role, list(names))
+        return no_content()
+
+    @endpoint
+    async def get_backlog_quotas(web: Any, request: Request, role: str | None) -> Response:
+        return JSONResponse(backlog_quota_json(await scope.read(web, request, role)))
+
+    @endpoint
+    async def set_backlog_quota(web: Any, request: Request, role: str | None) -> Response:
+        policies = backlog_quota_policies(await read_json(request), request.query_params.get("backlogQuotaType"))
+        await scope.set(web, request, role, policies)
+        return no_content()
+
+    @endpoint
+    async def remove_backlog_quota(web: Any, request: Request, role: str | None) -> Response:
+        backlog_quota_policies({"limitSize": -1}, request.query_params.get("backlogQuotaType"))  # checks the type
+        await scope.remove(web, request, role, ["backlog_quota_bytes"])
+        return no_content()
+
+    return {"get": get_policy, "set": set_policy, "remove": remove_policy, "get_quotas": get_backlog_quotas,
+            "set_quota": set_backlog_quota, "remove_quota": remove_backlog_quota}
 
 
-@endpoint
-async def remove_namespace_policy(web: Any, request: Request, role: str | None) -> Response:
-    _, _, names = _policy_kind(request)
-    await _admin(web, "set_namespace_policies", {"namespace": _namespace(request), "remove": list(names)}, role)
-    return no_content()
-
-
-@endpoint
-async def get_backlog_quotas(web: Any, request: Request, role: str | None) -> Response:
-    answer = await _admin(web, "namespace_policies", {"namespace": _namespace(request)}, role)
-    return JSONResponse(backlog_quota_json(answer["policies"]))
-
-
-@endpoint
-async def set_backlog_quota(web: Any, request: Request, role: str | None) -> Response:
-    policies = backlog_quota_policies(await read_json(request), request.query_params.get("backlogQuotaType"))
-    await _admin(web, "set_namespace_policies", {"namespace": _namespace(request), "policies": policies}, role)
-    return no_content()
-
-
-@endpoint
-async def remove_backlog_quota(web: Any, request: Request, role: str | None) -> Response:
-    backlog_quota_policies({"limitSize": -1}, request.query_params.get("backlogQuotaType"))  # checks the type
-    await _admin(web, "set_namespace_policies", {"namespace": _namespace(request), "remove": ["backlog_quota_bytes"]}, role)
-    return no_content()
+def policy_routes(prefix: str, scope: _Scope) -> list[tuple[str, str, Any]]:
+    handlers = policy_endpoints(scope)
+    return [
+        *[(method, f"{prefix}/{name}", handlers[kind]) for name in POLICY_PATHS
+          for method, kind in (("GET", "get"), ("POST", "set"), ("DELETE", "remove"))],
+        ("GET", prefix + "/backlogQuotaMap", handlers["get_quotas"]),
+        ("POST", prefix + "/backlogQuota", handlers["set_quota"]),
+        ("DELETE", prefix + "/backlogQuota", handlers["remove_quota"]),
+    ]
 
 
 @endpoint
@@ -269,12 +317,8 @@ def admin_routes() -> list[tuple[str, str, Any]]:
         ("POST", NAMESPACE + "/permissions/{role}", grant_permission),
         ("DELETE", NAMESPACE + "/permissions/{role}", revoke_permission),
         ("GET", NAMESPACE + "/topics", namespace_topics),
-        *[(method, f"{NAMESPACE}/{name}", handler) for name in NAMESPACE_POLICIES
-          for method, handler in (("GET", get_namespace_policy), ("POST", set_namespace_policy),
-                                  ("DELETE", remove_namespace_policy))],
-        ("GET", NAMESPACE + "/backlogQuotaMap", get_backlog_quotas),
-        ("POST", NAMESPACE + "/backlogQuota", set_backlog_quota),
-        ("DELETE", NAMESPACE + "/backlogQuota", remove_backlog_quota),
+        *policy_routes(NAMESPACE, _Scope(topic=False)),
+        *policy_routes(V2 + "/persistent/{tenant}/{namespace}/{topic}", _Scope(topic=True)),
     ]
 
 

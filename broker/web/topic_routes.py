@@ -46,7 +46,7 @@ RELAY_HEADER = "x-quire-relayed"
 RELAY_HOPS_MAX = 3
 
 
-def _topic(request: Request) -> str:
+def topic_of_request(request: Request) -> str:
     """The quire name of the topic (or partition) the path names."""
     params = request.path_params
     return quire_name(f"persistent://{params['tenant']}/{params['namespace']}/{params['topic']}")
@@ -188,7 +188,7 @@ async def list_partitioned_topics(web: Any, request: Request, role: str | None) 
 
 
 async def _create(web: Any, request: Request, role: str | None, partitions: int) -> Response:
-    topic = _topic(request)
+    topic = topic_of_request(request)
     _, index = split_partition(topic)
     if index >= 0 and await _record(web, split_partition(topic)[0]) is not None:
         raise PreconditionFailedError(f"{pulsar_name(topic)} is a partition of a partitioned topic")
@@ -223,7 +223,7 @@ async def get_partitions(web: Any, request: Request, role: str | None) -> Respon
     topic named for the first time is made (when the broker makes topics)."""
     create = query_flag(request, "checkAllowAutoCreation")
     try:
-        partitions = await partition_count(web.server, _topic(request), role, create=create)
+        partitions = await partition_count(web.server, topic_of_request(request), role, create=create)
     except TopicNotFoundError:
         partitions = 0  # as Pulsar: a topic that does not exist is not partitioned
     return JSONResponse({"partitions": partitions})
@@ -240,7 +240,7 @@ async def _delete_one(web: Any, request: Request, role: str | None, partition: s
 
 @endpoint
 async def delete_topic(web: Any, request: Request, role: str | None) -> Response:
-    topic, force = _topic(request), query_flag(request, "force")
+    topic, force = topic_of_request(request), query_flag(request, "force")
     record, partitions = await _partitions_of(web, topic)
     if record is not None and record.partitions > 0:
         raise PreconditionFailedError(f"{pulsar_name(topic)} is partitioned: delete it with DELETE .../partitions")
@@ -249,12 +249,12 @@ async def delete_topic(web: Any, request: Request, role: str | None) -> Response
         await _delete_one(web, request, role, topic, force)
         return no_content()
 
-    return await _on_owner(web, request, _topic(request), run)
+    return await _on_owner(web, request, topic_of_request(request), run)
 
 
 @endpoint
 async def delete_partitioned_topic(web: Any, request: Request, role: str | None) -> Response:
-    topic, force = _topic(request), query_flag(request, "force")
+    topic, force = topic_of_request(request), query_flag(request, "force")
     record = await _record(web, topic)
     if record is None or record.partitions == 0:
         raise TopicNotFoundError(f"partitioned topic {pulsar_name(topic)} does not exist")
@@ -274,7 +274,7 @@ async def _stats(web: Any, partition: str, role: str | None) -> dict:
 
 @endpoint
 async def get_stats(web: Any, request: Request, role: str | None) -> Response:
-    topic = _topic(request)
+    topic = topic_of_request(request)
     record, _ = await _partitions_of(web, topic)
     if record is not None and record.partitions > 0:
         raise TopicNotFoundError(f"{pulsar_name(topic)} is partitioned: its stats are at .../partitioned-stats")
@@ -282,18 +282,18 @@ async def get_stats(web: Any, request: Request, role: str | None) -> Response:
     async def run() -> Response:
         return JSONResponse(topic_stats(await _stats(web, topic, role)))
 
-    return await _on_owner(web, request, _topic(request), run)
+    return await _on_owner(web, request, topic_of_request(request), run)
 
 
 @endpoint
 async def get_internal_stats(web: Any, request: Request, role: str | None) -> Response:
-    topic = _topic(request)
+    topic = topic_of_request(request)
     await _partitions_of(web, topic)
 
     async def run() -> Response:
         return JSONResponse(internal_stats(await _stats(web, topic, role)))
 
-    return await _on_owner(web, request, _topic(request), run)
+    return await _on_owner(web, request, topic_of_request(request), run)
 
 
 async def _partitioned(web: Any, topic: str) -> TopicRecord:
@@ -307,7 +307,7 @@ async def _each_partition_view(web: Any, request: Request, role: str | None, suf
                                shape: Callable[[dict], dict]) -> tuple[TopicRecord, dict[str, dict]]:
     """A partitioned topic's record, and each partition's description in
     `shape` (as the partition's own `suffix` path answers it)."""
-    topic = _topic(request)
+    topic = topic_of_request(request)
     record = await _partitioned(web, topic)
 
     async def local(partition: str) -> dict:
@@ -345,7 +345,7 @@ async def _fan_out(web: Any, request: Request, role: str | None, action: str, ar
     """Run admin `action` on the topic's partition, or on each partition of
     a partitioned topic (the others' owners are asked the request's method
     and path, for each partition); the answers, one per partition."""
-    topic = _topic(request)
+    topic = topic_of_request(request)
     record, partitions = await _partitions_of(web, topic)
     suffix = _suffix(request)
 
@@ -364,7 +364,7 @@ async def _fan_out(web: Any, request: Request, role: str | None, action: str, ar
 
 @endpoint
 async def list_subscriptions(web: Any, request: Request, role: str | None) -> Response:
-    topic = _topic(request)
+    topic = topic_of_request(request)
     record, partitions = await _partitions_of(web, topic)
 
     async def local(partition: str) -> list[str]:
@@ -442,7 +442,7 @@ async def reset_cursor_to_message(web: Any, request: Request, role: str | None) 
     position = _message_position(body)
     if not isinstance(position, list):
         raise BadRequestError("reset a cursor to a message id, or to a time with .../resetcursor/TIMESTAMP")
-    topic = _topic(request)
+    topic = topic_of_request(request)
     record, partitions = await _partitions_of(web, topic)
     if record is not None and record.partitions > 0:
         index = body.get("partitionIndex", -1)
@@ -465,7 +465,7 @@ async def reset_cursor_to_message(web: Any, request: Request, role: str | None) 
 async def lookup(web: Any, request: Request, role: str | None) -> Response:
     """Pulsar's LookupData for a partition: the broker that serves it, or
     that one's answer when it is to take the partition (asked with authority)."""
-    topic = _topic(request)
+    topic = topic_of_request(request)
     listener = request.query_params.get("listenerName") or request.headers.get("x-pulsar-listener-name") or None
     info, redirect = await lookup_partition(web.server, topic, role, authoritative=query_flag(request, "authoritative"))
     if redirect:

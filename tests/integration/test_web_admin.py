@@ -164,12 +164,20 @@ async def test_a_namespace_policy_reaches_its_topics_unless_a_topic_sets_its_own
     await trio.to_thread.run_sync(resend, "resender-2")
     assert await stored() == 15  # the second round dropped
 
-    # A topic's own setting wins over its namespace's.
-    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
-        await client.set_policies(f"{namespace}/orders", deduplication=False)
-    assert (await rest("POST", f"{V2}/namespaces/{namespace}/deduplication", True)).status_code == 204
+    # A topic's own setting wins over its namespace's; removed, the namespace's applies again.
+    topic_path = f"{V2}/persistent/{namespace}/orders"
+    assert (await rest("GET", topic_path + "/deduplicationEnabled")).status_code == 204  # the topic sets none
+    assert (await rest("POST", topic_path + "/deduplicationEnabled", False)).status_code == 204
+    assert (await rest("GET", topic_path + "/deduplicationEnabled")).json() is False
+    assert (await rest("GET", topic_path + "/retention?applied=true")).json() == {"retentionTimeInMinutes": -1,
+                                                                                  "retentionSizeInMB": -1}
     await wait_until_async(lambda: deduplication_is("Disabled"), deadline_s=15, poll_s=0.2,
                            what="the topic's own policy")
+    assert (await rest("DELETE", topic_path + "/deduplicationEnabled")).status_code == 204
+    await wait_until_async(lambda: deduplication_is("Enabled"), deadline_s=15, poll_s=0.2,
+                           what="the namespace's policy again")
+    assert (await rest("POST", topic_path + "/messageTTL?messageTTL=3600")).status_code == 204
+    assert (await rest("GET", topic_path + "/messageTTL")).json() == 3600
 
 
 async def test_topics_stats_and_subscriptions_over_rest(shared_cluster):
@@ -404,3 +412,27 @@ async def test_message_ttl_set_over_rest_expires_messages_on_every_subscription(
     await trio.sleep(1.5)  # a TTL check would have come (none is set now): the new messages stay
     stats = (await rest("GET", path + "/stats")).json()
     assert [stats["subscriptions"][name]["msgBacklog"] for name in ("a", "b")] == [3, 3]
+
+
+async def test_hostile_http_closes_only_its_own_connection(shared_cluster):
+    import socket
+
+    port = shared_cluster.brokers[0].web_port
+
+    def attack() -> list[bytes]:
+        answers = []
+        for payload in (b"\x00\xff garbage \r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"a" * 200_000 + b"\r\n\r\n",
+                        b"POST /admin/v2/tenants/t HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc"):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                try:
+                    sock.sendall(payload)
+                    sock.shutdown(socket.SHUT_WR)
+                    answers.append(sock.recv(200))
+                except OSError:
+                    answers.append(b"")  # closed at once: also fine
+        return answers
+
+    answers = await trio.to_thread.run_sync(attack)
+    assert all(not answer or answer.startswith(b"HTTP/1.1 4") for answer in answers), answers
+    rest = Rest(shared_cluster.brokers[0].web_url)
+    assert (await rest("GET", V2 + "/clusters")).json() == ["standalone"]
