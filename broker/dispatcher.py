@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+import heapq
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -52,6 +53,7 @@ REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery
 UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past it a consumer gets nothing more
 UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT = 200_000  # ... by all of a subscription's consumers together
 PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
+DELAYED_MAX_DEFAULT = 100_000  # delayed messages indexed in memory; past it they are found again by reading
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
 KEY_HASH_RANGE = 65_536  # key-shared hashes are 0 .. KEY_HASH_RANGE - 1 (Pulsar's range size)
 NONE_KEY = b"NONE_KEY"  # what a message without a key hashes as (as Pulsar does)
@@ -88,6 +90,7 @@ class EntryRef:
     first_offset: int
     message_count: int
     keys: tuple[str | None, ...] | None = None
+    deliver_at_ms: int = 0  # Pulsar's deliver_at_time: held back from shared subscriptions until then (0: at once)
 
     @property
     def last_offset(self) -> int:
@@ -126,9 +129,10 @@ class Dispatcher:
         replay_max: int = REPLAY_MAX_DEFAULT,
         unacked_per_consumer_max: int = UNACKED_PER_CONSUMER_MAX_DEFAULT,
         unacked_per_subscription_max: int = UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT,
+        delayed_max: int = DELAYED_MAX_DEFAULT,
     ) -> None:
-        if replay_max < 1 or unacked_per_consumer_max < 1 or unacked_per_subscription_max < 1:
-            raise ValueError("replay_max, unacked_per_consumer_max and unacked_per_subscription_max must be at least 1")
+        if replay_max < 1 or unacked_per_consumer_max < 1 or unacked_per_subscription_max < 1 or delayed_max < 1:
+            raise ValueError("replay_max, unacked_per_consumer_max, unacked_per_subscription_max and delayed_max must be at least 1")
         self.subscription_type = subscription_type
         self.cursor = cursor
         self.partition_index = partition_index
@@ -141,6 +145,14 @@ class Dispatcher:
         self._replay_offsets: list[int] = []  # sorted keys of _replay
         self._redeliveries: dict[int, int] = {}  # offset -> times delivered again
         self.read_offset = cursor.mark_delete + 1  # the next offset a read gives
+        self._seen_through = self.read_offset  # every offset below it was read once (a rewind reads some again)
+        # Delayed delivery (shared and key-shared): (deliver at ms, offset,
+        # entry), a heap of at most `delayed_max`; past it, the lowest
+        # offset not indexed, read again once the index has room.
+        self.delayed_max = delayed_max
+        self._delayed: list[tuple[int, int, EntryRef]] = []
+        self._delayed_offsets: set[int] = set()
+        self._delayed_unindexed_from: int | None = None
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
         self._sticky: list[tuple[int, int, int]] = []  # key-shared: (start, end, consumer id) of the named ranges, sorted
@@ -329,7 +341,10 @@ class Dispatcher:
         self._replay.clear()
         self._replay_offsets.clear()
         self._redeliveries.clear()
-        self.read_offset = next_offset
+        self._delayed.clear()
+        self._delayed_offsets.clear()
+        self._delayed_unindexed_from = None
+        self.read_offset = self._seen_through = next_offset
 
     # --- dispatching ------------------------------------------------------------------
 
@@ -356,11 +371,16 @@ class Dispatcher:
         candidates = [(offset, self._replay[offset]) for offset in self._replay_offsets]
         return self._dispatch(candidates, from_replay=True)
 
-    def entry_read(self, entry: EntryRef) -> list[Delivery]:
+    def entry_read(self, entry: EntryRef, now_ms: int = 0) -> list[Delivery]:
         """A new entry, read in order from the partition: deliver what of it
-        the cursor has not acknowledged."""
-        fresh = entry.first_offset >= self.read_offset
+        the cursor has not acknowledged (on a shared subscription, once its
+        delivery time has come)."""
+        fresh = entry.first_offset >= self._seen_through
         self.read_offset = max(self.read_offset, entry.last_offset + 1)
+        self._seen_through = max(self._seen_through, entry.last_offset + 1)
+        if entry.deliver_at_ms > now_ms and self.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
+            self._delay(entry)
+            return []
         if fresh and self.subscription_type is not SubscriptionType.KEY_SHARED and not self._replay_offsets:
             whole = self._deliver_whole(entry)
             if whole is not None:
@@ -371,6 +391,45 @@ class Dispatcher:
             if not self.cursor.is_acked(offset) and offset not in self._owner and offset not in self._replay
         ]
         return self._dispatch(candidates, from_replay=False)
+
+    # --- delayed delivery ----------------------------------------------------------------
+
+    def _delay(self, entry: EntryRef) -> None:
+        """Hold an entry's messages until their time (as Pulsar's delayed
+        delivery tracker does); what the index has no room for is read
+        again later (release_due rewinds the reading)."""
+        for offset in range(entry.first_offset, entry.last_offset + 1):
+            if self.cursor.is_acked(offset) or offset in self._owner or offset in self._replay or offset in self._delayed_offsets:
+                continue
+            if len(self._delayed) >= self.delayed_max:
+                if self._delayed_unindexed_from is None or offset < self._delayed_unindexed_from:
+                    self._delayed_unindexed_from = offset
+                return
+            heapq.heappush(self._delayed, (entry.deliver_at_ms, offset, entry))
+            self._delayed_offsets.add(offset)
+
+    def next_delayed_ms(self) -> int | None:
+        """When the earliest held message is due (None: none is held)."""
+        return self._delayed[0][0] if self._delayed else None
+
+    @property
+    def delayed_count(self) -> int:
+        return len(self._delayed)
+
+    def release_due(self, now_ms: int) -> bool:
+        """Messages whose time came join the replay set (as far as it has
+        room). True when reading must go back (the driver forgets its read
+        position): messages the full index left out are found again."""
+        while self._delayed and self._delayed[0][0] <= now_ms and len(self._replay_offsets) < self.replay_max:
+            _, offset, entry = heapq.heappop(self._delayed)
+            self._delayed_offsets.discard(offset)
+            if not self.cursor.is_acked(offset) and offset not in self._owner:
+                self._hold(offset, entry)
+        if self._delayed_unindexed_from is not None and len(self._delayed) <= self.delayed_max // 2:
+            self.read_offset = min(self.read_offset, self._delayed_unindexed_from)
+            self._delayed_unindexed_from = None
+            return True
+        return False
 
     def _deliver_whole(self, entry: EntryRef) -> list[Delivery] | None:
         """The common case, without a step per message: an entry nobody saw

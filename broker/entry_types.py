@@ -35,6 +35,7 @@ class BatchHeader:
     # batch. -1: an entry of the legacy format.
     message_start: int = -1
     batched: bool = True
+    deliver_at_ms: int = 0  # Pulsar's deliver_at_time (0: none)
 
     @property
     def last_offset(self) -> int:

@@ -225,7 +225,7 @@ def decode_entry(data: bytes | memoryview) -> tuple[BatchHeader, memoryview]:
         raise MalformedEntryError("entry names its producer or keys in bytes that are not UTF-8")
     header = BatchHeader(metadata.producer_name, metadata.sequence_id, _last_sequence_id(metadata, count),
                          broker_metadata.index - count + 1, count, broker_metadata.broker_timestamp, codec, keys, start,
-                         message.batched)
+                         message.batched, metadata.deliver_at_time)
     return header, view[start:]
 
 

@@ -337,9 +337,18 @@ class Subscription:
             if progressed:
                 await trio.lowlevel.checkpoint()
                 continue
-            await self._wakeup.wait()
+            due_ms = self.dispatcher.next_delayed_ms()
+            if due_ms is None:
+                await self._wakeup.wait()
+            else:
+                # Delayed messages: wake when the earliest is due, too.
+                with trio.move_on_after(max(0.0, (due_ms - time.time() * 1000) / 1000)):
+                    await self._wakeup.wait()
 
     async def _dispatch_once(self) -> bool:
+        now_ms = int(time.time() * 1000)
+        if self.dispatcher.release_due(now_ms):
+            self.read_position = None  # read again what the delayed index had no room for
         deliveries = self.dispatcher.dispatch_replay()
         if deliveries:
             await self._send(deliveries, {})
@@ -363,9 +372,10 @@ class Subscription:
         deliveries = []
         for entry in entries:
             header = entry.header
-            ref = EntryRef(entry.position.ledger_id, entry.position.entry_id, header.first_offset, header.message_count, header.keys)
+            ref = EntryRef(entry.position.ledger_id, entry.position.entry_id, header.first_offset, header.message_count, header.keys,
+                           header.deliver_at_ms)
             stored[(ref.ledger_id, ref.entry_id)] = entry
-            deliveries += self.dispatcher.entry_read(ref)
+            deliveries += self.dispatcher.entry_read(ref, now_ms)
             self.read_position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
             if not self.dispatcher.wants_read():
                 break
@@ -447,6 +457,7 @@ class Subscription:
             "expired_messages": self.expired_messages,
             "held_for_redelivery": self.dispatcher.replay_count,
             "unacknowledged_messages": self.dispatcher.unacked_total,
+            "delayed_messages": self.dispatcher.delayed_count,
             "consumers": [
                 {"name": link.name, "permits": self.dispatcher.permits(link.consumer_id),
                  "unacknowledged": self.dispatcher.unacked_count(link.consumer_id), "messages_out": link.messages_out,

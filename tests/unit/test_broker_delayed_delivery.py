@@ -1,0 +1,110 @@
+"""Delayed delivery in the dispatcher core: a message with a delivery time
+is held back from shared and key-shared subscriptions until then (not from
+exclusive and failover ones, as in Pulsar), does not hold back the messages
+behind it, and is delivered once; past the index's bound, held messages are
+found again by reading, never lost nor delivered twice."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.cursor import Cursor
+from broker.dispatcher import Dispatcher, EntryRef, SubscriptionType
+from tests.unit.test_broker_dispatcher import offsets_of
+
+SHARED, KEY_SHARED, EXCLUSIVE, FAILOVER = (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED,
+                                           SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER)
+
+
+def entry(offset: int, deliver_at_ms: int = 0, key: str | None = None) -> EntryRef:
+    return EntryRef(1, offset, offset, 1, None if key is None else (key,), deliver_at_ms)
+
+
+def dispatcher(kind: SubscriptionType, **options) -> Dispatcher:
+    core = Dispatcher(kind, Cursor.at(0), **options)
+    core.add_consumer(1, "c1")
+    core.flow(1, 1_000)
+    return core
+
+
+def test_a_delayed_message_waits_for_its_time_and_does_not_hold_back_the_rest():
+    core = dispatcher(SHARED)
+    # Offset 0 is due at t=1000; offsets 1 and 2 at once. Read at t=0.
+    delivered = offsets_of(core.entry_read(entry(0, 1_000), 0)) + offsets_of(core.entry_read(entry(1), 0))
+    delivered += offsets_of(core.entry_read(entry(2), 0))
+    assert delivered == [(1, 1), (1, 2)]
+    assert core.next_delayed_ms() == 1_000 and core.delayed_count == 1
+    assert not core.release_due(999) and core.dispatch_replay() == []
+    assert not core.release_due(1_000)
+    assert offsets_of(core.dispatch_replay()) == [(1, 0)]
+    assert core.next_delayed_ms() is None
+    assert core.dispatch_replay() == []  # once
+
+
+def test_exclusive_and_failover_deliver_at_once_as_pulsar_does():
+    for kind in (EXCLUSIVE, FAILOVER):
+        core = dispatcher(kind)
+        assert offsets_of(core.entry_read(entry(0, 10_000), 0)) == [(1, 0)]
+        assert core.next_delayed_ms() is None
+
+
+def test_key_shared_holds_a_delayed_message_and_gives_its_key_the_rest():
+    core = dispatcher(KEY_SHARED)
+    assert core.entry_read(entry(0, 500, "k"), 0) == []
+    assert offsets_of(core.entry_read(entry(1, 0, "k"), 0)) == [(1, 1)]
+    core.release_due(500)
+    assert offsets_of(core.dispatch_replay()) == [(1, 0)]
+
+
+def test_acknowledged_while_held_is_not_delivered():
+    core = dispatcher(SHARED)
+    core.entry_read(entry(0, 100), 0)
+    core.cursor.acknowledge([0])
+    core.acknowledged([0])
+    core.release_due(100)
+    assert core.dispatch_replay() == []
+
+
+def test_past_its_bound_the_index_reads_again_and_loses_nothing():
+    core = dispatcher(SHARED, delayed_max=2)
+    for offset in range(5):  # due at 100, 200, ... 500
+        assert core.entry_read(entry(offset, (offset + 1) * 100), 0) == []
+    assert core.delayed_count == 2  # offsets 2..4 were left out
+    delivered = []
+    for now in range(100, 600, 100):
+        if core.release_due(now):
+            # The driver reads again from where the index had no room.
+            assert 2 <= core.read_offset < 5
+            for offset in range(core.read_offset, 5):
+                delivered += offsets_of(core.entry_read(entry(offset, (offset + 1) * 100), now))
+        delivered += offsets_of(core.dispatch_replay())
+    delivered += offsets_of(core.dispatch_replay()) if not core.release_due(1_000) else []
+    assert sorted(delivered) == [(1, offset) for offset in range(5)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=20), st.integers(1, 6))
+def test_every_message_is_delivered_once_and_never_early(delays, delayed_max):
+    # Messages i with delivery times delays[i] * 100 (0: at once); time
+    # moves in steps of 50; on a rewind the driver reads again from read_offset.
+    core = dispatcher(SHARED, delayed_max=delayed_max)
+    due = {offset: delay * 100 for offset, delay in enumerate(delays)}
+    delivered: dict[int, int] = {}
+    position = 0
+
+    def note(deliveries, now):
+        for _, offset in offsets_of(deliveries):
+            assert offset not in delivered, f"offset {offset} delivered twice"
+            assert due[offset] <= now, f"offset {offset} delivered at {now}, due at {due[offset]}"
+            delivered[offset] = now
+
+    for now in range(0, 800, 50):
+        if core.release_due(now):
+            position = core.read_offset
+        note(core.dispatch_replay(), now)
+        while position < len(delays):
+            note(core.entry_read(entry(position, due[position]), now), now)
+            position += 1
+        note(core.dispatch_replay(), now)
+    assert sorted(delivered) == list(range(len(delays)))
