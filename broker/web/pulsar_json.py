@@ -152,6 +152,7 @@ def topic_stats(partition: dict) -> dict:
             "isDurable": subscription["durable"],
             "msgRateExpired": 0.0,
             "expiredMessages": subscription.get("expired_messages", 0),
+            "msgDelayed": subscription.get("delayed_messages", 0),
             "consumers": [{"consumerName": consumer["name"], "availablePermits": consumer["permits"],
                            "unackedMessages": consumer["unacknowledged"], "msgOutCounter": consumer["messages_out"]}
                           for consumer in subscription["consumers"]],
@@ -196,7 +197,7 @@ def partitioned_stats(partitions: dict[str, dict], *, per_partition: bool) -> di
             if total is None:
                 subscriptions[name] = {**subscription, "consumers": list(subscription["consumers"])}
                 continue
-            for field in ("msgRateOut", "msgOutCounter", "msgBacklog", "unackedMessages", "expiredMessages"):
+            for field in ("msgRateOut", "msgOutCounter", "msgBacklog", "unackedMessages", "expiredMessages", "msgDelayed"):
                 total[field] = _sum([total[field], subscription[field]])
             total["consumers"].extend(subscription["consumers"])
     summed.update(
