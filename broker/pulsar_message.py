@@ -204,6 +204,7 @@ class OutMessage:
     key: str | None = None
     properties: dict[str, str] | None = None
     event_time_ms: int = 0
+    deliver_at_ms: int = 0  # Pulsar's deliver_at_time; such a message travels in a batch of its own
 
 
 def _properties(pairs: dict[str, str] | None) -> list[KeyValue]:
@@ -221,6 +222,10 @@ def build_batch(producer_name: str, publish_time_ms: int, messages: Sequence[Out
     assert messages, "a batch holds at least one message"
     first, last = messages[0], messages[-1]
     metadata = MessageMetadata(producer_name=producer_name, sequence_id=first.sequence_id, publish_time=publish_time_ms)
+    deliver_at_ms = getattr(first, "deliver_at_ms", 0)
+    if deliver_at_ms:
+        assert len(messages) == 1, "a message with a delivery time travels alone"
+        metadata.deliver_at_time = deliver_at_ms
     if not batched:
         assert len(messages) == 1, "only one message goes without a batch"
         if first.key is not None:

@@ -120,6 +120,7 @@ class _OutMessage:
     payload: bytes
     event_time_ms: int
     future: SendFuture
+    deliver_at_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -247,16 +248,21 @@ class PartitionProducer:
         properties: dict[str, str] | None = None,
         sequence_id: int | None = None,
         event_time_ms: int | None = None,
+        deliver_at_ms: int | None = None,
     ) -> SendFuture:
         """Hand a message over (waiting only for room under
         `pending_messages_max`); the future gives its result.
         `event_time_ms`: when the event happened, as the application
-        knows it (Pulsar's event time; none by default)."""
+        knows it (Pulsar's event time; none by default). `deliver_at_ms`:
+        shared and key-shared subscriptions get it at this time (ms since
+        the epoch), not before (Pulsar's deliver_at); it is sent alone."""
         if self._closed:
             raise ClientClosedError(f"producer {self.producer_id} is closed")
         _check_message(data, key, properties)
         if event_time_ms is not None and (type(event_time_ms) is not int or event_time_ms <= 0):
             raise ValueError(f"event_time_ms must be a positive integer (ms since the epoch), got {event_time_ms!r}")
+        if deliver_at_ms is not None and (type(deliver_at_ms) is not int or deliver_at_ms <= 0):
+            raise ValueError(f"deliver_at_ms must be a positive integer (ms since the epoch), got {deliver_at_ms!r}")
         if len(data) > MESSAGE_BYTES_MAX:
             raise ValueError(f"a message holds at most {MESSAGE_BYTES_MAX} bytes, got {len(data)}")
         if sequence_id is not None:
@@ -275,14 +281,16 @@ class PartitionProducer:
         # judges a batch by its highest sequence id, so a retry batched with
         # a newer message would be taken as new and persisted twice.
         retry = sequence_id is not None and sequence_id <= self.last_sequence_id
+        alone = retry or deliver_at_ms is not None
         if sequence_id is None:
             sequence_id = self.last_sequence_id + 1
-        elif retry:
+        if alone:
             self._flush_building()
         self.last_sequence_id = max(self.last_sequence_id, sequence_id)
         future = SendFuture(sequence_id)
         self._by_sequence[sequence_id] = future
-        message = _OutMessage(sequence_id, int(time.time() * 1000), key, properties, bytes(data), event_time_ms or 0, future)
+        message = _OutMessage(sequence_id, int(time.time() * 1000), key, properties, bytes(data), event_time_ms or 0, future,
+                              deliver_at_ms or 0)
         if self._building.messages and self._building.bytes + len(data) > self.options.batch_bytes_max:
             self._flush_building()  # a batch stays within its byte bound
         building = self._building
@@ -290,7 +298,7 @@ class PartitionProducer:
         building.bytes += len(data)
         options = self.options
         if (not options.batching or len(building.messages) >= options.batch_messages_max
-                or building.bytes >= options.batch_bytes_max or retry):
+                or building.bytes >= options.batch_bytes_max or alone):
             self._flush_building()
         elif len(building.messages) == 1:
             self._flush_wakeup.set()
@@ -436,17 +444,28 @@ class Producer:
 
     async def send_async(self, data: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                          sequence_id: int | None = None, partition: int | None = None,
-                         event_time_ms: int | None = None) -> SendFuture:
+                         event_time_ms: int | None = None, deliver_at_ms: int | None = None,
+                         deliver_after_ms: int | None = None) -> SendFuture:
+        """`deliver_at_ms` (ms since the epoch) or `deliver_after_ms` (from
+        now): when shared and key-shared subscriptions get the message."""
+        if deliver_after_ms is not None:
+            if deliver_at_ms is not None:
+                raise ValueError("give deliver_at_ms or deliver_after_ms, not both")
+            if type(deliver_after_ms) is not int or deliver_after_ms < 0:
+                raise ValueError(f"deliver_after_ms must be a non-negative integer, got {deliver_after_ms!r}")
+            deliver_at_ms = int(time.time() * 1000) + deliver_after_ms
         target = self.partitions[partition] if partition is not None else self._route(key)
         return await target.send_async(data, key=key, properties=properties, sequence_id=sequence_id,
-                                       event_time_ms=event_time_ms)
+                                       event_time_ms=event_time_ms, deliver_at_ms=deliver_at_ms)
 
     async def send(self, data: bytes, *, key: str | None = None, properties: dict[str, str] | None = None,
                    sequence_id: int | None = None, partition: int | None = None,
-                   event_time_ms: int | None = None) -> MessageId:
+                   event_time_ms: int | None = None, deliver_at_ms: int | None = None,
+                   deliver_after_ms: int | None = None) -> MessageId:
         """Send and wait until persisted; returns the message id."""
         future = await self.send_async(data, key=key, properties=properties, sequence_id=sequence_id, partition=partition,
-                                       event_time_ms=event_time_ms)
+                                       event_time_ms=event_time_ms, deliver_at_ms=deliver_at_ms,
+                                       deliver_after_ms=deliver_after_ms)
         return (await future.wait()).message_id
 
     async def flush(self) -> None:

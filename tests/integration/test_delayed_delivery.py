@@ -78,3 +78,23 @@ async def test_delayed_messages_wait_for_their_time_across_a_broker_kill(zk_host
     for number in range(5):
         assert received[f"now-{number}"] - sent_at < DELAY_S, "a message behind the delayed ones waited for them"
         assert received[f"later-{number}"] - sent_at >= DELAY_S - 0.2, "a delayed message came early"
+
+
+async def test_quires_client_sends_delayed_messages_and_an_exclusive_subscription_ignores_the_delay(
+        zk_hosts, zk_root, bookies, brokers):
+    for _ in range(3):
+        await bookies.started()
+    await brokers.started()
+    async with Client.connect(zk_hosts, zk_root) as client:
+        shared = await client.subscribe("delayed-quire", "work", "shared")
+        exclusive = await client.subscribe("delayed-quire", "audit", "exclusive")
+        producer = await client.create_producer("delayed-quire", "p", batching=True)
+        sent_at = time.time()
+        await producer.send(b"later", deliver_after_ms=3_000)
+        await producer.send(b"now")
+        with trio.fail_after(20):
+            first, second = await shared.receive(), await shared.receive()
+        assert (first.data, second.data) == (b"now", b"later")
+        assert time.time() - sent_at >= 3.0 - 0.2
+        with trio.fail_after(2):  # exclusive: in the order sent, at once
+            assert [(await exclusive.receive()).data for _ in range(2)] == [b"later", b"now"]
