@@ -150,8 +150,9 @@ class Dispatcher:
         # entry), a heap of at most `delayed_max`; past it, the lowest
         # offset not indexed, read again once the index has room.
         self.delayed_max = delayed_max
-        self._delayed: list[tuple[int, int, EntryRef]] = []
-        self._delayed_offsets: set[int] = set()
+        self._delayed: list[tuple[int, int, EntryRef]] = []  # earliest first; items of dropped messages go stale
+        self._delayed_latest: list[tuple[int, int]] = []  # (-due ms, -offset): the latest first, as lazily
+        self._delayed_offsets: dict[int, int] = {}  # the indexed messages: offset -> due ms
         self._delayed_unindexed_from: int | None = None
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
@@ -342,6 +343,7 @@ class Dispatcher:
         self._replay_offsets.clear()
         self._redeliveries.clear()
         self._delayed.clear()
+        self._delayed_latest.clear()
         self._delayed_offsets.clear()
         self._delayed_unindexed_from = None
         self.read_offset = self._seen_through = next_offset
@@ -396,36 +398,78 @@ class Dispatcher:
 
     def _delay(self, entry: EntryRef) -> None:
         """Hold an entry's messages until their time (as Pulsar's delayed
-        delivery tracker does); what the index has no room for is read
-        again later (release_due rewinds the reading)."""
+        delivery tracker does). The index keeps the `delayed_max` earliest
+        due: a message due later than all of them when it is full, or one
+        it drops for an earlier one, stays in the ledger and is read again
+        later (release_due rewinds the reading)."""
+        due_ms = entry.deliver_at_ms
         for offset in range(entry.first_offset, entry.last_offset + 1):
             if self.cursor.is_acked(offset) or offset in self._owner or offset in self._replay or offset in self._delayed_offsets:
                 continue
-            if len(self._delayed) >= self.delayed_max:
-                if self._delayed_unindexed_from is None or offset < self._delayed_unindexed_from:
-                    self._delayed_unindexed_from = offset
-                return
-            heapq.heappush(self._delayed, (entry.deliver_at_ms, offset, entry))
-            self._delayed_offsets.add(offset)
+            if len(self._delayed_offsets) >= self.delayed_max:
+                latest = self._latest_delayed()
+                if latest is None or due_ms >= latest[0]:
+                    self._unindexed(offset)
+                    continue
+                del self._delayed_offsets[latest[1]]  # its entry in the earliest-first heap goes stale
+                self._unindexed(latest[1])
+            heapq.heappush(self._delayed, (due_ms, offset, entry))
+            heapq.heappush(self._delayed_latest, (-due_ms, -offset))
+            self._delayed_offsets[offset] = due_ms
+        if len(self._delayed) > 2 * self.delayed_max or len(self._delayed_latest) > 2 * self.delayed_max:
+            self._compact_delayed()
+
+    def _unindexed(self, offset: int) -> None:
+        if self._delayed_unindexed_from is None or offset < self._delayed_unindexed_from:
+            self._delayed_unindexed_from = offset
+
+    def _latest_delayed(self) -> tuple[int, int] | None:
+        """(due ms, offset) of the indexed message due last."""
+        latest = self._delayed_latest
+        while latest:
+            due_ms, offset = -latest[0][0], -latest[0][1]
+            if self._delayed_offsets.get(offset) == due_ms:
+                return due_ms, offset
+            heapq.heappop(latest)  # released or dropped
+        return None
+
+    def _compact_delayed(self) -> None:
+        """Drop the heaps' stale items (released or dropped messages)."""
+        live = self._delayed_offsets
+        self._delayed = [item for item in self._delayed if live.get(item[1]) == item[0]]
+        heapq.heapify(self._delayed)
+        self._delayed_latest = [(-due_ms, -offset) for offset, due_ms in live.items()]
+        heapq.heapify(self._delayed_latest)
 
     def next_delayed_ms(self) -> int | None:
         """When the earliest held message is due (None: none is held)."""
-        return self._delayed[0][0] if self._delayed else None
+        delayed, live = self._delayed, self._delayed_offsets
+        while delayed and live.get(delayed[0][1]) != delayed[0][0]:
+            heapq.heappop(delayed)  # dropped for an earlier one
+        return delayed[0][0] if delayed else None
 
     @property
     def delayed_count(self) -> int:
-        return len(self._delayed)
+        return len(self._delayed_offsets)
 
     def release_due(self, now_ms: int) -> bool:
         """Messages whose time came join the replay set (as far as it has
         room). True when reading must go back (the driver forgets its read
-        position): messages the full index left out are found again."""
-        while self._delayed and self._delayed[0][0] <= now_ms and len(self._replay_offsets) < self.replay_max:
-            _, offset, entry = heapq.heappop(self._delayed)
-            self._delayed_offsets.discard(offset)
+        position): messages the index had no room for are found again, once
+        it is half empty."""
+        delayed, live = self._delayed, self._delayed_offsets
+        while delayed and len(self._replay_offsets) < self.replay_max:
+            due_ms, offset, entry = delayed[0]
+            if live.get(offset) != due_ms:
+                heapq.heappop(delayed)  # dropped for an earlier one
+                continue
+            if due_ms > now_ms:
+                break
+            heapq.heappop(delayed)
+            del live[offset]
             if not self.cursor.is_acked(offset) and offset not in self._owner:
                 self._hold(offset, entry)
-        if self._delayed_unindexed_from is not None and len(self._delayed) <= self.delayed_max // 2:
+        if self._delayed_unindexed_from is not None and len(live) <= self.delayed_max // 2:
             self.read_offset = min(self.read_offset, self._delayed_unindexed_from)
             self._delayed_unindexed_from = None
             return True

@@ -18,6 +18,7 @@ BENCHMARKS = {
     "metrics_overhead": "ledger_write's workload with the bookies' metrics off and on",
     "security_overhead": "publishing through the Pulsar client and quire's, on an open cluster and on one with tokens and TLS",
     "soak": "hostile frames, kill -9 cycles and a long stream of small messages: processes stay up and bounded",
+    "delayed_delivery": "1,000,000 delayed messages spread over 10 minutes: how late they come, and the broker's memory",
     "rest_admin": "the REST admin API's topic stats over 1,000 topics, one by one, concurrently, and as one partitioned topic",
 }
 

@@ -108,3 +108,17 @@ def test_every_message_is_delivered_once_and_never_early(delays, delayed_max):
             position += 1
         note(core.dispatch_replay(), now)
     assert sorted(delivered) == list(range(len(delays)))
+
+
+def test_a_full_index_keeps_the_earliest_due_and_drops_the_latest():
+    core = dispatcher(SHARED, delayed_max=2)
+    for offset, due_ms in enumerate((400, 300, 200, 100)):
+        core.entry_read(entry(offset, due_ms), 0)
+    # 400 and 300 came first; 200 and 100 took their places.
+    assert core.delayed_count == 2 and core.next_delayed_ms() == 100
+    assert core.release_due(100)  # half empty: read again from offset 0
+    assert core.read_offset == 0
+    assert offsets_of(core.dispatch_replay()) == [(1, 3)]
+    for offset, due_ms in enumerate((400, 300)):
+        core.entry_read(entry(offset, due_ms), 100)
+    assert core.next_delayed_ms() == 200 and core.delayed_count == 2
