@@ -124,7 +124,10 @@ class WebFrontEnd:
         config.read_timeout = READ_TIMEOUT_S
         config.ssl_handshake_timeout = self.config.tls_handshake_deadline_s
         config.accesslog = None
-        config.errorlog = logging.getLogger("broker.web.hypercorn")
+        # hypercorn's own lines ("Running on ...") repeat the broker's: its warnings and errors only.
+        hypercorn_log = logging.getLogger("broker.web.hypercorn")
+        hypercorn_log.setLevel(max(hypercorn_log.getEffectiveLevel(), logging.WARNING))
+        config.errorlog = hypercorn_log
         config.include_server_header = False
         sockets = Sockets([self._https] if self._https is not None else [], [self._http] if self._http is not None else [], [])
         limits = httpx.Limits(max_connections=FORWARD_CONNECTIONS_MAX, max_keepalive_connections=FORWARD_CONNECTIONS_MAX)
