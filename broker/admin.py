@@ -66,6 +66,19 @@ class AdminBackend(Protocol):
     async def unload_partition(self, partition: str) -> bool: ...
 
 
+# The actions a client may ask for; each is the method `_<action>` (the
+# handler's other methods are its helpers, never reachable by a client).
+ACTIONS = frozenset({
+    "topic_metadata", "create_topic", "set_policies", "topic_policies", "remove_policies", "list_topics", "brokers",
+    "health", "partition_stats", "delete_partition", "delete_topic_record", "unload", "apply_retention",
+    "create_subscription", "delete_subscription", "skip_messages", "expire_messages", "reset_cursor",
+    "schema", "schemas", "add_schema", "schema_compatibility", "delete_schema",
+    "list_tenants", "create_tenant", "update_tenant", "tenant", "delete_tenant", "list_namespaces", "create_namespace",
+    "delete_namespace", "permissions", "namespace_policies", "set_namespace_policies", "grant_permission",
+    "revoke_permission",
+})
+
+
 class AdminHandler:
     def __init__(self, server: AdminBackend) -> None:
         self.server = server
@@ -73,10 +86,9 @@ class AdminHandler:
     async def handle(self, action: str, arguments: dict, role: str | None = None) -> dict:
         """Answer `action` for a client of `role` (None: not authenticated,
         which is allowed everything only while authentication is off)."""
-        method = getattr(self, f"_{action}", None)
-        if method is None or action.startswith("_"):
+        if not isinstance(action, str) or action not in ACTIONS:
             raise BadRequestError(f"unknown admin action {describe(action)}")
-        return await method(arguments, role)
+        return await getattr(self, f"_{action}")(arguments, role)
 
     async def _topic_metadata(self, arguments: dict, role: str | None) -> dict:
         topic = check_name(_argument(arguments, "topic", str))
@@ -216,7 +228,7 @@ class AdminHandler:
     # --- subscriptions of a partition (Pulsar's `pulsar-admin topics ...-subscription`) -----------
     # Asked of the partition's owner, as the stats are.
 
-    async def _subscription_service(self, arguments: dict, role: str | None, what: str):
+    async def _serving_for_subscription(self, arguments: dict, role: str | None, what: str):
         partition = check_name(_argument(arguments, "partition", str))
         await self.server.access.check_topic(role, partition, Action.CONSUME, what)
         return await self.server.serving(partition)
@@ -231,7 +243,7 @@ class AdminHandler:
     async def _create_subscription(self, arguments: dict, role: str | None) -> dict:
         """`position`: "latest" (the default), "earliest", or a message id
         [ledger id, entry id, batch index] the subscription starts at."""
-        service = await self._subscription_service(arguments, role, "subscribe to")
+        service = await self._serving_for_subscription(arguments, role, "subscribe to")
         name = check_name(_argument(arguments, "subscription", str), "subscription")
         position = arguments.get("position", "latest")
         if position in ("latest", "earliest"):
@@ -244,7 +256,7 @@ class AdminHandler:
 
     async def _delete_subscription(self, arguments: dict, role: str | None) -> dict:
         """Refused while consumers are connected, unless `force` (they are disconnected)."""
-        service = await self._subscription_service(arguments, role, "unsubscribe from")
+        service = await self._serving_for_subscription(arguments, role, "unsubscribe from")
         subscription = self._subscription(service, arguments)
         if _argument(arguments, "force", bool, False):
             self.server.close_consumers(service, subscription.name)
@@ -253,7 +265,7 @@ class AdminHandler:
 
     async def _skip_messages(self, arguments: dict, role: str | None) -> dict:
         """Acknowledge the next `count` unacknowledged messages (all of them without `count`)."""
-        service = await self._subscription_service(arguments, role, "skip messages on")
+        service = await self._serving_for_subscription(arguments, role, "skip messages on")
         subscription = self._subscription(service, arguments)
         count = _argument(arguments, "count", int, None)
         if count is not None and count < 0:
@@ -281,7 +293,7 @@ class AdminHandler:
         """Move the subscription to the first message published at or after
         `publish_time_ms`, or to `message_id` [ledger id, entry id, batch
         index]; its consumers subscribe again."""
-        service = await self._subscription_service(arguments, role, "reset a cursor on")
+        service = await self._serving_for_subscription(arguments, role, "reset a cursor on")
         subscription = self._subscription(service, arguments)
         publish_time_ms = _argument(arguments, "publish_time_ms", int, None)
         message_id = _argument(arguments, "message_id", list, None)
@@ -294,7 +306,7 @@ class AdminHandler:
 
     # --- schemas (Pulsar's `pulsar-admin schemas`): any broker answers from ZooKeeper -------------
 
-    async def _schema_topic(self, arguments: dict, role: str | None, *, admin: bool, what: str) -> str:
+    async def _topic_of_schema(self, arguments: dict, role: str | None, *, admin: bool, what: str) -> str:
         name = check_name(_argument(arguments, "topic", str))
         if admin:
             await self.server.access.check_topic_admin(role, name, what)
@@ -311,11 +323,11 @@ class AdminHandler:
 
     async def _schema(self, arguments: dict, role: str | None) -> dict:
         """The topic's schema: its latest version, or `version`."""
-        topic = await self._schema_topic(arguments, role, admin=False, what="read the schema of")
+        topic = await self._topic_of_schema(arguments, role, admin=False, what="read the schema of")
         return self._schema_answer(await self.server.schemas.get(topic, _argument(arguments, "version", int, None)))
 
     async def _schemas(self, arguments: dict, role: str | None) -> dict:
-        topic = await self._schema_topic(arguments, role, admin=False, what="read the schemas of")
+        topic = await self._topic_of_schema(arguments, role, admin=False, what="read the schemas of")
         return {"schemas": [self._schema_answer(stored) for stored in await self.server.schemas.versions(topic)]}
 
     def _schema_argument(self, topic: str, arguments: dict):
@@ -330,16 +342,16 @@ class AdminHandler:
     async def _add_schema(self, arguments: dict, role: str | None) -> dict:
         """Add a version (`type`, `definition`, `properties`), if the topic's
         compatibility strategy takes it; the same schema again gets its version."""
-        topic = await self._schema_topic(arguments, role, admin=True, what="change the schema of")
+        topic = await self._topic_of_schema(arguments, role, admin=True, what="change the schema of")
         return {"version": await self.server.schemas.add(topic, self._schema_argument(topic, arguments))}
 
     async def _schema_compatibility(self, arguments: dict, role: str | None) -> dict:
-        topic = await self._schema_topic(arguments, role, admin=False, what="check a schema against")
+        topic = await self._topic_of_schema(arguments, role, admin=False, what="check a schema against")
         compatible, strategy, reason = await self.server.schemas.check_compatible(topic, self._schema_argument(topic, arguments))
         return {"compatible": compatible, "strategy": strategy.value, "reason": reason}
 
     async def _delete_schema(self, arguments: dict, role: str | None) -> dict:
-        topic = await self._schema_topic(arguments, role, admin=True, what="delete the schema of")
+        topic = await self._topic_of_schema(arguments, role, admin=True, what="delete the schema of")
         versions = await self.server.schemas.versions(topic)
         if not versions:
             raise NotFoundError(f"{topic} has no schema")

@@ -153,7 +153,8 @@ class Dispatcher:
         self._delayed: list[tuple[int, int, EntryRef]] = []  # earliest first; items of dropped messages go stale
         self._delayed_latest: list[tuple[int, int]] = []  # (-due ms, -offset): the latest first, as lazily
         self._delayed_offsets: dict[int, int] = {}  # the indexed messages: offset -> due ms
-        self._delayed_unindexed_from: int | None = None
+        self._delayed_unindexed_from: int | None = None  # the lowest offset left out of the index
+        self._delayed_left_out_due_ms: int | None = None  # ... and the earliest time one left out is due
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
         self._sticky: list[tuple[int, int, int]] = []  # key-shared: (start, end, consumer id) of the named ranges, sorted
@@ -284,6 +285,13 @@ class Dispatcher:
 
     def acknowledged_through(self, offset: int) -> None:
         """A cumulative acknowledgement (or a cursor that skipped ahead)."""
+        if self._delayed_offsets:
+            # Held messages acknowledged (a skip, an expiry): their index
+            # slots go (their heap items go stale).
+            for held in [held for held in self._delayed_offsets if held <= offset]:
+                del self._delayed_offsets[held]
+        if self._delayed_unindexed_from is not None and self._delayed_unindexed_from <= offset:
+            self._delayed_unindexed_from = offset + 1
         for delivered in [delivered for delivered in self._owner if delivered <= offset]:
             self._forget(delivered)
         cut = bisect.bisect_right(self._replay_offsets, offset)
@@ -345,7 +353,7 @@ class Dispatcher:
         self._delayed.clear()
         self._delayed_latest.clear()
         self._delayed_offsets.clear()
-        self._delayed_unindexed_from = None
+        self._delayed_unindexed_from = self._delayed_left_out_due_ms = None
         self.read_offset = self._seen_through = next_offset
 
     # --- dispatching ------------------------------------------------------------------
@@ -398,30 +406,38 @@ class Dispatcher:
 
     def _delay(self, entry: EntryRef) -> None:
         """Hold an entry's messages until their time (as Pulsar's delayed
-        delivery tracker does). The index keeps the `delayed_max` earliest
-        due: a message due later than all of them when it is full, or one
-        it drops for an earlier one, stays in the ledger and is read again
-        later (release_due rewinds the reading)."""
+        delivery tracker does). The index keeps at most `delayed_max`
+        messages, and once it had to leave some out, only messages due
+        before every one left out: the rest stay in the ledger and are read
+        again (release_due rewinds the reading) when the index has drained
+        enough, so what is indexed is always what comes due first."""
         due_ms = entry.deliver_at_ms
         for offset in range(entry.first_offset, entry.last_offset + 1):
             if self.cursor.is_acked(offset) or offset in self._owner or offset in self._replay or offset in self._delayed_offsets:
                 continue
+            left_out_due = self._delayed_left_out_due_ms
+            if left_out_due is not None and due_ms >= left_out_due:
+                self._leave_out(offset, due_ms)  # due after messages already left out
+                continue
             if len(self._delayed_offsets) >= self.delayed_max:
                 latest = self._latest_delayed()
                 if latest is None or due_ms >= latest[0]:
-                    self._unindexed(offset)
+                    self._leave_out(offset, due_ms)
                     continue
-                del self._delayed_offsets[latest[1]]  # its entry in the earliest-first heap goes stale
-                self._unindexed(latest[1])
+                del self._delayed_offsets[latest[1]]  # its item in the earliest-first heap goes stale
+                self._leave_out(latest[1], latest[0])
             heapq.heappush(self._delayed, (due_ms, offset, entry))
             heapq.heappush(self._delayed_latest, (-due_ms, -offset))
             self._delayed_offsets[offset] = due_ms
         if len(self._delayed) > 2 * self.delayed_max or len(self._delayed_latest) > 2 * self.delayed_max:
             self._compact_delayed()
 
-    def _unindexed(self, offset: int) -> None:
+    def _leave_out(self, offset: int, due_ms: int) -> None:
+        """A delayed message the index does not hold: read again later."""
         if self._delayed_unindexed_from is None or offset < self._delayed_unindexed_from:
             self._delayed_unindexed_from = offset
+        if self._delayed_left_out_due_ms is None or due_ms < self._delayed_left_out_due_ms:
+            self._delayed_left_out_due_ms = due_ms
 
     def _latest_delayed(self) -> tuple[int, int] | None:
         """(due ms, offset) of the indexed message due last."""
@@ -442,7 +458,11 @@ class Dispatcher:
         heapq.heapify(self._delayed_latest)
 
     def next_delayed_ms(self) -> int | None:
-        """When the earliest held message is due (None: none is held)."""
+        """When the earliest held message is due; None when none is held,
+        or while the replay set is full (nothing could be released then:
+        acknowledgements and flow wake the driver)."""
+        if len(self._replay_offsets) >= self.replay_max:
+            return None
         delayed, live = self._delayed, self._delayed_offsets
         while delayed and live.get(delayed[0][1]) != delayed[0][0]:
             heapq.heappop(delayed)  # dropped for an earlier one
@@ -471,7 +491,7 @@ class Dispatcher:
                 self._hold(offset, entry)
         if self._delayed_unindexed_from is not None and len(live) <= self.delayed_max // 2:
             self.read_offset = min(self.read_offset, self._delayed_unindexed_from)
-            self._delayed_unindexed_from = None
+            self._delayed_unindexed_from = self._delayed_left_out_due_ms = None
             return True
         return False
 

@@ -23,6 +23,7 @@ from fastavro.schema import SchemaParseException, UnknownType
 AVRO_TYPE_NAMES = ("AVRO", "JSON")
 PROBLEMS_SHOWN_MAX = 5
 DEFINITION_BYTES_MAX = 1024 * 1024
+RESOLUTION_STEPS_MAX = 100_000  # types compared for one pair of schemas; past it the schema is refused
 
 
 class Strategy(enum.StrEnum):
@@ -60,6 +61,8 @@ def parse_avro(definition: bytes | str) -> dict | list | str:
         raise SchemaDefinitionError(f"a schema definition holds at most {DEFINITION_BYTES_MAX} bytes")
     try:
         return fastavro.parse_schema(json.loads(definition))
+    except RecursionError:
+        raise SchemaDefinitionError("the schema nests too deep") from None
     except (ValueError, TypeError, KeyError, SchemaParseException, UnknownType) as error:
         raise SchemaDefinitionError(f"not an Avro schema: {str(error)[:300]}") from None
 
@@ -76,7 +79,9 @@ class _Resolver:
         self.reader_names = _named(reader)
         self.writer_names = _named(writer)
         self.checking: set[tuple[str, str]] = set()  # named pairs being checked (recursive types)
+        self.checked: dict[tuple[str, str], bool] = {}  # named pairs checked: a type used by many fields is checked once
         self.problems: list[str] = []
+        self.steps = 0
 
     def _deref(self, schema: Any, names: dict) -> Any:
         if isinstance(schema, str) and schema not in PRIMITIVES:
@@ -86,6 +91,9 @@ class _Resolver:
         return schema
 
     def reads(self, reader: Any, writer: Any, path: str) -> bool:
+        self.steps += 1
+        if self.steps > RESOLUTION_STEPS_MAX:
+            raise SchemaDefinitionError(f"the schemas take more than {RESOLUTION_STEPS_MAX} steps to compare")
         reader, writer = self._deref(reader, self.reader_names), self._deref(writer, self.writer_names)
         if isinstance(writer, list):
             ok = True
@@ -110,9 +118,12 @@ class _Resolver:
             pair = (reader["name"], writer["name"])
             if pair in self.checking:
                 return True  # a recursive type: the pair is being checked further up
+            if pair in self.checked:
+                return self.checked[pair] or self._problem(path, f"record {reader['name']} cannot read the writer's (above)")
             self.checking.add(pair)
             try:
-                return self._record(reader, writer, path)
+                result = self.checked[pair] = self._record(reader, writer, path)
+                return result
             finally:
                 self.checking.discard(pair)
         if reader_kind == "enum":
@@ -154,7 +165,8 @@ class _Resolver:
             self.problems = problems
 
     def _problem(self, path: str, text: str) -> bool:
-        self.problems.append(f"{path or 'the schema'}: {text}")
+        if len(self.problems) <= PROBLEMS_SHOWN_MAX:
+            self.problems.append(f"{path or 'the schema'}: {text}")
         return False
 
 
@@ -216,9 +228,8 @@ def check(strategy: Strategy, schema_type: str, definition: bytes, existing: Ite
             problems += [f"version {version} cannot read the new schema's data: {problem}" for problem in read_problems(old, new)]
         if problems:
             shown = "; ".join(problems[:PROBLEMS_SHOWN_MAX])
-            more = len(problems) - PROBLEMS_SHOWN_MAX
             raise IncompatibleError(f"incompatible with the topic's schema ({strategy.value}): {shown}"
-                                    + (f"; and {more} more" if more > 0 else ""))
+                                    + ("; and more" if len(problems) > PROBLEMS_SHOWN_MAX else ""))
 
 
 __all__ = ["DEFAULT_STRATEGY", "IncompatibleError", "SchemaDefinitionError", "Strategy", "check", "parse_avro", "read_problems"]

@@ -35,7 +35,7 @@ from broker.errors import (
     TopicFencedError,
 )
 from broker.lease import Lease
-from broker.managed_ledger import EntryCache, ManagedLedger, Position
+from broker.managed_ledger import EntryCache, EntryGoneError, ManagedLedger, Position
 from broker.metrics import PartitionStats
 from broker.message_format import BatchHeader, CheckedBatch, check_batch, encode_entry
 from broker.protocol import Send, SendReceipt
@@ -694,12 +694,18 @@ class PartitionService:
         cutoff_ms = int(time.time() * 1000) - ttl_s * 1000
         if all(subscription.backlog() == 0 for subscription in chosen):
             return {subscription.name: 0 for subscription in chosen}
-        offset = await self.managed_ledger.offset_at_time(cutoff_ms)
+        try:
+            offset = await self.managed_ledger.offset_at_time(cutoff_ms)
+        except EntryGoneError:
+            return {}  # retention trimmed the partition meanwhile: the next check looks again
         expired = {}
         for subscription in chosen:
             if subscription.closed:
                 continue
-            count = await subscription.acknowledge_before(offset)
+            try:
+                count = await subscription.acknowledge_before(offset)
+            except TopicFencedError:
+                continue  # deleted or closed meanwhile
             subscription.expired_messages += count
             expired[subscription.name] = count
         return expired

@@ -147,3 +147,13 @@ def test_skipping_n_acknowledges_exactly_the_next_n_unacknowledged(mark_delete, 
     assert offset <= last_offset + 1
     skipped = [value for value in before if value < offset]
     assert skipped == before[:count]
+
+
+async def test_only_the_listed_admin_actions_are_reachable():
+    from broker.admin import ACTIONS, AdminHandler
+
+    handler = AdminHandler(None)  # refused before the broker is touched
+    for action in ("change_policies", "tenant_info", "serving_for_subscription", "__init__", "", 7, "handle"):
+        with pytest.raises(BadRequestError, match="unknown admin action"):
+            await handler.handle(action, {}, None)
+    assert all(callable(getattr(AdminHandler, f"_{action}")) for action in ACTIONS)

@@ -97,3 +97,21 @@ def test_refusals_say_where_and_bad_definitions_are_refused():
     assert Strategy.parse("backward_transitive") is Strategy.BACKWARD_TRANSITIVE
     with pytest.raises(ValueError):
         Strategy.parse("SOMETIMES")
+
+
+def test_a_type_used_by_many_fields_is_compared_once_and_deep_nesting_is_refused():
+    def nested(depth: int, extra: bool) -> bytes:
+        # Level i: a record of 8 fields, each of level i-1's type (used, after its definition, by name).
+        schema: dict | str = {"type": "record", "name": "L0", "fields": [{"name": "v", "type": "int"}]
+                              + ([{"name": "w", "type": "int", "default": 0}] if extra else [])}
+        for level in range(1, depth):
+            inner = schema
+            schema = {"type": "record", "name": f"L{level}", "fields": [
+                {"name": f"f{index}", "type": inner if index == 0 else f"L{level - 1}"} for index in range(8)]}
+        return json.dumps(schema).encode()
+
+    # Compared field by field, this pair takes 8^8 steps, past the bound
+    # (SchemaDefinitionError); each pair of record types compared once, a few hundred.
+    assert allowed(Strategy.FULL, nested(8, True), nested(8, False))
+    with pytest.raises(SchemaDefinitionError):
+        parse_avro(b"[" * 100_000 + b"]" * 100_000)
