@@ -29,6 +29,7 @@ import trio
 
 from bench.cluster import bench_cluster, latency_summary, rss_mb
 from broker.client import Client
+from broker.errors import BrokerError
 from quire import cli_ranges as ranges
 from quire.cli_parsing import Bounded, Parser
 from quire.progress import Progress
@@ -56,6 +57,7 @@ async def run(zk_hosts: str, root: str, broker_pid: int, arguments: argparse.Nam
     rng = random.Random(arguments.seed)
     lateness_ms: list[float] = []
     early = 0
+    refused = 0  # acknowledgements the broker refused
     rss_samples: list[float] = []
     published = trio.Event()
     publish_s = 0.0
@@ -87,6 +89,13 @@ async def run(zk_hosts: str, root: str, broker_pid: int, arguments: argparse.Nam
             publish_s = time.perf_counter() - began
             published.set()
 
+        async def acknowledge(message) -> None:
+            nonlocal refused
+            try:
+                await consumer.acknowledge(message)
+            except BrokerError:
+                refused += 1
+
         async def sample_rss() -> None:
             while True:
                 rss_samples.append(rss_mb(broker_pid))
@@ -104,7 +113,7 @@ async def run(zk_hosts: str, root: str, broker_pid: int, arguments: argparse.Nam
                     if now_ms < due_ms:
                         early += 1
                     lateness_ms.append(max(0.0, now_ms - due_ms))
-                    nursery.start_soon(consumer.acknowledge, message)
+                    nursery.start_soon(acknowledge, message)
                     received += 1
                     if received % 1000 == 0:
                         progress.update(received)
@@ -116,7 +125,7 @@ async def run(zk_hosts: str, root: str, broker_pid: int, arguments: argparse.Nam
     parameters = {"messages": count, "spread_s": spread_ms / 1000, "message_bytes": MESSAGE_BYTES,
                   "delayed_index_max": 100_000, "due_from_s": round(count / PUBLISH_RATE_MIN, 1)}
     return [
-        {"name": "delayed_delivery_lateness", "parameters": parameters, "early_messages": early,
+        {"name": "delayed_delivery_lateness", "parameters": parameters, "early_messages": early, "acks_refused": refused,
          "published_per_s": round(count / publish_s, 1) if publish_s else None, "lateness": "ms after the delivery time",
          **latency_summary(lateness_ms), "latency_ms_max": round(max(lateness_ms), 1)},
         {"name": "delayed_delivery_broker_rss", "parameters": parameters, "rss_mb_before": round(rss_before, 1),

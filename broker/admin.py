@@ -209,7 +209,7 @@ class AdminHandler:
         for partition in found[0].partition_names(topic):
             if await self.server.topic_store.read_managed_ledger(partition) is not None:
                 raise BadRequestError(f"partition {partition} still exists: delete the partitions first")
-        await self.server.schemas.delete(topic)  # a topic made again under the name starts without one
+        await self.server.schemas.forget(topic)  # a topic made again under the name starts without one
         await self.server.topic_store.delete_topic_record(topic)
         return {}
 
@@ -292,7 +292,7 @@ class AdminHandler:
     async def _reset_cursor(self, arguments: dict, role: str | None) -> dict:
         """Move the subscription to the first message published at or after
         `publish_time_ms`, or to `message_id` [ledger id, entry id, batch
-        index]; its consumers subscribe again."""
+        index] (after it with `excluded`); its consumers subscribe again."""
         service = await self._serving_for_subscription(arguments, role, "reset a cursor on")
         subscription = self._subscription(service, arguments)
         publish_time_ms = _argument(arguments, "publish_time_ms", int, None)
@@ -301,6 +301,10 @@ class AdminHandler:
             raise BadRequestError("a cursor is reset to a publish time or a message id")
         if message_id is not None and not (len(message_id) == 3 and all(type(value) is int for value in message_id)):
             raise BadRequestError("a message id is [ledger id, entry id, batch index]")
+        if message_id is not None and _argument(arguments, "excluded", bool, False):
+            # Pulsar's isExcluded: from the message after it.
+            offset = await service.offset_of_message(*message_id) + 1
+            return {"next_offset": await self.server.seek(service, subscription.name, offset=offset)}
         offset = await self.server.seek(service, subscription.name, publish_time_ms=publish_time_ms, message_id=message_id)
         return {"next_offset": offset}
 
@@ -352,11 +356,7 @@ class AdminHandler:
 
     async def _delete_schema(self, arguments: dict, role: str | None) -> dict:
         topic = await self._topic_of_schema(arguments, role, admin=True, what="delete the schema of")
-        versions = await self.server.schemas.versions(topic)
-        if not versions:
-            raise NotFoundError(f"{topic} has no schema")
-        await self.server.schemas.delete(topic)
-        return {"version": versions[-1].version}
+        return {"version": await self.server.schemas.delete(topic)}
 
     # --- tenants and namespaces (Pulsar's `pulsar-admin tenants|namespaces`) ---------------------
 

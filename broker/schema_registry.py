@@ -21,6 +21,10 @@ from broker.topic_records import split_partition
 from broker.topic_store import TopicStore
 
 ADD_TRIES_MAX = 5  # versions stored by other brokers meanwhile
+SCHEMA_VERSIONS_MAX = 1_000  # versions a topic keeps (each a ZooKeeper node read when a producer connects)
+# A version that says "the schema was deleted here": the versions before it
+# no longer count, and its number is never given to another schema.
+DELETED = b"\x00deleted"
 # Pulsar's SchemaType names (its REST API's) of the protocol's Schema.Type values.
 REST_NAMES = {"None": "NONE", "String": "STRING", "Json": "JSON", "Protobuf": "PROTOBUF", "Avro": "AVRO", "Bool": "BOOLEAN",
               "Int8": "INT8", "Int16": "INT16", "Int32": "INT32", "Int64": "INT64", "Float": "FLOAT", "Double": "DOUBLE",
@@ -79,28 +83,45 @@ class SchemaRegistry:
         policies = await self.tenant_store.policies_in_effect(topic, found[0], max_age_s=0)
         return Strategy(policies.schema_compatibility_strategy)
 
+    async def _stored(self, topic: str) -> tuple[list[StoredSchema], int | None]:
+        """(the versions since the last deletion, the last version number stored, deletions included)."""
+        stored = await self.topic_store.schema_versions(topic)
+        live: list[StoredSchema] = []
+        for version, data in stored:
+            if data == DELETED:
+                live = []
+            else:
+                live.append(StoredSchema(version, Schema.FromString(data)))
+        return live, stored[-1][0] if stored else None
+
     async def versions(self, topic: str) -> list[StoredSchema]:
-        return [StoredSchema(version, Schema.FromString(data)) for version, data in await self.topic_store.schema_versions(topic)]
+        """The topic's schema versions, oldest first (none before its last deletion)."""
+        return (await self._stored(topic))[0]
 
     async def get(self, topic: str, version: int | None = None) -> StoredSchema:
         """The latest version (or `version`); NotFoundError without one."""
-        found = await self.topic_store.read_schema(topic, version)
-        if found is None:
-            raise NotFoundError(f"{topic} has no schema" + ("" if version is None else f" of version {version}"))
-        data, number = found
-        return StoredSchema(number, Schema.FromString(data))
+        if version is None:
+            live = await self.versions(topic)
+            if live:
+                return live[-1]
+        else:
+            found = await self.topic_store.read_schema(topic, version)
+            if found is not None and found[0] != DELETED:
+                return StoredSchema(version, Schema.FromString(found[0]))
+        raise NotFoundError(f"{topic} has no schema" + ("" if version is None else f" of version {version}"))
 
     async def add(self, topic: str, schema: Schema) -> int:
         """The version of `schema` on the topic: an equal version's, or a new
         one when the topic's strategy takes it (IncompatibleSchemaError otherwise)."""
         for _ in range(ADD_TRIES_MAX):
-            versions = await self.versions(topic)
+            versions, last = await self._stored(topic)
             for stored in versions:
                 if _same(stored.schema, schema):
                     return stored.version
             self._check(await self.strategy(topic), schema, versions)
-            version = await self.topic_store.add_schema(topic, schema.SerializeToString(),
-                                                        versions[-1].version if versions else None)
+            if last is not None and last + 1 >= SCHEMA_VERSIONS_MAX:
+                raise BadRequestError(f"{topic} keeps at most {SCHEMA_VERSIONS_MAX} schema versions")
+            version = await self.topic_store.add_schema(topic, schema.SerializeToString(), last)
             if version is not None:
                 return version
         raise ServiceUnavailableError(f"the schema of {topic} kept changing under {ADD_TRIES_MAX} tries: try again")
@@ -135,7 +156,21 @@ class SchemaRegistry:
         except SchemaDefinitionError as error:
             raise BadRequestError(f"the schema's definition is not valid: {error}") from None
 
-    async def delete(self, topic: str) -> None:
+    async def delete(self, topic: str) -> int:
+        """Delete the topic's schema (Pulsar's delete-schema): a version that
+        marks it deleted, whose number is returned; NotFoundError without one.
+        A schema given afterwards starts over, with the next number."""
+        for _ in range(ADD_TRIES_MAX):
+            live, last = await self._stored(topic)
+            if not live:
+                raise NotFoundError(f"{topic} has no schema")
+            version = await self.topic_store.add_schema(topic, DELETED, last)
+            if version is not None:
+                return version
+        raise ServiceUnavailableError(f"the schema of {topic} kept changing under {ADD_TRIES_MAX} tries: try again")
+
+    async def forget(self, topic: str) -> None:
+        """Every version, with the topic (a topic made again under its name starts without one)."""
         await self.topic_store.delete_schema(topic)
 
 

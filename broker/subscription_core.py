@@ -31,7 +31,11 @@ from broker.cursor import RANGES_PERSISTED_MAX_DEFAULT, Cursor
 from broker.dispatcher import ConsumerRefusedError, Dispatcher, HashRanges, SubscriptionType
 from broker.errors import BadRequestError, ConsumerBusyError, TopicFencedError
 
-ACKED_RANGES_MAX = 100_000  # individually acknowledged ranges a cursor holds in memory
+# Individually acknowledged ranges a cursor holds in memory (about 48 bytes
+# each). Delayed delivery acknowledges in time order, not offset order: a
+# shared subscription working through a million delayed messages holds up
+# to a quarter of a million ranges.
+ACKED_RANGES_MAX = 1_000_000
 
 Waiter = TypeVar("Waiter")
 

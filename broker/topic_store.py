@@ -95,12 +95,14 @@ class TopicStore:
             versions.append((int(name), data))
         return versions
 
-    async def read_schema(self, topic: str, version: int | None = None) -> tuple[bytes, int] | None:
-        """The topic's schema (its latest, or `version`) and its version; None if it has none."""
-        for number, data in reversed(await self.schema_versions(topic)):
-            if version is None or number == version:
-                return data, number
-        return None
+    async def read_schema(self, topic: str, version: int) -> tuple[bytes, int] | None:
+        """Version `version` of the topic's schema (data, version); None if there is none."""
+        path = schema_path(topic) if version == 0 else f"{schema_path(topic)}/{version:010d}"
+        try:
+            data, _ = await self.store.get(path)
+        except NoNodeError:
+            return None
+        return data, version
 
     async def add_schema(self, topic: str, data: bytes, after: int | None) -> int | None:
         """Store `data` as the version after `after` (None: the first);

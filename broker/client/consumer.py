@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Awaitable
 
@@ -376,12 +377,18 @@ class PartitionConsumer:
                 properties = {**message.properties, "REAL_TOPIC": pulsar_name(message.partition),
                               "ORIGIN_MESSAGE_ID": ":".join(map(str, message.message_id[:3]))}
                 await producer.send(message.data, key=message.key, properties=properties)
-            except BrokerError as error:
+            except (BrokerError, ValueError) as error:
                 log.warning("consumer of %s on %s: message %s not sent to the dead-letter topic (%s); delivered again",
                             self.subscription, self.partition, message.message_id, error)
                 self._send(Redeliver(self.handle, [message.offset]))
                 continue
-            await self.acknowledge(message.offset)
+            try:
+                await self.acknowledge(message.offset)
+            except BrokerError as error:
+                # Sent, not acknowledged: it comes again (and goes to the
+                # dead-letter topic again), as with Pulsar's clients.
+                log.warning("consumer of %s on %s: message %s sent to the dead-letter topic, not acknowledged (%s)",
+                            self.subscription, self.partition, message.message_id, error)
 
     async def _ack_timeout_loop(self) -> None:
         timeout_s = self.options.ack_timeout_ms / 1000.0
@@ -452,7 +459,9 @@ class Consumer:
             if self._dead_letter_producer is None:
                 assert self._dead_letter is not None and self._make_producer is not None
                 topic = self._dead_letter.topic_for(self.topic, self.subscription)
-                self._dead_letter_producer = await self._make_producer(topic, f"{self.subscription}-DLQ")
+                # A name of its own: every consumer of the subscription has
+                # one (a producer name is one producer at a time).
+                self._dead_letter_producer = await self._make_producer(topic, f"dlq-{uuid.uuid4().hex}")
             return self._dead_letter_producer
 
     def _drop_queued(self, source: PartitionConsumer) -> None:
@@ -531,6 +540,8 @@ class Consumer:
             await partition.close()
         self._closed = True
         self._arrived.set()
+        if self._dead_letter_producer is not None:
+            await self._dead_letter_producer.close()
 
     def __aiter__(self):
         return self

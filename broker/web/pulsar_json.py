@@ -151,7 +151,7 @@ def topic_stats(partition: dict) -> dict:
             "type": SUBSCRIPTION_TYPES.get(subscription["type"], subscription["type"]),
             "isDurable": subscription["durable"],
             "msgRateExpired": 0.0,
-            "expiredMessages": subscription.get("expired_messages", 0),
+            "totalMsgExpired": subscription.get("expired_messages", 0),
             "msgDelayed": subscription.get("delayed_messages", 0),
             "consumers": [{"consumerName": consumer["name"], "availablePermits": consumer["permits"],
                            "unackedMessages": consumer["unacknowledged"], "msgOutCounter": consumer["messages_out"]}
@@ -197,7 +197,7 @@ def partitioned_stats(partitions: dict[str, dict], *, per_partition: bool) -> di
             if total is None:
                 subscriptions[name] = {**subscription, "consumers": list(subscription["consumers"])}
                 continue
-            for field in ("msgRateOut", "msgOutCounter", "msgBacklog", "unackedMessages", "expiredMessages", "msgDelayed"):
+            for field in ("msgRateOut", "msgOutCounter", "msgBacklog", "unackedMessages", "totalMsgExpired", "msgDelayed"):
                 total[field] = _sum([total[field], subscription[field]])
             total["consumers"].extend(subscription["consumers"])
     summed.update(

@@ -109,7 +109,9 @@ async def _ask_owner(web: Any, request: Request, info: Any, authoritative: bool,
             headers[name] = request.headers[name]
     if authoritative:
         query = {**query, "authoritative": "true"}
-    url = info.web_url_for(None) or info.web_url_for(None, tls=True)
+    # Over TLS when the caller came over TLS (its token stays encrypted), if the owner has it.
+    tls = request.url.scheme == "https"
+    url = info.web_url_for(None, tls=tls) or info.web_url_for(None, tls=not tls)
     if url is None:
         raise NotAllowedError(f"broker {info.broker_id} serves the partition and has no web service")
     try:
@@ -449,7 +451,10 @@ async def reset_cursor_to_message(web: Any, request: Request, role: str | None) 
         if type(index) is not int or not 0 <= index < record.partitions:
             raise BadRequestError(f"a message id of partitioned topic {pulsar_name(topic)} names its partitionIndex")
         topic = partition_name(topic, index)
-    arguments = {**_subscription_arguments(request), "message_id": position, "partition": topic}
+    excluded = body.get("isExcluded", False)
+    if type(excluded) is not bool:
+        raise BadRequestError("isExcluded is true or false")
+    arguments = {**_subscription_arguments(request), "message_id": position, "partition": topic, "excluded": excluded}
 
     async def run() -> Response:
         await _admin(web, "reset_cursor", arguments, role)

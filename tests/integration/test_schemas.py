@@ -137,7 +137,11 @@ async def test_the_rest_api_keeps_versions_under_the_namespaces_strategy(shared_
 
         assert rest(shared_cluster, "POST", path + "/compatibility", {"type": "AVRO", "schema": v3}).json()["isCompatibility"]
         assert rest(shared_cluster, "POST", path + "/schema", {"type": "AVRO", "schema": v3}).json() == {"version": {"version": 2}}
-        assert rest(shared_cluster, "DELETE", path + "/schema").json() == {"version": 2}
+        # Deleted: a version marks it, and a schema given afterwards starts over with the next number.
+        assert rest(shared_cluster, "DELETE", path + "/schema").json() == {"version": 3}
         assert rest(shared_cluster, "GET", path + "/schema").status_code == 404
+        assert rest(shared_cluster, "GET", path + "/schemas").json() == {"getSchemaResponses": []}
+        assert rest(shared_cluster, "POST", path + "/schema", {"type": "AVRO", "schema": v1}).json() == {"version": {"version": 4}}
+        assert json.loads(rest(shared_cluster, "GET", path + "/schema/1").json()["data"]) == json.loads(v2)  # kept
 
     await trio.to_thread.run_sync(run)

@@ -403,7 +403,7 @@ async def test_message_ttl_set_over_rest_expires_messages_on_every_subscription(
 
     async def expired() -> bool:
         subscriptions = (await rest("GET", path + "/stats")).json()["subscriptions"]
-        return all(subscriptions[name]["msgBacklog"] == 0 and subscriptions[name]["expiredMessages"] == 5 for name in "ab")
+        return all(subscriptions[name]["msgBacklog"] == 0 and subscriptions[name]["totalMsgExpired"] == 5 for name in "ab")
 
     # Checked with the other policies, every 0.5 s on these brokers.
     await wait_until_async(expired, deadline_s=20, poll_s=0.2, what="the messages expiring by TTL")

@@ -27,7 +27,7 @@ def deliver(core: SubscriptionCore, count: int, consumer_id: int = 1) -> None:
 
 
 def test_the_bound_is_a_large_one_by_default():
-    assert make_core().acked_ranges_max == ACKED_RANGES_MAX == 100_000
+    assert make_core().acked_ranges_max == ACKED_RANGES_MAX == 1_000_000
 
 
 @pytest.mark.parametrize("kind", [SubscriptionType.SHARED, SubscriptionType.KEY_SHARED])
