@@ -303,19 +303,30 @@ async def test_any_broker_answers_for_partitions_another_serves(zk_hosts, zk_roo
     first, second = await brokers.started(), await brokers.started()
     name = unique("spread")
     rests = [Rest(first.web_url), Rest(second.web_url)]
+    both = sorted(f"127.0.0.1:{broker.web_port}" for broker in (first, second))
+
+    async def each_sees_both() -> bool:
+        for rest in rests:
+            if (await rest("GET", V2 + "/brokers/standalone")).json() != both:
+                return False
+        return True
+
+    # Lookups spread partitions over the brokers each one sees registered.
+    await wait_until_async(each_sees_both, deadline_s=20, poll_s=0.1, what="both brokers registered")
     path = f"{V2}/persistent/public/default/{name}"
-    assert (await rests[0]("PUT", path + "/partitions", 8)).status_code == 204
+    # 16 partitions: rendezvous hashing puts all on one broker once in 2^15.
+    assert (await rests[0]("PUT", path + "/partitions", 16)).status_code == 204
     async with Client.connect(zk_hosts, zk_root) as client:
         producer = await client.create_producer(name, unique("p"))
         for index in range(40):
             await producer.send(f"m{index}".encode(), key=f"k{index}")
-        owners = {await client.lookup(f"{name}-partition-{index}") for index in range(8)}
+        owners = {await client.lookup(f"{name}-partition-{index}") for index in range(16)}
     assert owners == {first.address, second.address}, "the partitions did not spread over both brokers"
 
     for rest in rests:
         stats = (await rest("GET", path + "/partitioned-stats")).json()
-        assert stats["msgInCounter"] == 40 and len(stats["partitions"]) == 8
-        for index in range(8):
+        assert stats["msgInCounter"] == 40 and len(stats["partitions"]) == 16
+        for index in range(16):
             partition = await rest("GET", f"{path}-partition-{index}/stats")
             assert partition.status_code == 200, partition.text
             lookup = (await rest("GET", f"/lookup/v2/topic/persistent/public/default/{name}-partition-{index}")).json()
