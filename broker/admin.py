@@ -139,7 +139,7 @@ class AdminHandler:
         """The policies set on the topic itself (`own`), and those it works by
         (`applied`: its own, then its namespace's, then the broker's defaults)."""
         topic = check_name(_argument(arguments, "topic", str))
-        await self.server.access.check_topic(role, topic, None, "read the policies of")
+        await self.server.access.check_topic_admin(role, topic, "read the policies of")  # as Pulsar: tenant admins
         found = await self.server.topic_store.read_topic(topic)
         if found is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist")

@@ -43,6 +43,9 @@ from security.authentication import TOKEN_METHOD
 log = logging.getLogger(__name__)
 
 BODY_BYTES_MAX = 1024 * 1024  # an admin request's JSON body
+# Requests being answered at once; past it a request gets 503 at once (each
+# may hold a body of BODY_BYTES_MAX and a partitioned topic's fan-out).
+REQUESTS_IN_FLIGHT_MAX = 256
 BEARER = "bearer "
 
 # The broker's errors as Pulsar's REST API answers them.
@@ -145,6 +148,10 @@ def endpoint(handler: Handler) -> Callable[[Any], Callable[[Request], Awaitable[
     def bound(web: Any) -> Callable[[Request], Awaitable[Response]]:
         @functools.wraps(handler)
         async def respond(request: Request) -> Response:
+            if web.requests_in_flight >= REQUESTS_IN_FLIGHT_MAX:
+                web.requests_refused_busy += 1
+                return error_response(503, f"the broker is answering {REQUESTS_IN_FLIGHT_MAX} requests: try again")
+            web.requests_in_flight += 1
             try:
                 role = authenticate(web, request)
                 return await handler(web, request, role)
@@ -161,6 +168,8 @@ def endpoint(handler: Handler) -> Callable[[Any], Callable[[Request], Awaitable[
             except BKError as error:
                 log.warning("%s %s: bookies: %s", request.method, request.url.path[:200], error)
                 return error_response(503, f"the bookies could not serve the request: {error}")
+            finally:
+                web.requests_in_flight -= 1
 
         return respond
 

@@ -95,6 +95,8 @@ class WebFrontEnd:
         self._http: socket.socket | None = None
         self._https: socket.socket | None = None
         self.requests_refused = 0  # answered 401 or 403
+        self.requests_in_flight = 0
+        self.requests_refused_busy = 0  # answered 503: REQUESTS_IN_FLIGHT_MAX were being answered
         self.app = build_app(self)
         self._client: httpx.AsyncClient | None = None
 
