@@ -112,8 +112,10 @@ class RangeSet:
         return total
 
     def ranges(self, ranges_max: int | None = None) -> list[list[int]]:
-        pairs = list(zip(self._firsts, self._lasts))
-        return [[first, last] for first, last in (pairs if ranges_max is None else pairs[:ranges_max])]
+        """The lowest `ranges_max` ranges (all without it): a cursor's write
+        takes the first 10,000 of what may be a million."""
+        firsts, lasts = (self._firsts, self._lasts) if ranges_max is None else (self._firsts[:ranges_max], self._lasts[:ranges_max])
+        return [[first, last] for first, last in zip(firsts, lasts)]
 
 
 @dataclass(slots=True)
