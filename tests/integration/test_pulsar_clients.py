@@ -60,6 +60,25 @@ def nothing_more(consumer, wait_ms: int = 500) -> bool:
     return False
 
 
+def receive_from_each(consumers: list, count: int, deadline_s: float) -> list[list]:
+    """Receives (and acknowledges) from several consumers until `count`
+    messages have come in all told or the deadline passes; each pass drains
+    every consumer, since one of them may hold most of what is left.
+    Returns each consumer's messages."""
+    received: list[list] = [[] for _ in consumers]
+    deadline = time.monotonic() + deadline_s
+    while sum(map(len, received)) < count and time.monotonic() < deadline:
+        for messages, consumer in zip(received, consumers):
+            while True:
+                try:
+                    message = consumer.receive(50)
+                except pulsar.Timeout:
+                    break
+                messages.append(message)
+                consumer.acknowledge(message)
+    return received
+
+
 @pytest.mark.parametrize("codec", list(CODECS))
 async def test_batches_of_each_codec_reach_shared_consumers_exactly_once(shared_cluster, codec):
     topic = full(f"pulsar-batches-{codec}")
@@ -76,16 +95,7 @@ async def test_batches_of_each_codec_reach_shared_consumers_exactly_once(shared_
             for index in range(count):
                 producer.send_async(f"{codec}-{index}".encode() * 10, None, partition_key=f"k{index % 7}")
             producer.flush()
-            received = []
-            deadline = time.monotonic() + 60
-            while len(received) < count and time.monotonic() < deadline:
-                for consumer in consumers:
-                    try:
-                        message = consumer.receive(100)
-                    except pulsar.Timeout:
-                        continue
-                    received.append(message.data())
-                    consumer.acknowledge(message)
+            received = [message.data() for messages in receive_from_each(consumers, count, 60) for message in messages]
             assert all(nothing_more(consumer, 300) for consumer in consumers)
             return received
         finally:
@@ -233,16 +243,8 @@ async def test_failover_moves_to_the_next_consumer_when_the_active_one_leaves(sh
             for index in range(5):
                 producer.send(b"%d" % index)
             # Every message goes to one consumer, the active one, in order.
-            received = {first: [], second: []}
-            deadline = time.monotonic() + 30
-            while sum(map(len, received.values())) < 5 and time.monotonic() < deadline:
-                for consumer in (first, second):
-                    try:
-                        message = consumer.receive(100)
-                    except pulsar.Timeout:
-                        continue
-                    received[consumer].append(message.data())
-                    consumer.acknowledge(message)
+            received = {consumer: [message.data() for message in messages]
+                        for consumer, messages in zip((first, second), receive_from_each([first, second], 5, 30))}
             active, standby = (first, second) if received[first] else (second, first)
             assert received[active] == [b"%d" % index for index in range(5)] and received[standby] == []
             assert nothing_more(standby, 500)
@@ -317,17 +319,8 @@ async def test_key_shared_on_a_partitioned_topic_keeps_each_key_at_one_consumer_
             for index in range(1_500):
                 producer.send_async(b"%d" % index, None, partition_key=keys[index % len(keys)])
             producer.flush()
-            by_consumer: dict[int, list] = collections.defaultdict(list)
-            deadline = time.monotonic() + 60
-            while sum(map(len, by_consumer.values())) < 1_500 and time.monotonic() < deadline:
-                for number, consumer in enumerate(consumers):
-                    try:
-                        message = consumer.receive(50)
-                    except pulsar.Timeout:
-                        continue
-                    by_consumer[number].append((message.partition_key(), int(message.data())))
-                    consumer.acknowledge(message)
-            return by_consumer
+            return {number: [(message.partition_key(), int(message.data())) for message in messages]
+                    for number, messages in enumerate(receive_from_each(consumers, 1_500, 60)) if messages}
         finally:
             client.close()
 
