@@ -70,7 +70,8 @@ class AdminBackend(Protocol):
 # handler's other methods are its helpers, never reachable by a client).
 ACTIONS = frozenset({
     "topic_metadata", "create_topic", "set_policies", "topic_policies", "remove_policies", "list_topics", "brokers",
-    "health", "partition_stats", "delete_partition", "delete_topic_record", "unload", "apply_retention",
+    "health", "partition_stats", "delete_partition", "delete_topic_record", "unload", "apply_retention", "compact",
+    "compaction_status",
     "create_subscription", "delete_subscription", "skip_messages", "expire_messages", "reset_cursor",
     "schema", "schemas", "add_schema", "schema_compatibility", "delete_schema",
     "list_tenants", "create_tenant", "update_tenant", "tenant", "delete_tenant", "list_namespaces", "create_namespace",
@@ -224,6 +225,21 @@ class AdminHandler:
         service = await self.server.serving(partition)
         deleted = await service.apply_retention()
         return {"deleted_ledgers": deleted, "first_offset": service.managed_ledger.first_offset}
+
+    async def _compact(self, arguments: dict, role: str | None) -> dict:
+        """Start compacting a partition (ConflictError while it is); the
+        status tells how it went."""
+        partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic_admin(role, partition, "compact")
+        service = await self.server.serving(partition)
+        service.compact()
+        return service.compaction_stats()
+
+    async def _compaction_status(self, arguments: dict, role: str | None) -> dict:
+        partition = check_name(_argument(arguments, "partition", str))
+        await self.server.access.check_topic(role, partition, None, "read the compaction status of")
+        service = await self.server.serving(partition)
+        return service.compaction_stats()
 
     # --- subscriptions of a partition (Pulsar's `pulsar-admin topics ...-subscription`) -----------
     # Asked of the partition's owner, as the stats are.

@@ -91,6 +91,9 @@ class EntryRef:
     message_count: int
     keys: tuple[str | None, ...] | None = None
     deliver_at_ms: int = 0  # Pulsar's deliver_at_time: held back from shared subscriptions until then (0: at once)
+    # An entry of a compacted view: the offsets it keeps (the others were
+    # superseded by later messages of their keys). None: every one.
+    retained: frozenset[int] | None = None
 
     @property
     def last_offset(self) -> int:
@@ -391,16 +394,23 @@ class Dispatcher:
         if entry.deliver_at_ms > now_ms and self.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             self._delay(entry)
             return []
-        if fresh and self.subscription_type is not SubscriptionType.KEY_SHARED and not self._replay_offsets:
+        retained = entry.retained
+        if fresh and self.subscription_type is not SubscriptionType.KEY_SHARED and not self._replay_offsets and retained is None:
             whole = self._deliver_whole(entry)
             if whole is not None:
                 return whole
         candidates = [
             (offset, entry)
-            for offset in range(entry.first_offset, entry.last_offset + 1)
+            for offset in (range(entry.first_offset, entry.last_offset + 1) if retained is None else sorted(retained))
             if not self.cursor.is_acked(offset) and offset not in self._owner and offset not in self._replay
         ]
         return self._dispatch(candidates, from_replay=False)
+
+    def read_past(self, offset: int) -> None:
+        """Reading goes on at `offset`: what lies before it was left out (a
+        compacted view's superseded messages)."""
+        self.read_offset = max(self.read_offset, offset)
+        self._seen_through = max(self._seen_through, offset)
 
     # --- delayed delivery ----------------------------------------------------------------
 

@@ -228,8 +228,11 @@ class PartitionHosting:
             # ledgers left behind are only space; the other way round, a
             # failure would leave records naming deleted ledgers.
             try:
+                compaction = await self.context.topic_store.read_compaction(service.name)
                 await self.context.topic_store.delete_partition_records(service.name)
                 await service.managed_ledger.delete()
+                if compaction is not None:
+                    await service.delete_compacted_ledgers(compaction[0])
             except (BrokerError, BKError, MetadataError) as error:
                 failures.append(error)
         self._carry_out(self.core.stopped(service.name))

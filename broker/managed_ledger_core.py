@@ -442,6 +442,25 @@ class ManagedLedgerCore:
         return sum(info.bytes or 0 for info in self.record.ledgers if info.is_closed and info.last_offset >= offset) \
             + self.open_state.bytes
 
+    def bytes_after(self, offset: int) -> int:
+        """About the bytes of the messages from `offset` on: whole ledgers
+        after it, and of the ledger holding it the share of its messages
+        from `offset` on (the compaction threshold's measure)."""
+        if offset >= self.next_offset:
+            return 0
+        total = 0
+        for info in self.record.ledgers:
+            if info.is_closed:
+                messages, size, last = info.messages or 0, info.bytes or 0, info.last_offset
+            else:
+                messages, size = self.open_state.messages, self.open_state.bytes
+                last = info.first_offset + messages - 1
+            if messages == 0 or last < offset:
+                continue
+            share = min(messages, last - offset + 1)
+            total += size if share == messages else size * share // messages
+        return total
+
     @property
     def has_open_ledger(self) -> bool:
         return bool(self.record.ledgers) and not self.record.ledgers[-1].is_closed

@@ -286,6 +286,24 @@ def _batch_items(raw: bytes, count: int, first_sequence_id: int, publish_ms: int
     return items
 
 
+def null_values(header: BatchHeader, body: bytes | memoryview) -> list[bool]:
+    """For each message of an entry, whether it is a null value (Pulsar's
+    `null_value`, or an empty payload): what deletes its key from a
+    compacted view. A single message's answer needs no decompression."""
+    if header.legacy:
+        return [not item[3] for item in legacy_entry.body_items(header, body)]
+    message = _message(body, header)
+    metadata = message.metadata
+    if not message.batched:
+        empty = len(message.payload) == 0 if codec_of(metadata) is Codec.NONE else metadata.uncompressed_size == 0
+        return [metadata.null_value or empty]
+    try:
+        raw = uncompressed_payload(message, BODY_BYTES_MAX)
+        return [single.null_value or start == end for single, start, end in walk_batch(raw, header.message_count)]
+    except MalformedMessageError as error:
+        raise MalformedEntryError(f"entry body: {error}") from None
+
+
 def decode_body(header: BatchHeader, body: bytes | memoryview) -> list[MessageRecord]:
     return [MessageRecord(*item) for item in body_items(header, body)]
 
@@ -360,6 +378,7 @@ __all__ = [
     "MalformedEntryError",
     "MessageRecord",
     "body_columns",
+    "null_values",
     "body_items",
     "check_batch",
     "decode_body",

@@ -19,7 +19,7 @@ from framing.codec import FRAME_BYTES_MAX_DEFAULT, FrameDecoder, ProtocolError, 
 
 # 2: a SEND's body is the producer's message in Pulsar's layout; 3: CONNECT
 # carries credentials and CONNECTED says why it refused them.
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 AUTH_DATA_BYTES_MAX = 64 * 1024
 I64_MAX = 2**63 - 1
 NAME_BYTES_MAX = 256
@@ -208,6 +208,7 @@ class Subscribe:
     durable: bool
     important: bool
     start_offset: int | None  # a non-durable reader's first offset
+    read_compacted: bool  # read the partition's compacted view, then what follows it (exclusive and failover only)
 
 
 @dataclass(slots=True)
@@ -302,7 +303,7 @@ _SCHEMAS: dict[type, tuple[Command, tuple]] = {
     Send: (Command.SEND, (_id, _id, _id, _int(1, KEYS_MAX), _bytes)),
     SendReceipt: (Command.SEND_RECEIPT, (_id, _id, _u32, _i64, _i64, _offset, _text)),
     CloseProducer: (Command.CLOSE_PRODUCER, (_id, _id)),
-    Subscribe: (Command.SUBSCRIBE, (_id, _id, _str, _str, _str, _str, _i64, _str, _bool, _bool, _optional(_offset))),
+    Subscribe: (Command.SUBSCRIBE, (_id, _id, _str, _str, _str, _str, _i64, _str, _bool, _bool, _optional(_offset), _bool)),
     Flow: (Command.FLOW, (_id, _u32)),
     MessageDelivery: (Command.MESSAGE, (_id, _id, _id, _int_list(0, KEYS_MAX, KEYS_MAX), _u32, _bytes)),
     Ack: (Command.ACK, (_id, _id, _bool, _int_list(0, I64_MAX, OFFSETS_MAX))),

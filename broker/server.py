@@ -731,7 +731,7 @@ class BrokerServer:
             subscription = await service.subscribe(
                 link, message.subscription, SubscriptionType.parse(message.subscription_type),
                 priority=message.priority, initial_position=message.initial_position, durable=message.durable,
-                important=message.important, start_offset=message.start_offset,
+                important=message.important, start_offset=message.start_offset, read_compacted=message.read_compacted,
             )
             if connection.closed:
                 service.remove_consumer(subscription.name, consumer_id)

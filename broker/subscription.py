@@ -17,11 +17,13 @@ from typing import Awaitable, Callable, Protocol
 
 import trio
 
+from broker.compaction import CompactedView
+from broker.compaction_core import CompactedEntry, CompactionError
 from broker.cursor import Cursor
 from broker.dispatcher import Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
-from broker.message_format import MalformedEntryError
+from broker.message_format import MalformedEntryError, decode_entry
 from broker.subscription_core import CursorWrite, SubscriptionCore
 from ledger_client import BKError
 from broker.protocol import MessageDelivery
@@ -56,6 +58,7 @@ class PartitionAccess(Protocol):
     session_id: int  # the ZooKeeper session that owns it: its lease is the one that counts
     managed_ledger: ManagedLedger
     topic_store: TopicStore
+    compacted_view: CompactedView | None  # the partition's last compaction, if any
 
     @property
     def lease(self) -> Lease: ...
@@ -129,6 +132,9 @@ class Subscription:
         self._persist_wakeup = trio.Event()
         self._write_lock = trio.Lock()
         self._read_ahead_done: trio.Event | None = None  # set while a read-ahead is in flight
+        # Its consumers read the compacted view first (exclusive and
+        # failover: the consumer that subscribed last says).
+        self.read_compacted = False
 
     # What the core holds, named as the rest of the broker reads it.
     name = property(lambda self: self.core.name)
@@ -340,7 +346,7 @@ class Subscription:
             except BrokerError as error:
                 self.partition.fence(error)
                 return
-            except (BKError, MalformedEntryError) as error:  # a bookie read failed: retry later
+            except (BKError, MalformedEntryError, CompactionError) as error:  # a bookie read failed: retry later
                 log.warning("subscription %s of %s: reading failed: %s", self.name, self.partition.name, error)
                 await trio.sleep(READ_FAILURE_BACKOFF_S)
                 continue
@@ -365,6 +371,9 @@ class Subscription:
             return True
         if not self.dispatcher.wants_read():
             return False
+        view = self.partition.compacted_view if self.read_compacted else None
+        if view is not None and self.dispatcher.read_offset <= view.horizon:
+            return await self._dispatch_compacted(view, now_ms)
         managed_ledger = self.managed_ledger
         if self.read_position is None:
             offset = self.dispatcher.read_offset
@@ -391,6 +400,30 @@ class Subscription:
                 break
         await self._send(deliveries, stored)
         self._start_read_ahead()
+        return True
+
+    async def _dispatch_compacted(self, view: CompactedView, now_ms: int) -> bool:
+        """Deliver from the compacted view (the latest message of each key up
+        to its horizon); once it is read through, reading goes on in the
+        partition after the horizon."""
+        compacted = await view.read(self.dispatcher.read_offset)
+        if not compacted:
+            self.dispatcher.read_past(view.horizon + 1)
+            self.read_position = None
+            return True
+        stored: dict[tuple[int, int], StoredEntry] = {}
+        deliveries = []
+        for entry in compacted:
+            stored_entry = _stored(entry)
+            header = stored_entry.header
+            ref = EntryRef(entry.ledger_id, entry.entry_id, entry.first_offset, entry.message_count, header.keys, 0,
+                           frozenset(entry.retained_offsets))
+            stored[(ref.ledger_id, ref.entry_id)] = stored_entry
+            deliveries += self.dispatcher.entry_read(ref, now_ms)
+            if not self.dispatcher.wants_read():
+                break
+        self.read_position = None
+        await self._send(deliveries, stored)
         return True
 
     def _start_read_ahead(self) -> None:
@@ -424,7 +457,7 @@ class Subscription:
             entry = stored.get((ref.ledger_id, ref.entry_id))
             if entry is None:
                 try:
-                    entry = await self.managed_ledger.read_entry(Position(ref.ledger_id, ref.entry_id))
+                    entry = await self._read_again(ref)
                 except EntryGoneError:
                     continue  # retention deleted it meanwhile: the cursor skips past it
                 except BaseException:
@@ -444,6 +477,17 @@ class Subscription:
             # A consumer's socket that does not keep up: wait before queueing
             # more for it (permits bound messages, this bounds bytes).
             await link.wait_for_room()
+
+    async def _read_again(self, ref: EntryRef) -> StoredEntry:
+        """An entry delivered before (to be delivered again): from the
+        compacted view when it came from there (retention may have deleted
+        its original), else from the partition."""
+        view = self.partition.compacted_view
+        if ref.retained is not None and view is not None:
+            compacted = await view.entry_at(ref.first_offset)
+            if compacted is not None:
+                return _stored(compacted)
+        return await self.managed_ledger.read_entry(Position(ref.ledger_id, ref.entry_id))
 
     def close(self) -> None:
         """Unloaded or deleted: acknowledgements still waiting for a write
@@ -476,6 +520,12 @@ class Subscription:
                 for link in self.consumers.values()
             ],
         }
+
+
+def _stored(entry: CompactedEntry) -> StoredEntry:
+    """A compacted entry as the partition stored its original."""
+    header, _ = decode_entry(entry.data)
+    return StoredEntry(Position(entry.ledger_id, entry.entry_id), header, entry.data)
 
 
 __all__ = ["ConsumerLink", "Subscription"]

@@ -20,6 +20,8 @@ from typing import Callable
 import trio
 
 from framing.codec import describe
+from broker.compaction import CompactedView, CompactionState, CompactionStatus, Compactor
+from broker.compaction_core import CompactionRecord
 from broker.cursor import Cursor
 from broker.dispatcher import HashRanges, SubscriptionType
 from broker.errors import (
@@ -28,6 +30,7 @@ from broker.errors import (
     BrokerStatus,
     ConflictError,
     ConsumerBusyError,
+    NotAllowedError,
     ProducerBusyError,
     ProducerFencedError,
     RetryLaterError,
@@ -49,7 +52,7 @@ from broker.topic_records import TopicPolicies, check_name
 from broker.topic_store import TopicStore
 from broker.tenant_store import TenantStore
 from coordination.store import MetadataError, NodeExistsError
-from ledger_client import BKError, BookKeeper
+from ledger_client import BKError, BookKeeper, NoSuchLedgerError
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,12 @@ class PartitionService:
         self._producers_left = trio.Event()  # set when a producer goes (one waiting for exclusive access asks again)
         self._publish_queue, self._publish_queue_receive = trio.open_memory_channel(PUBLISH_QUEUE_BATCHES_MAX)
         self.loaded_ms = int(time.time() * 1000)
+        # Compaction: its last record (None: never compacted), the view read
+        # from it, and what this broker knows of the compactions it ran.
+        self.compaction = CompactionState()
+        self.compaction_record: CompactionRecord | None = None
+        self.compacted_view: CompactedView | None = None
+        self._compaction_hold: int | None = None  # while one runs: the first offset it reads
 
     # --- lifetime -------------------------------------------------------------------------
 
@@ -151,6 +160,9 @@ class PartitionService:
         while not self.lifecycle.serving:
             assert commands, f"partition {self.name}: the load stopped at {self.lifecycle.phase.value}"
             commands.extend(await self._carry_out(commands.popleft()))
+        found = await self.topic_store.read_compaction(self.name)
+        if found is not None:
+            self._compaction_switched(found[0])
         log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot at %s)",
                  self.name, self.publishing.producer_count, self.publishing.replayed_entries, self.lifecycle.snapshot_covered)
 
@@ -506,10 +518,16 @@ class PartitionService:
         important: bool,
         start_offset: int | None,
         hash_ranges: HashRanges | None = None,
+        read_compacted: bool = False,
     ) -> Subscription:
+        if read_compacted and subscription_type not in (SubscriptionType.EXCLUSIVE, SubscriptionType.FAILOVER):
+            raise NotAllowedError("read compacted can only be used with exclusive or failover subscriptions (Pulsar's rule)")
         async with self._subscribe_lock:
             subscription = await self._open_subscription(subscription_name, subscription_type, initial_position=initial_position,
                                                          durable=durable, important=important, start_offset=start_offset)
+            # Set before the consumer is added: its first read (from the
+            # cursor) takes the view.
+            subscription.read_compacted = read_compacted
             subscription.add_consumer(link, subscription_type, priority, hash_ranges)
             return subscription
 
@@ -632,6 +650,8 @@ class PartitionService:
                     await self._refresh_policies()
                     await self.expire_messages()
                     await self.apply_retention()
+                    if self.compaction_due():
+                        self.compact()
             except BrokerError as error:
                 self.fence(error)
                 return
@@ -666,11 +686,79 @@ class PartitionService:
         """The first offset retention must keep for the subscriptions (None:
         none holds anything): by Pulsar's model, the first any durable
         subscription has not acknowledged; by YDB's, the first an important
-        one has not."""
+        one has not. A compacted partition also keeps what its next
+        compaction reads (the messages after the last one's horizon), as
+        Pulsar's compaction cursor does."""
         every = self.policies.retention_model == "pulsar"
         held = [subscription.cursor.mark_delete + 1 for subscription in self.subscriptions.values()
                 if subscription.durable and (every or subscription.important)]
+        if self.compaction_record is not None:
+            held.append(self.compaction_record.horizon + 1)
+        if self._compaction_hold is not None:
+            held.append(self._compaction_hold)
         return min(held) if held else None
+
+    # --- compaction --------------------------------------------------------------------------
+
+    def compact(self) -> None:
+        """Start compacting (Pulsar's trigger); ConflictError while a
+        compaction runs."""
+        self._check_serving()
+        if self.compaction.running:
+            raise ConflictError(f"compaction of {self.name} already in progress")
+        state = self.compaction
+        state.running, state.status, state.last_error = True, CompactionStatus.RUNNING, ""
+        state.messages_read = state.bytes_read = 0
+        state.started_s = time.monotonic()
+        self._compaction_hold = (self.compaction_record.horizon + 1 if self.compaction_record is not None
+                                 else self.managed_ledger.first_offset)
+        self.spawn(self._compaction_task)
+
+    async def _compaction_task(self) -> None:
+        state = self.compaction
+        compactor = Compactor(partition=self.name, bookkeeper=self.context.bookkeeper, topic_store=self.topic_store,
+                              managed_ledger=self.managed_ledger, policies=self.policies, password=self.context.ledger_password,
+                              state=state, on_switched=self._compaction_switched)
+        try:
+            error = await compactor.run()
+        finally:
+            state.running = False
+            state.duration_s = time.monotonic() - state.started_s
+            self._compaction_hold = None
+        if error is None:
+            state.status, state.last_error = CompactionStatus.SUCCESS, ""
+            state.messages_kept = self.compaction_record.messages if self.compaction_record is not None else 0
+            state.last_succeeded_ms = int(time.time() * 1000)
+        else:
+            state.status, state.last_error = CompactionStatus.ERROR, error
+            state.last_failed_ms = int(time.time() * 1000)
+            log.warning("%s", error)
+
+    def _compaction_switched(self, record: CompactionRecord) -> None:
+        """A compaction's record is in use (loaded, or just switched in)."""
+        self.compaction_record = record
+        self.compacted_view = (CompactedView(self.context.bookkeeper, self.context.ledger_password, record)
+                               if record.ledger_id is not None else None)
+        for subscription in self.subscriptions.values():
+            subscription.wake()
+
+    async def delete_compacted_ledgers(self, record: CompactionRecord) -> None:
+        """The partition is deleted: so are the ledgers its compaction record names."""
+        for ledger_id in record.ledger_ids:
+            try:
+                await self.context.bookkeeper.delete_ledger(ledger_id)
+            except NoSuchLedgerError:
+                pass
+
+    def compaction_due(self) -> bool:
+        """Whether the compaction threshold asks for a compaction now."""
+        threshold = self.policies.compaction_threshold_bytes
+        if threshold is None or self.compaction.running or self.closing or self.fenced is not None:
+            return False
+        since = self.compaction_record.horizon + 1 if self.compaction_record is not None else self.managed_ledger.first_offset
+        if since > self.managed_ledger.confirmed_offset:
+            return False
+        return self.managed_ledger.core.bytes_after(since) >= max(threshold, 1)
 
     def backlog_bytes(self) -> int:
         """What the backlog quota bounds: by Pulsar's model, the bytes from
@@ -745,7 +833,20 @@ class PartitionService:
             "subscriptions": {name: subscription.stats() for name, subscription in self.subscriptions.items()},
             "ledgers": ledgers,
             "policies": self.policies.to_dict(),
+            "compaction": self.compaction_stats(),
         }
+
+    def compaction_stats(self) -> dict:
+        state, record = self.compaction, self.compaction_record
+        stats = {"status": state.status, "last_error": state.last_error, "running": state.running,
+                 "messages_read": state.messages_read, "bytes_read": state.bytes_read,
+                 "removed_messages": max(0, state.messages_read - state.messages_kept) if state.status == CompactionStatus.SUCCESS else 0,
+                 "duration_ms": int(state.duration_s * 1000), "last_succeeded_ms": state.last_succeeded_ms,
+                 "last_failed_ms": state.last_failed_ms}
+        if record is not None:
+            stats.update(horizon=record.horizon, ledger_id=record.ledger_id, entries=record.entries, messages=record.messages,
+                         bytes=record.bytes, compacted_ms=record.compacted_ms)
+        return stats
 
 
 __all__ = ["BrokerContext", "PartitionService", "ProducerLink"]

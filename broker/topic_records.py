@@ -123,6 +123,10 @@ def dedup_path(partition: str) -> str:
     return f"{managed_ledger_path(partition)}/dedup"
 
 
+def compaction_path(partition: str) -> str:
+    return f"{managed_ledger_path(partition)}/compaction"
+
+
 def cursors_path(partition: str) -> str:
     return f"{managed_ledger_path(partition)}/cursors"
 
@@ -172,6 +176,10 @@ class TopicPolicies:
     # Pulsar's message TTL: messages published longer ago than this are
     # acknowledged on behalf of every subscription (None: never).
     message_ttl_s: int | None = None
+    # Pulsar's compaction threshold: once the messages after the last
+    # compaction hold this many bytes, the partition is compacted (None: only
+    # when asked).
+    compaction_threshold_bytes: int | None = None
     # Which new schemas a topic takes (Pulsar's schemaCompatibilityStrategy;
     # broker.schema_compatibility.Strategy).
     schema_compatibility_strategy: str = "FULL"
@@ -180,7 +188,7 @@ class TopicPolicies:
     ack_quorum: int = 2
 
     def __post_init__(self) -> None:
-        for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "message_ttl_s"):
+        for name in ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "message_ttl_s", "compaction_threshold_bytes"):
             value = getattr(self, name)
             if value is not None and (type(value) is not int or value < 0):
                 raise ValueError(f"{name} must be a non-negative integer or None, got {describe(value)}")
@@ -232,7 +240,7 @@ _POLICY_NAMES = tuple(item.name for item in fields(TopicPolicies))
 # The policies a namespace may set for its topics (Pulsar's namespace
 # policies); a topic's own setting of one wins over its namespace's.
 NAMESPACE_POLICY_NAMES = ("retention_time_ms", "retention_bytes", "backlog_quota_bytes", "deduplication", "message_ttl_s",
-                          "schema_compatibility_strategy")
+                          "schema_compatibility_strategy", "compaction_threshold_bytes")
 
 
 def check_namespace_policies(values: dict[str, Any]) -> dict[str, Any]:
@@ -335,7 +343,7 @@ class ManagedLedgerRecord:
 
 __all__ = [
     "BROKERS", "MANAGED_LEDGERS", "NAME_CHARS_MAX", "OWNERS", "PARTITIONS_MAX", "TENANTS", "TOPICS", "TOPIC_CHARS_MAX",
-    "NAMESPACE_POLICY_NAMES", "LedgerInfo", "ManagedLedgerRecord", "TopicPolicies", "check_namespace_policies", "TopicRecord", "broker_path", "check_name", "cursor_path",
+    "NAMESPACE_POLICY_NAMES", "LedgerInfo", "ManagedLedgerRecord", "TopicPolicies", "check_namespace_policies", "TopicRecord", "broker_path", "check_name", "compaction_path", "cursor_path",
     "cursors_path", "dedup_path", "managed_ledger_path", "name_of_node", "namespace_path", "node_name", "owner_path",
     "partition_name", "split_partition", "tenant_path", "topic_path",
 ]

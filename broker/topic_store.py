@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from broker.compaction_core import CompactionRecord
 from broker.topic_records import (
     BROKERS,
     MANAGED_LEDGERS,
@@ -19,6 +20,7 @@ from broker.topic_records import (
     cursor_path,
     name_of_node,
     cursors_path,
+    compaction_path,
     dedup_path,
     managed_ledger_path,
     schema_path,
@@ -194,6 +196,17 @@ class TopicStore:
 
     async def write_dedup(self, partition: str, record: dict, expected_version: int | None) -> int:
         return await self._write_versioned(dedup_path(partition), record, expected_version)
+
+    async def read_compaction(self, partition: str) -> tuple[CompactionRecord, int] | None:
+        try:
+            data, stat = await self.store.get(compaction_path(partition))
+        except NoNodeError:
+            return None
+        return CompactionRecord.from_dict(json.loads(data)), stat.version
+
+    async def write_compaction(self, partition: str, record: CompactionRecord, expected_version: int | None) -> int:
+        """Compare-and-set (create when `expected_version` is None)."""
+        return await self._write_versioned(compaction_path(partition), record.to_dict(), expected_version)
 
     async def _write_versioned(self, path: str, record: dict, expected_version: int | None) -> int:
         data = json.dumps(record, separators=(",", ":")).encode()

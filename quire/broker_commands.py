@@ -45,6 +45,9 @@ def add_policies(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--message-ttl", type=ranges.positive_age, metavar="DURATION",
                         help=f"{scope}acknowledge messages older than this on every subscription's behalf (Pulsar's "
                              f"message TTL, checked every --retention-check-interval; whole seconds)" + unless_set("none"))
+    parser.add_argument("--compaction-threshold", type=ranges.positive_storage_bytes, metavar="BYTES",
+                        help=f"{scope}compact a partition once the messages after its last compaction hold this much "
+                             f"(Pulsar's compaction threshold)" + unless_set("none: only when asked"))
     parser.add_argument("--ensemble-size", "-E", type=ranges.ensemble, help=f"{scope}bookies per ledger" + unless_set(str(built_in.ensemble_size)))
     parser.add_argument("--write-quorum", "-W", type=ranges.ensemble, help=f"{scope}copies of each entry" + unless_set(str(built_in.write_quorum)))
     parser.add_argument("--ack-quorum", "-A", type=ranges.ensemble, help=f"{scope}copies acknowledged before a message is persisted" + unless_set(str(built_in.ack_quorum)))
@@ -63,6 +66,8 @@ def policies_from(arguments: argparse.Namespace) -> dict:
         policies["deduplication"] = arguments.deduplication == "on"
     if arguments.message_ttl is not None:
         policies["message_ttl_s"] = max(1, arguments.message_ttl // 1000)
+    if arguments.compaction_threshold is not None:
+        policies["compaction_threshold_bytes"] = arguments.compaction_threshold
     return policies
 
 

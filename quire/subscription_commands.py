@@ -1,5 +1,5 @@
 """`quire topic subscriptions|create-subscription|delete-subscription|skip|
-expire|reset-cursor` and `quire namespace policies|set-policies|
+expire|reset-cursor|compact|compaction-status` and `quire namespace policies|set-policies|
 remove-policies`: the admin actions the REST API's subscription and
 namespace-policy paths call, through a broker over quire's protocol.
 """
@@ -10,6 +10,8 @@ import argparse
 import time
 from pathlib import Path
 
+import trio
+
 from quire import cli_ranges as ranges
 from quire.cli_parsing import Bounded, UsageError
 from quire.tenant_commands import add_namespace
@@ -18,11 +20,13 @@ from quire.topic_commands import _print, _run, add_topic
 # `quire namespace remove-policies --policies` names, as the policies' fields.
 SKIP_COUNT = Bounded("integer", 1, 2**62, why="offsets are signed 64-bit")
 UNLIMITED = "none"
+COMPACTION_POLL_S = 0.5  # `compact --wait` asks for the status this often
 SCHEMA_STRATEGIES = ("ALWAYS_COMPATIBLE", "ALWAYS_INCOMPATIBLE", "BACKWARD", "FORWARD", "FULL", "BACKWARD_TRANSITIVE",
                      "FORWARD_TRANSITIVE", "FULL_TRANSITIVE")
 NAMESPACE_POLICY_FLAGS = {"retention-time": "retention_time_ms", "retention-size": "retention_bytes",
                           "backlog-quota": "backlog_quota_bytes", "deduplication": "deduplication",
-                          "message-ttl": "message_ttl_s", "schema-compatibility-strategy": "schema_compatibility_strategy"}
+                          "message-ttl": "message_ttl_s", "schema-compatibility-strategy": "schema_compatibility_strategy",
+                          "compaction-threshold": "compaction_threshold_bytes"}
 
 
 def _subscription(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -130,6 +134,34 @@ def reset(arguments: argparse.Namespace) -> int:
     return _run(arguments, body)
 
 
+def add_compact(parser: argparse.ArgumentParser) -> None:
+    add_topic(parser)
+    parser.add_argument("--wait", action="store_true", help="wait until every partition's compaction has ended, and "
+                                                            "exit 1 if one failed")
+
+
+def compact(arguments: argparse.Namespace) -> int:
+    failed = []
+
+    async def body(client) -> None:
+        statuses = await client.compact(arguments.topic)
+        while arguments.wait and any(status["running"] for status in statuses.values()):
+            await trio.sleep(COMPACTION_POLL_S)
+            statuses = await client.compaction_status(arguments.topic)
+        failed.extend(name for name, status in statuses.items() if status["status"] == "ERROR")
+        _print(statuses)
+
+    code = _run(arguments, body)
+    return 1 if code == 0 and failed else code
+
+
+def compaction_status(arguments: argparse.Namespace) -> int:
+    async def body(client) -> None:
+        _print(await client.compaction_status(arguments.topic))
+
+    return _run(arguments, body)
+
+
 # --- namespace policies ------------------------------------------------------------------------
 
 
@@ -160,6 +192,8 @@ def add_set_policies(parser: argparse.ArgumentParser) -> None:
                         help="acknowledge messages older than this on every subscription's behalf (none: never)")
     parser.add_argument("--schema-compatibility-strategy", choices=SCHEMA_STRATEGIES, metavar="STRATEGY",
                         help=f"which new schemas the namespace's topics take: {', '.join(SCHEMA_STRATEGIES)}")
+    parser.add_argument("--compaction-threshold", type=_limit(ranges.positive_storage_bytes), metavar="BYTES|none",
+                        help="compact a partition once the messages after its last compaction hold this much (none: only when asked)")
 
 
 def add_remove_policies(parser: argparse.ArgumentParser) -> None:
@@ -277,6 +311,9 @@ def register_topic(topic, command) -> None:
     add_skip(command(topic, "skip", "acknowledge messages on a subscription's behalf (skip some, or clear its backlog)", skip))
     add_expire(command(topic, "expire", "acknowledge messages older than a duration on a subscription's behalf", expire))
     add_reset(command(topic, "reset-cursor", "move a subscription to a time or a message; its consumers subscribe again", reset))
+    add_compact(command(topic, "compact", "compact a topic: keep the latest message of each key in its compacted view", compact))
+    add_topic(command(topic, "compaction-status", "how each partition's last compaction went, and what its view holds",
+                      compaction_status))
 
 
 def register_namespace(namespace, command) -> None:

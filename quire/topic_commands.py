@@ -86,6 +86,9 @@ def add_consume(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["text", "json"], default="text", help="text: message id, offset, key and payload per line; json: one object per message")
     parser.add_argument("--no-ack", action="store_true", help="do not acknowledge what is printed")
     parser.add_argument("--important", action="store_true", help="a new subscription holds its unacknowledged messages against retention")
+    parser.add_argument("--read-compacted", action="store_true",
+                        help="read the topic's compacted view (the latest message of each key) first, then what follows it "
+                             "(exclusive and failover)")
 
 
 @contextlib.asynccontextmanager
@@ -279,6 +282,7 @@ def consume(arguments: argparse.Namespace) -> int:
         consumer = await client.subscribe(
             arguments.topic, arguments.subscription, arguments.type,
             initial_position=arguments.initial_position, important=arguments.important,
+            read_compacted=arguments.read_compacted,
         )
         received = 0
         idle_s = None if arguments.idle_timeout is None else arguments.idle_timeout / 1000

@@ -306,12 +306,16 @@ class Client:
         initial_position: str = "latest",
         important: bool = False,
         dead_letter_policy: DeadLetterPolicy | None = None,
+        read_compacted: bool = False,
     ) -> Consumer:
         """A consumer of a durable subscription (created if new, at the
         `initial_position`). `important`: the subscription holds every
         message it has not acknowledged, whatever the topic's retention.
         `dead_letter_policy`: where messages go that were delivered too often
-        (negatively acknowledged, or not acknowledged within `ack_timeout_ms`)."""
+        (negatively acknowledged, or not acknowledged within `ack_timeout_ms`).
+        `read_compacted` (exclusive and failover): messages up to the topic's
+        last compaction come from its compacted view, the latest of each
+        key; then every message after it."""
         check_name(subscription, "subscription")
         # One name for every partition: failover's choice (partition i to
         # consumer i mod n, by name) and key-shared's ring stay put.
@@ -319,20 +323,24 @@ class Client:
         options = ConsumerOptions(
             SubscriptionType.parse(subscription_type).value, consumer_name, receiver_queue_size, ack_timeout_ms,
             negative_ack_delay_ms, ack_group_ms, priority, initial_position, important, dead_letter=dead_letter_policy,
+            read_compacted=read_compacted,
         )
         return await self._consumer(topic, subscription, options)
 
-    async def create_reader(self, topic: str, *, start: str | int = "earliest", receiver_queue_size: int = 1_000) -> Consumer:
+    async def create_reader(self, topic: str, *, start: str | int = "earliest", receiver_queue_size: int = 1_000,
+                            read_compacted: bool = False) -> Consumer:
         """A non-durable reader: nothing of it is stored, it holds no data,
         and it reads from `start`: "earliest", "latest", or a partition offset
-        (for a topic that is not partitioned, or one partition by its name)."""
+        (for a topic that is not partitioned, or one partition by its name).
+        `read_compacted`: the topic's compacted view, then what follows it."""
         initial_position, start_offset = ("earliest", None) if start == "earliest" else ("latest", None)
         if isinstance(start, int) and not isinstance(start, bool):
             start_offset = start
         elif start not in ("earliest", "latest"):
             raise ValueError(f"start must be 'earliest', 'latest' or an offset, got {start!r}")
         options = ConsumerOptions(SubscriptionType.EXCLUSIVE.value, "", receiver_queue_size, None, 1_000.0, 1.0, 0,
-                                  initial_position, False, durable=False, start_offset=start_offset)
+                                  initial_position, False, durable=False, start_offset=start_offset,
+                                  read_compacted=read_compacted)
         return await self._consumer(topic, f"reader-{uuid.uuid4().hex[:12]}", options)
 
     async def _consumer(self, topic: str, subscription: str, options: ConsumerOptions) -> Consumer:
@@ -488,6 +496,18 @@ class Client:
             return {quire_name(topic): await self.admin_at_owner(quire_name(topic), "reset_cursor", subscription=subscription,
                                                                  message_id=list(message_id))}
         return await self._on_partitions(topic, "reset_cursor", subscription=subscription, publish_time_ms=publish_time_ms)
+
+    async def compact(self, topic: str) -> dict:
+        """Start compacting every partition (Pulsar's compaction trigger):
+        a ConflictError for a partition compacting already. Answers each
+        partition's compaction status."""
+        return await self._on_partitions(topic, "compact")
+
+    async def compaction_status(self, topic: str) -> dict:
+        """Each partition's compaction: its status (NOT_RUN, RUNNING, SUCCESS
+        or ERROR, as Pulsar's), the last error, and what its compacted
+        view holds."""
+        return await self._on_partitions(topic, "compaction_status")
 
     async def apply_retention(self, topic: str) -> dict:
         """Apply retention now (brokers do it every few seconds anyway)."""

@@ -72,6 +72,7 @@ class ConsumerOptions:
     durable: bool = True
     start_offset: int | None = None  # readers: where to start
     dead_letter: DeadLetterPolicy | None = None
+    read_compacted: bool = False  # the compacted view (the latest message of each key), then what follows it
 
     def __post_init__(self) -> None:
         if self.receiver_queue_size < 2:
@@ -163,7 +164,7 @@ class PartitionConsumer:
         await connection.request(lambda request_id: Subscribe(
             request_id, self.handle, self.partition, self.subscription, options.subscription_type,
             options.consumer_name, options.priority, options.initial_position, options.durable, options.important,
-            start_offset,
+            start_offset, options.read_compacted,
         ))
         self._generation += 1
         # What was queued from the last connection is delivered again by the broker.

@@ -843,6 +843,7 @@ class PulsarFrontEnd:
             link, body.subscription, subscription_type, priority=body.priority_level,
             initial_position="earliest" if body.initialPosition == CommandSubscribe.Earliest else "latest",
             durable=body.durable, important=False, start_offset=start_offset, hash_ranges=hash_ranges,
+            read_compacted=body.read_compacted,
         )
         if connection.closed:
             service.remove_consumer(subscription.name, consumer_id)

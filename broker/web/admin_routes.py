@@ -16,6 +16,8 @@ from broker.web.endpoints import endpoint, int_parameter, no_content, query_flag
 from broker.web.pulsar_json import (
     backlog_quota_json,
     backlog_quota_policies,
+    compaction_threshold_json,
+    compaction_threshold_policies,
     deduplication_json,
     deduplication_policies,
     message_ttl_json,
@@ -168,6 +170,7 @@ POLICY_PATHS = {
     "deduplication": (deduplication_policies, deduplication_json, ("deduplication",)),
     "deduplicationEnabled": (deduplication_policies, deduplication_json, ("deduplication",)),
     "messageTTL": (message_ttl_policies, message_ttl_json, ("message_ttl_s",)),
+    "compactionThreshold": (compaction_threshold_policies, compaction_threshold_json, ("compaction_threshold_bytes",)),
 }
 
 

@@ -134,6 +134,7 @@ def namespace_json(answer: dict, cluster: str) -> dict:
         "retention_policies": retention_json(retention) if has_retention else None,
         "deduplicationEnabled": policies.get("deduplication"),
         "message_ttl_in_seconds": policies.get("message_ttl_s"),
+        "compaction_threshold": policies.get("compaction_threshold_bytes"),
         "schema_compatibility_strategy": policies.get("schema_compatibility_strategy", "UNDEFINED"),
         "deleted": False,
     }
@@ -173,6 +174,7 @@ def topic_stats(partition: dict) -> dict:
         "replication": {},
         "deduplicationStatus": "Enabled" if policies.get("deduplication") else "Disabled",
         "earliestMsgPublishTimeInBacklogs": 0,
+        **({"compaction": compaction_json(partition["compaction"])} if "compaction" in partition else {}),
     }
 
 
@@ -235,9 +237,47 @@ def internal_stats(partition: dict) -> dict:
                            "state": "Open", "active": bool(subscription["consumers"]),
                            "properties": {}}
                     for name, subscription in partition["subscriptions"].items() if subscription["durable"]},
-        "compactedLedger": partition.get("compacted_ledger") or {"ledgerId": -1, "entries": -1, "size": -1,
-                                                                  "offloaded": False, "underReplicated": False},
+        "compactedLedger": _compacted_ledger(partition.get("compaction", {})),
     }
+
+
+def _compacted_ledger(compaction: dict) -> dict:
+    if compaction.get("ledger_id") is None:
+        return {"ledgerId": -1, "entries": -1, "size": -1, "offloaded": False, "underReplicated": False}
+    return {"ledgerId": compaction["ledger_id"], "entries": compaction["entries"], "size": compaction["bytes"],
+            "offloaded": False, "underReplicated": False}
+
+
+def compaction_json(compaction: dict) -> dict:
+    """A partition's compaction (PartitionService.compaction_stats) as the
+    `compaction` of Pulsar's TopicStats."""
+    return {"lastCompactionRemovedEventCount": compaction["removed_messages"],
+            "lastCompactionSucceedTimestamp": compaction["last_succeeded_ms"],
+            "lastCompactionFailedTimestamp": compaction["last_failed_ms"],
+            "lastCompactionDurationTimeInMills": compaction["duration_ms"]}
+
+
+def compaction_status_json(statuses: list[dict]) -> dict:
+    """Pulsar's LongRunningProcessStatus of a topic's compaction, from each
+    partition's: running while one runs, failed if one failed (its
+    error), succeeded when every one did."""
+    for status in ("RUNNING", "ERROR"):
+        found = [item for item in statuses if item["status"] == status]
+        if found:
+            return {"status": status, "lastError": found[0]["last_error"]}
+    if statuses and all(item["status"] == "SUCCESS" for item in statuses):
+        return {"status": "SUCCESS", "lastError": ""}
+    return {"status": "NOT_RUN", "lastError": ""}
+
+
+def compaction_threshold_policies(body: Any) -> dict:
+    if type(body) is not int or body < 0:
+        raise BadRequestError("a compaction threshold is a number of bytes, 0 or more (0: only when asked)")
+    return {"compaction_threshold_bytes": body or None}
+
+
+def compaction_threshold_json(policies: dict) -> int:
+    return policies["compaction_threshold_bytes"] or 0
 
 
 def _timestamp(ms: int) -> str:

@@ -1,5 +1,5 @@
 """Pulsar's `/admin/v2/persistent` paths (topics, partitions, stats,
-subscriptions, unload) and HTTP lookup (`/lookup/v2/topic/persistent`).
+subscriptions, unload, compaction) and HTTP lookup (`/lookup/v2/topic/persistent`).
 
 What is about one partition's live state is answered by the broker that
 serves it: any other broker answers 307 with the owner's URL, as Pulsar's
@@ -33,7 +33,7 @@ from broker.topic_lookup import lookup_partition, partition_count
 from broker.topic_names import pulsar_name, quire_name
 from broker.topic_records import TopicRecord, partition_name, split_partition
 from broker.web.endpoints import endpoint, int_parameter, no_content, query_flag, read_body, read_json
-from broker.web.pulsar_json import internal_stats, partitioned_stats, topic_stats
+from broker.web.pulsar_json import compaction_status_json, internal_stats, partitioned_stats, topic_stats
 
 V2 = "/admin/v2"
 TOPIC = V2 + "/persistent/{tenant}/{namespace}/{topic}"
@@ -439,6 +439,11 @@ def _partition_call(action: str, **parameters: tuple[str, str]):
 
 
 @endpoint
+async def compaction_status(web: Any, request: Request, role: str | None) -> Response:
+    return JSONResponse(compaction_status_json(await _fan_out(web, request, role, "compaction_status", {})))
+
+
+@endpoint
 async def reset_cursor_to_message(web: Any, request: Request, role: str | None) -> Response:
     body = await read_json(request)
     position = _message_position(body)
@@ -510,6 +515,8 @@ def topic_routes() -> list[tuple[str, str, Any]]:
         ("GET", TOPIC + "/partitioned-stats", get_partitioned_stats),
         ("GET", TOPIC + "/partitioned-internalStats", get_partitioned_internal_stats),
         ("PUT", TOPIC + "/unload", _partition_call("unload")),
+        ("PUT", TOPIC + "/compaction", _partition_call("compact")),
+        ("GET", TOPIC + "/compaction", compaction_status),
         ("GET", TOPIC + "/subscriptions", list_subscriptions),
         ("PUT", SUBSCRIPTION, create_subscription),
         ("DELETE", SUBSCRIPTION, delete_subscription),

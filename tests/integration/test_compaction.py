@@ -1,0 +1,151 @@
+"""Topic compaction on real brokers (3 bookies, ZooKeeper): compacted over
+REST or by its threshold, the official Pulsar client's read-compacted readers
+and consumers see the latest message of each key (a tombstone deletes its
+key; keyless messages are left out), then every message after the
+compaction, also once the partition has moved to another broker."""
+
+from __future__ import annotations
+
+import time
+
+import pulsar
+import pytest
+import requests
+import trio
+
+from broker.client import Client
+from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
+from tests.integration.test_pulsar_clients import full, in_thread, pulsar_client
+
+pytestmark = pytest.mark.integration
+
+COMPACTION_WAIT_S = 60
+
+
+def wait_for_compaction(web_url: str, topic: str, *, since_ms: int = 0) -> dict:
+    """Until the topic's compaction succeeded (after `since_ms`); its status."""
+    url = f"{web_url}/admin/v2/persistent/public/default/{topic}/compaction"
+    deadline = time.monotonic() + COMPACTION_WAIT_S
+    while True:
+        status = requests.get(url, timeout=30).json()
+        assert status["status"] != "ERROR", status
+        if status["status"] == "SUCCESS":
+            stats = requests.get(f"{web_url}/admin/v2/persistent/public/default/{topic}/stats", timeout=30).json()
+            if stats["compaction"]["lastCompactionSucceedTimestamp"] > since_ms:
+                return status
+        assert time.monotonic() < deadline, f"compaction of {topic} never finished: {status}"
+        time.sleep(0.1)
+
+
+def read_all(reader_or_consumer, *, acknowledge: bool = False) -> list[tuple[str | None, bytes]]:
+    """What arrives until nothing more comes for a second."""
+    received = []
+    while True:
+        try:
+            message = reader_or_consumer.read_next(1_000) if hasattr(reader_or_consumer, "read_next") \
+                else reader_or_consumer.receive(1_000)
+        except pulsar.Timeout:
+            return received
+        received.append((message.partition_key() or None, message.data()))
+        if acknowledge:
+            reader_or_consumer.acknowledge(message)
+
+
+async def test_read_compacted_sees_the_latest_value_of_each_key_then_the_tail(shared_cluster):
+    topic = "compacted-prices"
+    broker = shared_cluster.brokers[0]
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic)
+
+    def produce_and_compact() -> dict[str, bytes]:
+        client = pulsar_client(broker.pulsar_url)
+        try:
+            producer = client.create_producer(full(topic), batching_enabled=True, batching_max_publish_delay_ms=5,
+                                              block_if_queue_full=True)
+            latest = {}
+            for round_ in range(20):
+                for index in range(10):
+                    key, value = f"item-{index}", f"{round_}-{index}".encode()
+                    producer.send_async(value, None, partition_key=key)
+                    latest[key] = value
+                producer.send_async(b"no key", None)
+            producer.flush()
+            producer.send(b"", partition_key="item-3")  # a tombstone: item-3 goes
+            del latest["item-3"]
+            producer.send(b"gone", partition_key="item-11")
+            producer.send(b"", partition_key="item-11")  # written and deleted
+            response = requests.put(f"{broker.web_url}/admin/v2/persistent/public/default/{topic}/compaction", timeout=30)
+            assert response.status_code == 204, response.text
+            wait_for_compaction(broker.web_url, topic)
+            return latest
+        finally:
+            client.close()
+
+    latest = await in_thread(produce_and_compact)
+
+    def read_views() -> tuple[list, list, list, list]:
+        client = pulsar_client(broker.pulsar_url)
+        try:
+            compacted = client.create_reader(full(topic), pulsar.MessageId.earliest, is_read_compacted=True)
+            view = read_all(compacted)
+            everything = read_all(client.create_reader(full(topic), pulsar.MessageId.earliest))
+            consumer = client.subscribe(full(topic), "compacted-sub", initial_position=pulsar.InitialPosition.Earliest,
+                                        is_read_compacted=True)
+            consumed = read_all(consumer, acknowledge=True)
+            # After the compaction: every message, as published.
+            producer = client.create_producer(full(topic), batching_enabled=False)
+            producer.send(b"new-1", partition_key="item-1")
+            producer.send(b"new-1-again", partition_key="item-1")
+            tail = read_all(compacted)
+            assert read_all(consumer, acknowledge=True) == tail
+            return view, everything, consumed, tail
+        finally:
+            client.close()
+
+    view, everything, consumed, tail = await in_thread(read_views)
+    assert sorted(view) == sorted(latest.items())
+    assert len(view) == 9 and consumed == view
+    assert len(everything) == 20 * 11 + 3
+    assert tail == [("item-1", b"new-1"), ("item-1", b"new-1-again")]
+
+
+async def test_the_compaction_threshold_compacts_and_the_view_moves_with_its_partition(shared_cluster):
+    topic = "compacted-threshold"
+    broker = shared_cluster.brokers[0]
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic)
+        response = await trio.to_thread.run_sync(lambda: requests.post(
+            f"{broker.web_url}/admin/v2/persistent/public/default/{topic}/compactionThreshold", json=1, timeout=30))
+        assert response.status_code == 204, response.text
+        producer = await client.create_producer(topic)
+        for round_ in range(5):
+            for index in range(4):
+                await producer.send(f"{round_}".encode(), key=f"key-{index}")
+        await trio.to_thread.run_sync(wait_for_compaction, broker.web_url, topic)
+        # The partition moves: its next owner reads the same view.
+        await client.unload(topic)
+        reader = await client.create_reader(topic, read_compacted=True)
+        received = []
+        with trio.move_on_after(2):
+            while True:
+                message = await reader.receive()
+                received.append((message.key, message.data))
+        assert sorted(received) == [(f"key-{index}", b"4") for index in range(4)]
+        status = await client.compaction_status(topic)
+        assert status[topic]["messages"] == 4 and status[topic]["horizon"] >= 19
+
+
+async def test_read_compacted_is_refused_on_shared_subscriptions(shared_cluster):
+    topic = full("compacted-shared")
+
+    def run() -> None:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            with pytest.raises(pulsar.PulsarException):
+                client.subscribe(topic, "shared", consumer_type=pulsar.ConsumerType.Shared, is_read_compacted=True)
+            # An exclusive one of the same topic is taken.
+            client.subscribe(topic, "exclusive", is_read_compacted=True).close()
+        finally:
+            client.close()
+
+    await in_thread(run)
