@@ -5,6 +5,11 @@ switch it in with one compare-and-set, so that a compaction stopped at any
 step leaves the previous view or the new one, never a mix, and the next
 compaction deletes whatever ledger the stopped one left behind.
 
+A compaction claims the record (names its new ledger as being written)
+before it deletes what earlier compactions left: once its claim is written,
+no compaction that read the record before can switch its own ledger in (its
+compare-and-set fails), so what the claim names as garbage is nobody's.
+
 A partition's compacted view holds, of the messages up to its horizon, the
 latest of each key; a key whose latest message is a null value (Pulsar's
 `null_value`, or an empty payload) is left out, and so are messages without
@@ -44,29 +49,34 @@ class CompactionRecord:
     messages: int = 0  # messages the view keeps (one per key)
     bytes: int = 0  # of the compacted ledger's entries
     compacted_ms: int = 0
-    # A ledger a compaction is writing (not in use yet) and one it switched
-    # out: both deleted by the next compaction, whatever stopped this one.
+    # The ledger a compaction is writing (not in use yet), and ledgers no
+    # longer in use (views switched out, writes abandoned): the next
+    # compaction deletes them, whatever stopped this one.
     writing: int | None = None
-    retired: int | None = None
+    garbage: tuple[int, ...] = ()
 
     @property
-    def leftovers(self) -> list[int]:
-        return [ledger_id for ledger_id in (self.writing, self.retired) if ledger_id is not None]
+    def leftovers(self) -> tuple[int, ...]:
+        return self.garbage + (() if self.writing is None else (self.writing,))
 
     @property
     def ledger_ids(self) -> list[int]:
         """Every ledger the record names (a partition's deletion deletes them)."""
-        return ([] if self.ledger_id is None else [self.ledger_id]) + self.leftovers
+        return ([] if self.ledger_id is None else [self.ledger_id]) + list(self.leftovers)
 
     def to_dict(self) -> dict[str, Any]:
         return {"ledger_id": self.ledger_id, "horizon": self.horizon, "entries": self.entries, "messages": self.messages,
-                "bytes": self.bytes, "compacted_ms": self.compacted_ms, "writing": self.writing, "retired": self.retired}
+                "bytes": self.bytes, "compacted_ms": self.compacted_ms, "writing": self.writing, "garbage": list(self.garbage)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "CompactionRecord":
-        record = cls(**{name: values[name] for name in cls().to_dict() if name in values})
+        garbage = values.get("garbage", [])
+        if not isinstance(garbage, list) or not all(type(ledger_id) is int for ledger_id in garbage):
+            raise ValueError(f"compaction record: garbage must be a list of ledger ids, got {describe(garbage)}")
+        record = cls(**{name: values[name] for name in cls().to_dict() if name in values and name != "garbage"},
+                     garbage=tuple(garbage))
         for name, value in record.to_dict().items():
-            if value is not None and type(value) is not int:
+            if name != "garbage" and value is not None and type(value) is not int:
                 raise ValueError(f"compaction record: {name} must be an integer, got {describe(value)}")
         return record
 
@@ -203,10 +213,10 @@ Command = DeleteLedgers | Scan | CreateLedger | WriteRecord | Copy | CloseLedger
 
 class Phase(enum.Enum):
     IDLE = "idle"
-    CLEANING = "cleaning"  # deleting what a stopped compaction left
     SCANNING = "scanning"
     CREATING = "creating"
     CLAIMING = "claiming"  # recording the new ledger as being written
+    CLEANING = "cleaning"  # deleting what earlier compactions left
     COPYING = "copying"
     CLOSING = "closing"
     SWITCHING = "switching"
@@ -217,11 +227,10 @@ class Phase(enum.Enum):
 # (phase, event) -> the phase it leads to; anything else is a bug.
 TRANSITIONS: dict[tuple[Phase, str], Phase] = {
     (Phase.IDLE, "start"): Phase.SCANNING,
-    (Phase.IDLE, "start_cleaning"): Phase.CLEANING,
-    (Phase.CLEANING, "deleted"): Phase.SCANNING,
     (Phase.SCANNING, "scanned"): Phase.CREATING,
     (Phase.CREATING, "created"): Phase.CLAIMING,
-    (Phase.CLAIMING, "record_written"): Phase.COPYING,
+    (Phase.CLAIMING, "record_written"): Phase.CLEANING,
+    (Phase.CLEANING, "deleted"): Phase.COPYING,
     (Phase.COPYING, "copied"): Phase.CLOSING,
     (Phase.CLOSING, "closed"): Phase.SWITCHING,
     (Phase.SWITCHING, "record_written"): Phase.RETIRING,
@@ -265,21 +274,15 @@ class CompactionCore:
         return self.record or CompactionRecord()
 
     def start(self) -> list[Command]:
-        leftovers = self.previous.leftovers
-        if leftovers:
-            self._step("start_cleaning")
-            return [DeleteLedgers(tuple(leftovers))]
         self._step("start")
-        return [self._scan()]
+        return [Scan(self.previous.ledger_id, self.previous.horizon + 1, self.through_offset)]
 
     def deleted(self) -> list[Command]:
         self._step("deleted")
         if self.phase is Phase.DONE:
             return [Finished(None)]
-        return [self._scan()]
-
-    def _scan(self) -> Scan:
-        return Scan(self.previous.ledger_id, self.previous.horizon + 1, self.through_offset)
+        assert self.new_ledger_id is not None
+        return [Copy(self.previous.ledger_id, self.previous.horizon + 1, self.through_offset, self.new_ledger_id)]
 
     def scanned(self) -> list[Command]:
         self._step("scanned")
@@ -289,23 +292,23 @@ class CompactionCore:
     def created(self, ledger_id: int) -> list[Command]:
         self._step("created")
         self.new_ledger_id = ledger_id
-        # What a stopped compaction left is gone (deleted at the start):
-        # the record now names only the ledger being written.
-        claim = replace(self.previous, writing=ledger_id, retired=None)
+        # What earlier compactions left becomes garbage, deleted once this
+        # claim is written (and by the next compaction if this one stops).
+        claim = replace(self.previous, writing=ledger_id, garbage=self.previous.leftovers)
         return [WriteRecord(claim, self.version)]
 
     def record_written(self, version: int) -> list[Command]:
         self._step("record_written")
         self.version = version
         assert self.new_ledger_id is not None
-        if self.phase is Phase.COPYING:
-            return [Copy(self.previous.ledger_id, self.previous.horizon + 1, self.through_offset, self.new_ledger_id)]
+        if self.phase is Phase.CLEANING:
+            return [DeleteLedgers(self.previous.leftovers)]
         switched = self.switched_record()
         self.record = switched
         self._switched = True
         commands: list[Command] = [Switched(switched)]
-        if switched.retired is not None:
-            return commands + [DeleteLedgers((switched.retired,))]
+        if switched.garbage:
+            return commands + [DeleteLedgers(switched.garbage)]
         self._step("deleted")
         return commands + [Finished(None)]
 
@@ -337,7 +340,7 @@ class CompactionCore:
         return CompactionRecord(
             ledger_id=self.new_ledger_id, horizon=self.through_offset, entries=self.copied_entries,
             messages=self.copied_messages, bytes=self.copied_bytes, compacted_ms=self.now_ms,
-            writing=None, retired=self.previous.ledger_id,
+            writing=None, garbage=() if self.previous.ledger_id is None else (self.previous.ledger_id,),
         )
 
     def failed(self, reason: str, *, record_refused: bool = False) -> list[Command]:

@@ -6,6 +6,7 @@ compaction, also once the partition has moved to another broker."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pulsar
@@ -16,6 +17,7 @@ import trio
 from broker.client import Client
 from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
 from tests.integration.test_pulsar_clients import full, in_thread, pulsar_client
+from tests.integration.test_web_admin import quire
 
 pytestmark = pytest.mark.integration
 
@@ -149,3 +151,22 @@ async def test_read_compacted_is_refused_on_shared_subscriptions(shared_cluster)
             client.close()
 
     await in_thread(run)
+
+
+async def test_the_command_line_compacts_a_partitioned_topic_and_consumes_its_view(shared_cluster):
+    topic = "compacted-cli"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, partitions=2)
+        producer = await client.create_producer(topic)
+        for round_ in range(3):
+            for index in range(6):
+                await producer.send(f"{round_}".encode(), key=f"key-{index}")
+    statuses = await trio.to_thread.run_sync(quire, shared_cluster, "topic", "compact", topic, "--wait")
+    assert {name: status["status"] for name, status in statuses.items()} == {
+        f"{topic}-partition-0": "SUCCESS", f"{topic}-partition-1": "SUCCESS"}
+    assert sum(status["messages"] for status in statuses.values()) == 6
+    output = await trio.to_thread.run_sync(
+        quire, shared_cluster, "consume", topic, "--subscription", "view", "--read-compacted", "--format", "json",
+        "--idle-timeout", "2s")
+    lines = [json.loads(line) for line in output.splitlines()]
+    assert sorted((line["key"], line["data"]) for line in lines) == [(f"key-{index}", "2") for index in range(6)]
