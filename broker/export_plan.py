@@ -1,7 +1,7 @@
 """What a Spark export of a topic reads, as pure functions: which ledgers
-(closed ones only, never the open one), how a large ledger is cut into entry
-ranges of about `split_bytes` each, and what an incremental export already
-wrote. No ZooKeeper, no bookie: the records come in, the plan goes out."""
+(closed ones only, never the open one; or the compacted views' ledgers), how
+a large ledger is cut into entry ranges of about `split_bytes` each, and
+what an incremental export already wrote. No ZooKeeper, no bookie: the records come in, the plan goes out."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
+from broker.compaction_core import CompactionRecord
 from broker.topic_records import LedgerInfo
 
 # Spark's own default for file splits (spark.sql.files.maxPartitionBytes).
@@ -24,6 +25,7 @@ class PartitionLedgers:
     partition: str  # its name: the topic itself, or `<topic>-partition-<i>`
     partition_index: int  # -1 for a topic that is not partitioned
     ledgers: tuple[LedgerInfo, ...]
+    compacted: bool = False  # the ledger is the partition's compacted view (broker.compaction_core)
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,7 @@ class LedgerSplit:
     ledger_first_offset: int  # partition offset of the ledger's first message
     ledger_entries: int
     bytes: int  # estimated from the ledger's size and entry count
+    compacted: bool = False  # entries of a compacted view: each an original entry and the messages it keeps
 
     @property
     def entries(self) -> int:
@@ -126,8 +129,17 @@ def plan_splits(partitions: Iterable[PartitionLedgers], selection: Selection = S
             for first, last in entry_ranges(info.entries, info.bytes, split_bytes):
                 share = info.bytes * (last - first + 1) // info.entries
                 splits.append(LedgerSplit(partition.topic, partition.partition, partition.partition_index, info.ledger_id,
-                                          first, last, info.first_offset, info.entries, share))
+                                          first, last, info.first_offset, info.entries, share, partition.compacted))
     return splits
+
+
+def compacted_chain(topic: str, partition: str, partition_index: int, record: CompactionRecord | None) -> PartitionLedgers:
+    """A partition's compacted view as a chain of one closed ledger (none
+    when the partition was never compacted)."""
+    if record is None or record.ledger_id is None:
+        return PartitionLedgers(topic, partition, partition_index, (), compacted=True)
+    info = LedgerInfo(record.ledger_id, -1, record.compacted_ms, record.entries, record.messages, record.bytes, record.compacted_ms)
+    return PartitionLedgers(topic, partition, partition_index, (info,), compacted=True)
 
 
 def parse_time_ms(text: str | int | None, what: str) -> int | None:
@@ -165,6 +177,7 @@ __all__ = [
     "PartitionLedgers",
     "Selection",
     "closed_ledgers",
+    "compacted_chain",
     "entry_ranges",
     "parse_ledger_ids",
     "parse_time_ms",

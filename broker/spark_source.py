@@ -10,13 +10,16 @@ one, rows built as Arrow record batches.
 Options: `zk`, `root` (default /quire), `topic`; `password` (the brokers'
 --ledger-password), `from_ledger`, `start_time`/`end_time` (ms or ISO 8601;
 the brokers' append times, as a seek by publish time), `ledgers` (only these
-ids), `exclude_ledgers`, `split_bytes` (default 128 MiB).
+ids), `exclude_ledgers`, `split_bytes` (default 128 MiB), `compacted`
+("true": the topic's compacted view, the latest message of each key as of
+its last compaction, instead of its ledgers).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import sys
@@ -46,12 +49,21 @@ from broker.export_plan import (
     LedgerSplit,
     PartitionLedgers,
     Selection,
+    compacted_chain,
     parse_ledger_ids,
     parse_time_ms,
     plan_splits,
 )
+from broker.compaction_core import CompactedEntry, CompactionError, CompactionRecord
 from broker.message_format import MalformedEntryError, body_columns, decode_entry
-from broker.topic_records import ManagedLedgerRecord, TopicRecord, check_name, managed_ledger_path, topic_path
+from broker.topic_records import (
+    ManagedLedgerRecord,
+    TopicRecord,
+    check_name,
+    compaction_path,
+    managed_ledger_path,
+    topic_path,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -100,6 +112,7 @@ class SourceOptions:
     auth_token: str | None = None
     tls_trust_certs: str | None = None
     zk_auth: str | None = None  # USER:PASSWORD of ZooKeeper's digest ACLs (option zk_auth_password)
+    compacted: bool = False  # the compacted view instead of the ledgers
 
     def use_zk_auth(self) -> None:
         """This process's ZooKeeper connections authenticate as the option says."""
@@ -136,8 +149,16 @@ class SourceOptions:
             ledger_ids=parse_ledger_ids(get("ledgers")),
             exclude_ledger_ids=parse_ledger_ids(get("exclude_ledgers")) or frozenset(),
         )
+        compacted = get("compacted", "false").lower()
+        if compacted not in ("true", "false"):
+            raise ValueError(f"compacted must be true or false, got {compacted[:20]!r}")
+        if compacted == "true" and (selection.from_ledger is not None or selection.start_time_ms is not None
+                                    or selection.end_time_ms is not None or selection.exclude_ledger_ids):
+            raise ValueError("the compacted view is read whole: compacted cannot be combined with from_ledger, "
+                             "start_time, end_time or exclude_ledgers")
         return cls(get("zk", "127.0.0.1:2181"), get("root", "/quire"), topic, (get("password", "") or "").encode(),
-                   selection, split_bytes, get("auth_token"), get("tls_trust_certs"), get("zk_auth_password"))
+                   selection, split_bytes, get("auth_token"), get("tls_trust_certs"), get("zk_auth_password"),
+                   compacted == "true")
 
 
 # --- planning (on the driver) -----------------------------------------------------------
@@ -204,6 +225,23 @@ class ClusterMetadata:
             chains.append(PartitionLedgers(topic, partition, index if record.partitions else -1, ledgers))
         return chains
 
+    def compacted_ledgers(self, topic: str) -> list[PartitionLedgers]:
+        """Every partition's compacted view, as a chain of its one ledger
+        (none for a partition never compacted)."""
+        from coordination.store import NoNodeError
+
+        chains = []
+        for chain in self.topic_ledgers(topic):
+            try:
+                record = CompactionRecord.from_dict(json.loads(self._get(compaction_path(chain.partition))))
+            except NoNodeError:
+                record = None
+            chains.append(compacted_chain(topic, chain.partition, chain.partition_index, record))
+        return chains
+
+    def chains(self, topic: str, compacted: bool) -> list[PartitionLedgers]:
+        return self.compacted_ledgers(topic) if compacted else self.topic_ledgers(topic)
+
     def check_ledgers(self, splits: Sequence[LedgerSplit], password: bytes) -> None:
         """Check on the driver what each worker would find out alone, one
         failed task at a time: every planned ledger still exists, opens with
@@ -247,7 +285,7 @@ def read_topic_ledgers(zk: str, root: str, topic: str) -> list[PartitionLedgers]
 def plan(options: SourceOptions) -> list[LedgerSplit]:
     options.use_zk_auth()
     with ClusterMetadata(options.zk, options.root) as cluster:
-        chains = cluster.topic_ledgers(options.topic)
+        chains = cluster.chains(options.topic, options.compacted)
         splits = plan_splits(chains, options.selection, options.split_bytes)
         wanted = options.selection.ledger_ids
         if wanted is not None:
@@ -363,19 +401,28 @@ def entries_to_batches(split: LedgerSplit, entries: Sequence, selection: Selecti
     columns = _Columns()
     timed = selection.start_time_ms is not None or selection.end_time_ms is not None
     for entry in entries:
+        entry_id, kept, data = entry.entry_id, None, entry.data
         try:
-            header, body = decode_entry(entry.data)
+            if split.compacted:
+                # An entry of a compacted view: the original entry, and the
+                # messages of it the view keeps.
+                compacted = CompactedEntry.from_bytes(data)
+                entry_id, kept, data = compacted.entry_id, compacted.retained, compacted.data
+            header, body = decode_entry(data)
             if timed and not selection.keeps_entry(header.publish_time_ms):
                 continue
             body_data = body_columns(header, body)
-        except MalformedEntryError as error:
+        except (MalformedEntryError, CompactionError) as error:
             log.error("ledger %d entry %d of %s is malformed and skipped (as consumers skip it): %s",
                       split.ledger_id, entry.entry_id, split.partition, error)
             continue
-        if entry.entry_id == 0 and header.first_offset != split.ledger_first_offset:
+        if entry.entry_id == 0 and not split.compacted and header.first_offset != split.ledger_first_offset:
             raise RuntimeError(f"ledger {split.ledger_id} of {split.partition} starts at offset {header.first_offset}, "
                                f"its partition's record says {split.ledger_first_offset}")
-        columns.add(entry.entry_id, header, body_data)
+        if split.compacted:
+            columns.add_kept(entry_id, compacted.ledger_id, header, body_data, kept)
+        else:
+            columns.add(entry_id, header, body_data)
         if columns.payload_bytes >= payload_bytes_max:
             yield columns.to_batch(split)
             columns = _Columns()
@@ -399,6 +446,10 @@ class _Columns:
         self.properties: list[dict[str, str] | None] = []
         self.payloads: list[bytes] = []
         self.payload_bytes = 0
+        # A compacted view's rows: each one's batch index and original
+        # ledger (None: every message of each entry, of the split's ledger).
+        self.batch_indexes: list[int] | None = None
+        self.ledger_ids: list[int] | None = None
 
     def add(self, entry_id: int, header: Any, body: Any) -> None:
         count = header.message_count
@@ -413,11 +464,34 @@ class _Columns:
         self.payload_bytes += sum(map(len, body.payloads))
         self.keys.extend(header.keys if header.keys is not None else (None,) * count)
 
+    def add_kept(self, entry_id: int, ledger_id: int, header: Any, body: Any, kept: Sequence[int]) -> None:
+        """The messages `kept` (batch indexes) of an entry of `ledger_id`."""
+        if self.batch_indexes is None:
+            self.batch_indexes, self.ledger_ids = [], []
+        assert self.ledger_ids is not None
+        count = len(kept)
+        self.entry_ids.append(entry_id)
+        self.counts.append(count)
+        self.first_offsets.append(header.first_offset)
+        self.producer_ids.append(header.producer_id)
+        self.batch_indexes.extend(kept)
+        self.ledger_ids.extend([ledger_id] * count)
+        for index in kept:
+            self.sequence_ids.append(body.sequence_ids[index])
+            self.publish_ms.append(body.publish_times_ms[index])
+            self.properties.append(body.properties[index])
+            self.payloads.append(body.payloads[index])
+            self.payload_bytes += len(body.payloads[index])
+            self.keys.append(header.keys[index] if header.keys is not None else None)
+
     def to_batch(self, split: LedgerSplit) -> pa.RecordBatch:
         rows = len(self.payloads)
         counts_array = np.array(self.counts, dtype=np.int64)
         entry_starts = np.cumsum(counts_array) - counts_array  # row of each entry's first message
-        batch_indexes = np.arange(rows, dtype=np.int64) - np.repeat(entry_starts, counts_array)
+        if self.batch_indexes is not None:
+            batch_indexes = np.array(self.batch_indexes, dtype=np.int64)
+        else:
+            batch_indexes = np.arange(rows, dtype=np.int64) - np.repeat(entry_starts, counts_array)
         offsets = np.repeat(np.array(self.first_offsets, dtype=np.int64), counts_array) + batch_indexes
         entry_index = np.repeat(np.arange(len(self.counts), dtype=np.int32), counts_array)
         property_counts = np.fromiter(map(_map_size, self.properties), dtype=np.int32, count=rows)
@@ -427,7 +501,8 @@ class _Columns:
             pa.repeat(pa.scalar(split.topic, pa.string()), rows),
             pa.repeat(pa.scalar(split.partition_index, pa.int32()), rows),
             pa.array(offsets, pa.int64()),
-            pa.repeat(pa.scalar(split.ledger_id, pa.int64()), rows),
+            (pa.repeat(pa.scalar(split.ledger_id, pa.int64()), rows) if self.ledger_ids is None
+             else pa.array(self.ledger_ids, pa.int64())),
             pa.array(np.repeat(np.array(self.entry_ids, dtype=np.int64), counts_array), pa.int64()),
             pa.array(batch_indexes.astype(np.int32), pa.int32()),
             pa.array(self.publish_ms, pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),

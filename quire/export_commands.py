@@ -76,6 +76,9 @@ def add_export(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--incremental", action="store_true",
                         help="write only ledgers closed since the last incremental run into DIR (one run=<n> folder per run)")
     parser.add_argument("--overwrite", action="store_true", help="without --incremental: replace DIR if it exists")
+    parser.add_argument("--compacted", action="store_true",
+                        help="export the topic's compacted view (the latest message of each key as of its last compaction) "
+                             "instead of its closed ledgers")
     parser.add_argument("--master", default="local[2]", help="Spark master (default %(default)s)")
     parser.add_argument("--conf", action="append", type=spark_setting, default=[], metavar="KEY=VALUE",
                         help="a Spark setting (repeat the flag for more), e.g. spark.executor.memory=4g")
@@ -430,6 +433,10 @@ def check_arguments(arguments: argparse.Namespace) -> None:
         raise UsageError("--incremental records whole ledgers: it cannot be combined with --start-time/--end-time")
     if arguments.incremental and arguments.overwrite:
         raise UsageError("--overwrite replaces what --incremental keeps; use one or the other")
+    if arguments.compacted and (arguments.incremental or arguments.from_ledger is not None
+                                or selection.start_time_ms is not None or selection.end_time_ms is not None):
+        raise UsageError("--compacted exports the compacted view whole: it cannot be combined with --incremental, "
+                         "--from-ledger, --start-time or --end-time")
     arguments.selection = selection
 
 
@@ -443,7 +450,7 @@ def read_plan(arguments: argparse.Namespace) -> list:
 
     try:
         with ClusterMetadata(arguments.zk, arguments.root) as cluster:
-            chains = cluster.topic_ledgers(arguments.topic)
+            chains = cluster.chains(arguments.topic, arguments.compacted)
             splits = plan_splits(chains, arguments.selection, arguments.split_bytes or SPLIT_BYTES_DEFAULT)
             cluster.check_ledgers(splits, arguments.password.encode())
     except LedgerDeletedError as error:
@@ -480,7 +487,9 @@ def run_export(spark: Any, arguments: argparse.Namespace) -> dict:
         result["readable"] = any(manifest.get("messages", 1) for manifest in runs)
         splits = plan_splits(chains, selection, split_bytes)
         if not splits:
-            print(f"nothing to export: topic {arguments.topic} has no {'new ' if arguments.incremental else ''}closed ledgers")
+            what = "compacted view (compact it first: quire topic compact)" if arguments.compacted else \
+                f"{'new ' if arguments.incremental else ''}closed ledgers"
+            print(f"nothing to export: topic {arguments.topic} has no {what}")
             return result
         ledgers = {}
         for split in splits:
@@ -530,7 +539,8 @@ def write(spark: Any, arguments: argparse.Namespace, selection: Any, split_bytes
     reader = (spark.read.format(NAME).option("zk", arguments.zk).option("root", arguments.root)
               .option("topic", arguments.topic).option("password", arguments.password)
               .option("split_bytes", str(split_bytes))
-              .option("ledgers", ",".join(map(str, ledger_ids))))
+              .option("ledgers", ",".join(map(str, ledger_ids)))
+              .option("compacted", "true" if arguments.compacted else "false"))
     # Spark redacts options named like a token in its plans and UI.
     for name, value in executor_credentials(arguments).items():
         reader = reader.option(name, value)
@@ -556,7 +566,7 @@ def diagnose(error: BaseException, arguments: argparse.Namespace, ledger_ids: li
 
     try:
         with ClusterMetadata(arguments.zk, arguments.root) as cluster:
-            present = {info.ledger_id for chain in cluster.topic_ledgers(arguments.topic) for info in chain.ledgers}
+            present = {info.ledger_id for chain in cluster.chains(arguments.topic, arguments.compacted) for info in chain.ledgers}
             gone = sorted(set(ledger_ids) - present | set(cluster.missing_ledgers(ledger_ids)))
     except (MetadataError, ValueError):
         gone = []

@@ -420,3 +420,37 @@ def test_a_failed_job_is_one_line_with_its_root_cause():
                             '  File "x.py", line 6, in read\n    raise NotEnoughBookiesError(...)\n'
                             "ledger_client.errors.EntryReadError: entry 5 of ledger 12: no bookie answered\n")
     assert root_cause(error) == "EntryReadError: entry 5 of ledger 12: no bookie answered"
+
+
+async def test_the_compacted_view_exports_the_latest_message_of_each_key(shared_cluster, spark, tmp_path):
+    topic = "export-compacted"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, partitions=2)
+        producer = await client.create_producer(topic, batching=True)
+        sent = {}
+        for round_ in range(5):
+            for index in range(8):
+                sent[f"key-{index}"] = (await producer.send_async(f"{round_}-{index}".encode(), key=f"key-{index}"),
+                                        f"{round_}-{index}".encode())
+        latest = {}
+        for key, (future, payload) in sent.items():
+            result = await future.wait()
+            latest[key] = (result.message_id.partition, result.offset, payload)
+        await producer.send(b"", key="key-0")  # a tombstone
+        del latest["key-0"]
+        await producer.send(b"keyless")
+        arguments = export_arguments(shared_cluster, topic, tmp_path / "none", "--compacted")
+        assert run_export(spark, arguments)["messages"] == 0  # never compacted: nothing
+        await client.compact(topic)
+        deadline = time.monotonic() + 60
+        while any(status["status"] != "SUCCESS" for status in (await client.compaction_status(topic)).values()):
+            assert time.monotonic() < deadline, await client.compaction_status(topic)
+            await trio.sleep(0.1)
+    out = tmp_path / "view"
+    result = run_export(spark, export_arguments(shared_cluster, topic, out, "--compacted"))
+    rows = spark.read.parquet(str(out)).collect()
+    assert result["messages"] == len(rows) == 7
+    assert {row.key: (row.partition, row.offset, bytes(row.payload)) for row in rows} == latest
+    from_source = source(spark, shared_cluster, topic, compacted="true").collect()
+    assert sorted((row.key, row.ledger_id, row.entry_id, row.batch_index) for row in from_source) == \
+        sorted((row.key, row.ledger_id, row.entry_id, row.batch_index) for row in rows)
