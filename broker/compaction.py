@@ -32,7 +32,7 @@ from broker.compaction_core import (
 from broker.entry_types import MalformedEntryError
 from broker.errors import BrokerError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
-from broker.message_format import decode_entry, null_values
+from broker.message_format import compacted_out, decode_entry, null_values
 from broker.topic_records import TopicPolicies
 from broker.topic_store import TopicStore
 from coordination.store import BadVersionError, MetadataError, NodeExistsError
@@ -275,7 +275,8 @@ class Compactor:
             kept = core.keep(first_offset, count)
             if not kept:
                 continue
-            compacted = CompactedEntry(ledger_id, entry_id, first_offset, count, kept, bytes(data))
+            # The messages left out lose their payloads (Pulsar's compacted_out).
+            compacted = CompactedEntry(ledger_id, entry_id, first_offset, count, kept, compacted_out(data, kept))
             packed = compacted.to_bytes()
             pending.append(await writer.submit_add(packed))
             core.copied_entry(compacted, len(packed))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker import legacy_entry
-from broker.codecs import Codec
+from broker.codecs import Codec, compress
 from broker.entry_types import BODY_BYTES_MAX, BatchHeader, BodyColumns, MalformedEntryError, MessageRecord
 from broker.errors import ChecksumMismatchError, MalformedBatchError, NotAllowedError
 from broker.pulsar.pulsar_api_pb2 import BrokerEntryMetadata, MessageKey, MessageMetadata, SingleMessageMetadata
@@ -304,6 +304,39 @@ def null_values(header: BatchHeader, body: bytes | memoryview) -> list[bool]:
         raise MalformedEntryError(f"entry body: {error}") from None
 
 
+def compacted_out(data: bytes | memoryview, kept: tuple[int, ...]) -> bytes:
+    """The entry as a compacted view stores it: the messages of a batch not
+    in `kept` (batch indexes) are marked compacted out (Pulsar's
+    `compacted_out`) and lose their payloads; each message keeps its batch
+    index, and so its message id and offset. Raises MalformedEntryError."""
+    header, body = decode_entry(data)
+    if header.legacy or not header.batched or len(kept) == header.message_count:
+        return bytes(data)
+    message = _message(body, header)
+    keep = set(kept)
+    parts = []
+    try:
+        raw = uncompressed_payload(message, BODY_BYTES_MAX)
+        for index, (single, start, end) in enumerate(walk_batch(raw, header.message_count)):
+            payload = raw[start:end]
+            if index not in keep:
+                single.compacted_out = True
+                single.payload_size = 0
+                single.ClearField("null_value")
+                payload = b""
+            packed = single.SerializeToString()
+            parts += (SIZE_PREFIX.pack(len(packed)), packed, payload)
+    except MalformedMessageError as error:
+        raise MalformedEntryError(f"entry body: {error}") from None
+    rebuilt = b"".join(parts)
+    metadata = MessageMetadata()
+    metadata.CopyFrom(message.metadata)
+    codec = codec_of(metadata)
+    if codec is not Codec.NONE:
+        metadata.uncompressed_size = len(rebuilt)
+    return bytes(data[:header.message_start]) + frame_message(metadata, compress(codec, rebuilt))
+
+
 def decode_body(header: BatchHeader, body: bytes | memoryview) -> list[MessageRecord]:
     return [MessageRecord(*item) for item in body_items(header, body)]
 
@@ -378,6 +411,7 @@ __all__ = [
     "MalformedEntryError",
     "MessageRecord",
     "body_columns",
+    "compacted_out",
     "null_values",
     "body_items",
     "check_batch",

@@ -20,6 +20,7 @@ BENCHMARKS = {
     "soak": "hostile frames, kill -9 cycles and a long stream of small messages: processes stay up and bounded",
     "delayed_delivery": "1,000,000 delayed messages spread over 10 minutes: how late they come, and the broker's memory",
     "rest_admin": "the REST admin API's topic stats over 1,000 topics, one by one, concurrently, and as one partitioned topic",
+    "compaction": "compaction of 1,000,000 messages over 10,000 keys, and reading the view against reading the whole topic",
 }
 
 

@@ -80,6 +80,23 @@ def test_null_values_are_found_in_single_messages_and_batches_of_every_codec():
         assert null_values(*decode_entry(alone)) == [False]
 
 
+def test_messages_compacted_out_lose_their_payloads_and_keep_their_indexes():
+    from broker.message_format import body_items, compacted_out
+
+    for codec in (Codec.NONE, Codec.ZLIB):
+        messages = [OutMessage(index, b"payload-%d" % index * 50, key=f"k{index}") for index in range(6)]
+        entry = entry_of("p", 10, 1, messages, codec)
+        trimmed = compacted_out(entry, (1, 4))
+        assert len(trimmed) < len(entry) / 2 or codec is not Codec.NONE
+        header, body = decode_entry(trimmed)
+        assert header.first_offset == 10 and header.message_count == 6 and header.keys == tuple(f"k{i}" for i in range(6))
+        payloads = [item[3] for item in body_items(header, body)]
+        assert payloads == [b"", messages[1].payload, b"", b"", messages[4].payload, b""]
+        assert compacted_out(entry, tuple(range(6))) == entry
+    single = entry_of("p", 0, 1, [OutMessage(0, b"alone", key="a")])
+    assert compacted_out(single, (0,)) == single
+
+
 def _run_to_copy(core: CompactionCore) -> None:
     assert core.start() == [Scan(None, 0, 9)]
     core.scan.message(0, "a", False)
