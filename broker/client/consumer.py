@@ -268,6 +268,11 @@ class PartitionConsumer:
         if self._given_since_flow >= self.options.receiver_queue_size // 2:
             self._send(Flow(self.handle, self._given_since_flow))
             self._given_since_flow = 0
+            if not self.options.durable and self._last_offset_given is not None:
+                # A reader acknowledges what it was given, cumulatively, as
+                # Pulsar's readers do: the broker would otherwise hold every
+                # message out to it as unacknowledged, and stop at its bound.
+                self._take_cumulative(self._last_offset_given)
 
     def _send(self, message) -> None:
         connection = self._connection
@@ -291,6 +296,9 @@ class PartitionConsumer:
 
     def acknowledge_cumulative(self, offset: int) -> Awaitable[None]:
         """Taken when called; the awaitable returns once it is durable."""
+        return self._acknowledged(self._take_cumulative(offset))
+
+    def _take_cumulative(self, offset: int) -> _AckGroup:
         for tracked in [tracked for tracked in self._unacked_deadlines if tracked <= offset]:
             del self._unacked_deadlines[tracked]
         for tracked in [tracked for tracked in self._last_deliveries if tracked <= offset]:
@@ -299,7 +307,7 @@ class PartitionConsumer:
         group = _AckGroup(True)
         group.offsets.append(offset)
         self._services.spawn(self._send_acks, group)
-        return self._acknowledged(group)
+        return group
 
     @staticmethod
     async def _acknowledged(group: _AckGroup) -> None:

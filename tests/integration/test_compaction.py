@@ -15,7 +15,9 @@ import requests
 import trio
 
 from broker.client import Client
-from tests.integration.broker_processes import shared_cluster  # noqa: F401 (a fixture)
+from ledger_client import BookKeeper
+from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
+from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401
 from tests.integration.test_pulsar_clients import full, in_thread, pulsar_client
 from tests.integration.test_web_admin import quire
 
@@ -170,3 +172,76 @@ async def test_the_command_line_compacts_a_partitioned_topic_and_consumes_its_vi
         "--idle-timeout", "2s")
     lines = [json.loads(line) for line in output.splitlines()]
     assert sorted((line["key"], line["data"]) for line in lines) == [(f"key-{index}", "2") for index in range(6)]
+
+
+async def test_a_broker_killed_while_compacting_leaves_a_whole_view_and_nothing_behind(zk_hosts, zk_root, bookies, brokers):
+    """The owner is killed right after it starts compacting: the next owner
+    serves the previous view (or the new one, if the switch was written),
+    compacts again, and the ledgers the stopped compaction wrote are gone."""
+    for _ in range(3):
+        await bookies.started()
+    first = await brokers.started()
+    second = await brokers.started()
+    topic = "compacted-kill"
+    async with Client.connect(zk_hosts, zk_root) as client:
+        await client.create_topic(topic)
+        producer = await client.create_producer(topic, batching=True)
+
+        async def publish(rounds: int, keys: int) -> None:
+            futures = [await producer.send_async(f"{round_}".encode(), key=f"key-{index}")
+                       for round_ in range(rounds) for index in range(keys)]
+            for future in futures:
+                await future.wait()
+
+        await publish(2, 100)
+        await client.compact(topic)  # a first view, at once
+        with trio.fail_after(COMPACTION_WAIT_S):
+            while (await client.compaction_status(topic))[topic]["status"] != "SUCCESS":
+                await trio.sleep(0.1)
+        await publish(200, 500)  # 100,000 more: the next compaction takes a while
+        owner_address = await client.lookup(topic)
+        owner = first if first.address == owner_address else second
+        await client.compact(topic)
+        owner.kill()
+        await producer.close()
+    latest = {f"key-{index}": b"199" for index in range(500)}
+    async with Client.connect(zk_hosts, zk_root) as client:
+        # The first view and every message after it, or the second view
+        # alone (100,000 messages through a reader: it acknowledges as it
+        # goes, or the broker would stop at its unacknowledged bound).
+        read, view = await _read_compacted(client, topic)
+        assert view == latest and read in (100 + 100_000, 500), f"{read} messages read compacted"
+        await client.compact(topic)
+        with trio.fail_after(COMPACTION_WAIT_S):
+            while (status := (await client.compaction_status(topic))[topic])["running"]:
+                await trio.sleep(0.1)
+        assert status["status"] == "SUCCESS", status
+        assert await _read_compacted(client, topic) == (500, latest)
+    async with BookKeeper.connect(zk_hosts, zk_root) as bookkeeper:
+        compaction_ledgers = []
+        for ledger_id in await bookkeeper.list_ledgers():
+            metadata = await bookkeeper.ledger_metadata(ledger_id)
+            if metadata.custom_metadata.get("compaction") == b"1":
+                compaction_ledgers.append(metadata)
+    in_use = [metadata for metadata in compaction_ledgers if metadata.ledger_id == status["ledger_id"]]
+    left = [metadata for metadata in compaction_ledgers if metadata.ledger_id != status["ledger_id"]]
+    assert len(in_use) == 1
+    # Only a ledger created by the killed broker before it could record it
+    # may be left (nothing was written to it).
+    assert len(left) <= 1 and all(metadata.last_entry_id == -1 for metadata in left), left
+
+
+async def _read_compacted(client: Client, topic: str) -> tuple[int, dict[str, bytes]]:
+    """How many messages a read-compacted reader gets, and the latest value of each key."""
+    reader = await client.create_reader(topic, read_compacted=True)
+    latest: dict[str, bytes] = {}
+    read = 0
+    while True:
+        with trio.move_on_after(5):
+            message = await reader.receive()
+            latest[message.key] = message.data
+            read += 1
+            continue
+        break
+    await reader.close()
+    return read, latest
