@@ -36,6 +36,8 @@ class BatchHeader:
     message_start: int = -1
     batched: bool = True
     deliver_at_ms: int = 0  # Pulsar's deliver_at_time (0: none)
+    partial_chunk: bool = False  # a chunk of a chunked message other than its last
+    chunked: bool = False  # a chunk of a chunked message (its payload a slice of the message's)
 
     @property
     def last_offset(self) -> int:

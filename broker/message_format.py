@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from google.protobuf.message import DecodeError
 
 from broker import legacy_entry
-from broker.codecs import Codec, compress
+from broker.codecs import Codec, CodecError, compress, decompress
 from broker.entry_types import BODY_BYTES_MAX, BatchHeader, BodyColumns, MalformedEntryError, MessageRecord
 from broker.errors import ChecksumMismatchError, MalformedBatchError, NotAllowedError
 from broker.pulsar.pulsar_api_pb2 import BrokerEntryMetadata, MessageKey, MessageMetadata, SingleMessageMetadata
@@ -50,6 +50,7 @@ from broker.pulsar_message import (
 ENTRY_MAGIC = 0x0E02
 _PREFIX = struct.Struct(">HI")  # magic, broker entry metadata size
 BROKER_METADATA_BYTES_MAX = 8 * 1024 * 1024  # its keys: at most one per message of a batch
+CHUNKS_MAX = 100_000  # chunks of one chunked message (Pulsar sets none; 100,000 chunks of 5 MiB: 500 GB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class CheckedBatch:
     keys: tuple[str | None, ...] | None  # one per message, or None when no message has a key
     batched: bool
     store_keys: bool  # the keys are not all the MessageMetadata's: the entry stores them
+    partial_chunk: bool = False  # a chunk of a chunked message other than its last (not deduplicated)
 
 
 def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, message_count: int,
@@ -67,8 +69,9 @@ def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, mess
     """Whether a producer's message (Pulsar's layout) can be stored as it
     is: its checksum matches, its metadata decodes and names this producer,
     the first sequence id and the count its sender declared, a codec known
-    here and nothing quire does not do (encryption, chunks, transactions,
-    markers); its payload decompresses to exactly the size declared (within
+    here and nothing quire does not do (encryption, transactions,
+    markers), and a chunk of a chunked message that names its message and
+    its place in it; its payload decompresses to exactly the size declared (within
     BODY_BYTES_MAX) and, for a batch, holds exactly its messages, whose
     sequence ids (where given) rise from the first to at most the last,
     the metadata's own (its highest, or the first plus the count); keys and
@@ -82,6 +85,7 @@ def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, mess
         raise MalformedBatchError(f"malformed batch: {error}") from None
     metadata = message.metadata
     _refuse_what_quire_does_not_do(metadata)
+    _check_chunk(metadata, message.batched)
     if metadata.producer_name != producer_id:
         raise MalformedBatchError(f"malformed batch: written by producer {metadata.producer_name!r:.80}, "
                                   f"sent by {producer_id!r:.80}")
@@ -102,14 +106,16 @@ def check_batch(body: bytes, first_sequence_id: int, last_sequence_id: int, mess
         raise MalformedBatchError(f"malformed batch: its last sequence id is {stored_last}, its sender says {last_sequence_id}")
     try:
         codec = codec_of(metadata)
-        raw = uncompressed_payload(message, BODY_BYTES_MAX)
+        # A chunk holds a slice of its message's compressed payload: the
+        # consumer decompresses the message once it has every chunk.
+        raw = b"" if _chunked(metadata) else uncompressed_payload(message, BODY_BYTES_MAX)
     except MalformedMessageError as error:
         raise MalformedBatchError(f"malformed batch: {error}") from None
     batch_key = metadata.partition_key if metadata.HasField("partition_key") else None
     if not _text(metadata):
         raise MalformedBatchError("malformed batch: its key or properties are not UTF-8")
     if not message.batched:
-        return CheckedBatch(codec, None if batch_key is None else (batch_key,), False, False)
+        return CheckedBatch(codec, None if batch_key is None else (batch_key,), False, False, _partial_chunk(metadata))
     previous = first_sequence_id - 1
     keys = []
     try:
@@ -159,11 +165,37 @@ def _text(metadata: MessageMetadata | SingleMessageMetadata) -> bool:
     return all(type(pair.key) is str and type(pair.value) is str for pair in metadata.properties)
 
 
+def _chunked(metadata: MessageMetadata) -> bool:
+    """A chunk of a chunked message (a message of one chunk that names no
+    chunked message is a message: Pulsar's clients write so with chunking
+    on and a message that fits)."""
+    return metadata.HasField("chunk_id") or metadata.HasField("uuid") or metadata.num_chunks_from_msg > 1
+
+
+def _partial_chunk(metadata: MessageMetadata) -> bool:
+    """A chunk of a chunked message other than its last."""
+    return _chunked(metadata) and metadata.chunk_id < metadata.num_chunks_from_msg - 1
+
+
+def _check_chunk(metadata: MessageMetadata, batched: bool) -> None:
+    """A chunk (Pulsar's chunking: one message's payload cut into several
+    messages of one sequence id) names its message and its place in it."""
+    if not _chunked(metadata):
+        return
+    if batched:
+        raise MalformedBatchError("malformed batch: a chunk of a chunked message cannot be in a batch")
+    if not metadata.uuid or type(metadata.uuid) is not str:
+        raise MalformedBatchError("malformed batch: a chunk names no chunked message (its uuid)")
+    chunks, chunk_id = metadata.num_chunks_from_msg, metadata.chunk_id
+    if not 1 <= chunks <= CHUNKS_MAX or not 0 <= chunk_id < chunks:
+        raise MalformedBatchError(f"malformed batch: chunk {chunk_id} of {chunks} (at most {CHUNKS_MAX} chunks)")
+    if metadata.total_chunk_msg_size < 0:
+        raise MalformedBatchError("malformed batch: a chunked message of a negative size")
+
+
 def _refuse_what_quire_does_not_do(metadata: MessageMetadata) -> None:
     if metadata.encryption_keys or metadata.HasField("encryption_algo"):
         raise NotAllowedError("encrypted messages are not supported by quire brokers")
-    if metadata.num_chunks_from_msg > 1 or metadata.HasField("chunk_id"):
-        raise NotAllowedError("chunked messages are not supported by quire brokers (send messages of at most 5 MiB unchunked)")
     if metadata.txnid_most_bits or metadata.txnid_least_bits:
         raise NotAllowedError("transactions are not supported by quire brokers")
     if metadata.HasField("marker_type"):
@@ -225,7 +257,7 @@ def decode_entry(data: bytes | memoryview) -> tuple[BatchHeader, memoryview]:
         raise MalformedEntryError("entry names its producer or keys in bytes that are not UTF-8")
     header = BatchHeader(metadata.producer_name, metadata.sequence_id, _last_sequence_id(metadata, count),
                          broker_metadata.index - count + 1, count, broker_metadata.broker_timestamp, codec, keys, start,
-                         message.batched, metadata.deliver_at_time)
+                         message.batched, metadata.deliver_at_time, _partial_chunk(metadata), _chunked(metadata))
     return header, view[start:]
 
 
@@ -284,6 +316,50 @@ def _batch_items(raw: bytes, count: int, first_sequence_id: int, publish_ms: int
     if position != end:
         raise MalformedMessageError(f"{end - position} bytes follow the batch's last message")
     return items
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One chunk of a chunked message, as a consumer puts them together."""
+
+    uuid: str  # the chunked message's, with its producer's name
+    chunk_id: int
+    chunks: int
+    total_bytes: int  # the chunked message's payload, as sent (compressed)
+    payload: bytes  # this chunk's slice of it
+
+
+def chunk_of(header: BatchHeader, body: bytes | memoryview) -> Chunk | None:
+    """The chunk an entry holds (None: the entry is not a chunk)."""
+    if not header.chunked:
+        return None
+    message = _message(body, header)
+    metadata = message.metadata
+    return Chunk(f"{metadata.producer_name}/{metadata.uuid}", metadata.chunk_id, metadata.num_chunks_from_msg,
+                 metadata.total_chunk_msg_size, bytes(message.payload))
+
+
+def chunked_message(header: BatchHeader, body: bytes | memoryview, payloads: list[bytes],
+                    bytes_max: int = BODY_BYTES_MAX) -> tuple[int, int, dict[str, str], bytes, int]:
+    """The message of a chunked message's chunks (`header` and `body`: its
+    last chunk's entry; `payloads`: every chunk's, in order), as
+    `body_items` gives a message: its payload put together and
+    decompressed (at most `bytes_max`)."""
+    message = _message(body, header)
+    metadata = message.metadata
+    payload = b"".join(payloads)
+    if len(payload) != metadata.total_chunk_msg_size:
+        raise MalformedEntryError(f"chunked message of {metadata.total_chunk_msg_size} bytes: its chunks hold {len(payload)}")
+    codec = codec_of(metadata)
+    try:
+        if codec is not Codec.NONE:
+            size = metadata.uncompressed_size
+            if size > bytes_max:
+                raise MalformedMessageError(f"chunked message of {size} bytes uncompressed, past {bytes_max}")
+            payload = decompress(codec, payload, size)
+    except (MalformedMessageError, CodecError) as error:
+        raise MalformedEntryError(f"chunked message: {error}") from None
+    return (metadata.sequence_id, metadata.publish_time, properties_of(metadata.properties), payload, metadata.event_time)
 
 
 def null_values(header: BatchHeader, body: bytes | memoryview) -> list[bool]:
@@ -410,7 +486,10 @@ __all__ = [
     "Codec",
     "MalformedEntryError",
     "MessageRecord",
+    "Chunk",
     "body_columns",
+    "chunk_of",
+    "chunked_message",
     "compacted_out",
     "null_values",
     "body_items",

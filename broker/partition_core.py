@@ -270,13 +270,16 @@ class PartitionCore:
         return [WriteSnapshot(snapshot)]
 
     @_event
-    def entries_read(self, entries: list[tuple[Position, str, int]]) -> list[Command]:
+    def entries_read(self, entries: list[tuple[Position, str, int | None]]) -> list[Command]:
         """Entries read in order from the position asked for: (position,
-        producer id, last sequence id) of each."""
+        producer id, last sequence id) of each; the sequence id is None for
+        a chunk other than its message's last, which deduplication does not
+        count (the message is persisted with its last chunk)."""
         if not entries:
             return self.failed("the replay read no entry where the managed ledger has one")
         for position, producer_id, last_sequence_id in entries:
-            self.publishing.replayed(producer_id, last_sequence_id)
+            if last_sequence_id is not None:
+                self.publishing.replayed(producer_id, last_sequence_id)
             self._last_replayed = position
         last = self._last_replayed
         assert last is not None

@@ -205,15 +205,19 @@ class PublishCore(Generic[Link]):
         return last_sequence_id
 
     def judge(self, producer_id: str, first_sequence_id: int, last_sequence_id: int, *,
-              stored_bytes: int, backlog_quota_bytes: int | None) -> Judgement:
-        """What a batch taken from `producer_id` gets, right before it would be appended."""
+              stored_bytes: int, backlog_quota_bytes: int | None, partial_chunk: bool = False) -> Judgement:
+        """What a batch taken from `producer_id` gets, right before it would
+        be appended. `partial_chunk`: a chunk of a chunked message other
+        than its last, which shares its message's sequence id: taken without
+        deduplication, as Pulsar does (the message is judged by its last
+        chunk, and a consumer drops a chunk it holds already)."""
         if self.stopped is not None:
             return Judgement(BrokerStatus.TOPIC_FENCED, f"partition {self.name} is being unloaded")
         if backlog_quota_bytes is not None and stored_bytes >= backlog_quota_bytes:
             return Judgement(BrokerStatus.PARTITION_OVERFLOW,
                              f"partition overflow: {self.name} has a backlog of {stored_bytes} bytes, its backlog quota is "
                              f"{backlog_quota_bytes} (acknowledge messages, or raise the quota)")
-        if not self.deduplication:
+        if not self.deduplication or partial_chunk:
             return TAKE
         sequence_id = self.judged_sequence_id(first_sequence_id, last_sequence_id)
         verdict = self.dedup.check(producer_id, sequence_id)

@@ -274,6 +274,36 @@ def build_batch(producer_name: str, publish_time_ms: int, messages: Sequence[Out
     return frame_message(metadata, compress(codec, raw))
 
 
+def build_chunks(producer_name: str, publish_time_ms: int, message: OutMessage, codec: Codec, chunk_bytes: int,
+                 uuid: str) -> list[bytes]:
+    """A message too large for one send, as Pulsar's producers cut it with
+    chunking on: its payload compressed whole, then cut into chunks of at
+    most `chunk_bytes`, each a message of its own with the message's
+    metadata, its sequence id, and its place (`uuid`, `chunk_id`,
+    `num_chunks_from_msg`, `total_chunk_msg_size`)."""
+    if chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    metadata = MessageMetadata(producer_name=producer_name, sequence_id=message.sequence_id, publish_time=publish_time_ms)
+    if message.key is not None:
+        metadata.partition_key = message.key
+    metadata.properties.extend(_properties(message.properties))
+    if message.event_time_ms:
+        metadata.event_time = message.event_time_ms
+    payload = compress(codec, message.payload)
+    if codec is not Codec.NONE:
+        metadata.compression = codec.wire_number
+        metadata.uncompressed_size = len(message.payload)
+    count = max(1, -(-len(payload) // chunk_bytes))
+    metadata.uuid = uuid
+    metadata.num_chunks_from_msg = count
+    metadata.total_chunk_msg_size = len(payload)
+    chunks = []
+    for chunk_id in range(count):
+        metadata.chunk_id = chunk_id
+        chunks.append(frame_message(metadata, payload[chunk_id * chunk_bytes:(chunk_id + 1) * chunk_bytes]))
+    return chunks
+
+
 def properties_of(pairs: Iterable[KeyValue]) -> dict[str, str]:
     return {pair.key: pair.value for pair in pairs}
 
@@ -284,6 +314,7 @@ __all__ = [
     "METADATA_BYTES_MAX",
     "SIZE_PREFIX",
     "MalformedMessageError",
+    "build_chunks",
     "OutMessage",
     "ParsedMessage",
     "SingleMessage",

@@ -182,7 +182,9 @@ class PartitionService:
             return core.snapshot_written(snapshot, version)
         if isinstance(command, partition_core.ReadEntries):
             entries = await self.managed_ledger.read(command.position, command.count)
-            return core.entries_read([(entry.position, entry.header.producer_id, entry.header.last_sequence_id) for entry in entries])
+            return core.entries_read([(entry.position, entry.header.producer_id,
+                                       None if entry.header.partial_chunk else entry.header.last_sequence_id)
+                                      for entry in entries])
         if isinstance(command, partition_core.OpenLedger):
             await self.managed_ledger.open()
             return core.ledger_opened()
@@ -460,15 +462,14 @@ class PartitionService:
         link, send = batch.link, batch.send
         producer_id, first_sequence_id, last_sequence_id = link.producer_id, send.first_sequence_id, send.last_sequence_id
         publishing = self.publishing
+        checked = batch.checked
+        assert checked is not None, "a batch is checked before it is queued"
         judgement = publishing.judge(producer_id, first_sequence_id, last_sequence_id,
                                      stored_bytes=self.backlog_bytes() if self.policies.backlog_quota_bytes is not None else 0,
-                                     backlog_quota_bytes=self.policies.backlog_quota_bytes)
+                                     backlog_quota_bytes=self.policies.backlog_quota_bytes, partial_chunk=checked.partial_chunk)
         if judgement.status is not BrokerStatus.OK:
             batch.answer(judgement.status, judgement.detail)
             return False
-
-        checked = batch.checked
-        assert checked is not None, "a batch is checked before it is queued"
 
         def make_entry(first_offset: int, publish_ms: int) -> bytes:
             header = BatchHeader(producer_id, first_sequence_id, last_sequence_id, first_offset, send.message_count,

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Awaitable
@@ -33,7 +34,8 @@ from broker.client.client_services import ClientServices
 from broker.client.connection import BrokerConnection
 from broker.client.messages import Message, MessageId
 from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
-from broker.message_format import MalformedEntryError, body_items, decode_entry
+from broker.client.chunks import ChunkAssembler
+from broker.message_format import MalformedEntryError, body_items, chunk_of, chunked_message, decode_entry
 from broker.topic_names import pulsar_name
 from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
 
@@ -121,6 +123,9 @@ class PartitionConsumer:
         # Given to the application as often as the dead-letter policy allows:
         # at their next redelivery they go to the dead-letter topic (offset -> message).
         self._last_deliveries: dict[int, Message] = {}
+        self._chunks = ChunkAssembler()
+        # Chunked messages given and not acknowledged: last offset -> the offsets of their other chunks.
+        self._chunk_offsets_of: dict[int, tuple[int, ...]] = {}
         self._cancel_scope = trio.CancelScope()
 
     # --- lifetime --------------------------------------------------------------------------
@@ -169,6 +174,7 @@ class PartitionConsumer:
         self._generation += 1
         # What was queued from the last connection is delivered again by the broker.
         self.consumer._drop_queued(self)
+        self._chunks.clear()
         self._unacked_deadlines.clear()
         self._given_since_flow = 0
         self._lost = trio.Event()
@@ -202,6 +208,9 @@ class PartitionConsumer:
     def _on_message(self, delivery: MessageDelivery) -> None:
         try:
             header, body = decode_entry(delivery.entry)
+            if header.chunked:
+                self._on_chunk(delivery, header, body)
+                return
             items = body_items(header, body)
         except MalformedEntryError as error:
             # A batch no consumer can read (a producer's bug): acknowledged
@@ -239,6 +248,42 @@ class PartitionConsumer:
         if dropped:
             self._permits_used(dropped)
 
+    def _on_chunk(self, delivery: MessageDelivery, header, body) -> None:
+        """A chunk of a chunked message: held until its message's last
+        chunk, then the whole message is given (raises MalformedEntryError)."""
+        offset = header.first_offset
+        if offset in self._acks_pending or (self._cumulative_pending and offset <= max(self._cumulative_pending)):
+            self._permits_used(1)  # redelivered, and acknowledged already
+            return
+        chunk = chunk_of(header, body)
+        assert chunk is not None
+        now_ms = int(time.time() * 1000)
+        expired = self._chunks.expire(now_ms)
+        if expired:
+            log.warning("consumer of %s on %s: a chunked message got no chunk for %d s: its %d chunks dropped",
+                        self.subscription, self.partition, self._chunks.expiry_ms // 1000, len(expired))
+            self._acknowledge_quietly(expired)
+        assembled = self._chunks.add(chunk, offset, header.publish_time_ms, now_ms)
+        if assembled.acknowledge:
+            self._acknowledge_quietly(assembled.acknowledge)
+        if assembled.redeliver:
+            self._services.spawn(self._redeliver_later, list(assembled.redeliver), self.options.negative_ack_delay_ms / 1000.0)
+        if assembled.payloads is None:
+            self._permits_used(1)  # held: the application gets it with the message
+            return
+        sequence_id, publish_ms, properties, payload, event_time_ms = chunked_message(header, body, assembled.payloads)
+        message = Message(self.topic, self.partition, MessageId(delivery.ledger_id, delivery.entry_id, 0, self.partition_index),
+                          offset, payload, None if header.keys is None else header.keys[0], properties, publish_ms,
+                          header.producer_id, sequence_id, header.codec.value, delivery.redelivery_count, event_time_ms,
+                          assembled.offsets[:-1])
+        self.consumer._enqueue(self, self._generation, [message])
+
+    def _acknowledge_quietly(self, offsets) -> None:
+        """Acknowledge chunks nobody will be given (whether it took is not awaited)."""
+        group = _AckGroup(False)
+        group.offsets.extend(offsets)
+        self._services.spawn(self._send_acks, group)
+
     def _discard(self, delivery: MessageDelivery) -> None:
         try:
             header, _ = decode_entry(delivery.entry)
@@ -254,6 +299,8 @@ class PartitionConsumer:
         """The application took a message: track its ack timeout, and give
         permits back once half the queue was taken."""
         self._last_offset_given = message.offset
+        if message.chunk_offsets:
+            self._chunk_offsets_of[message.offset] = message.chunk_offsets
         dead_letter = self.options.dead_letter
         if dead_letter is not None and message.redelivery_count >= dead_letter.max_redeliver_count:
             self._last_deliveries[message.offset] = message
@@ -288,9 +335,11 @@ class PartitionConsumer:
         """Taken when called; the awaitable returns once it is durable."""
         self._unacked_deadlines.pop(offset, None)
         self._last_deliveries.pop(offset, None)
-        self._acks_pending[offset] += 1
+        offsets = (offset, *self._chunk_offsets_of.pop(offset, ()))
         group = self._acks
-        group.offsets.append(offset)
+        for each in offsets:
+            self._acks_pending[each] += 1
+            group.offsets.append(each)
         self._ack_wakeup.set()
         return self._acknowledged(group)
 
@@ -303,6 +352,8 @@ class PartitionConsumer:
             del self._unacked_deadlines[tracked]
         for tracked in [tracked for tracked in self._last_deliveries if tracked <= offset]:
             del self._last_deliveries[tracked]
+        for tracked in [tracked for tracked in self._chunk_offsets_of if tracked <= offset]:
+            del self._chunk_offsets_of[tracked]
         self._cumulative_pending[offset] += 1
         group = _AckGroup(True)
         group.offsets.append(offset)
@@ -368,6 +419,7 @@ class PartitionConsumer:
     def _redeliver(self, offsets: list[int]) -> None:
         """Ask for these again, except those the dead-letter policy sends to
         its topic instead."""
+        offsets = [each for offset in offsets for each in (offset, *self._chunk_offsets_of.pop(offset, ()))]
         dead = [self._last_deliveries.pop(offset) for offset in offsets if offset in self._last_deliveries]
         if dead:
             self._services.spawn(self._dead_letter, dead)

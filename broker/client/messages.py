@@ -62,6 +62,9 @@ class Message:
     codec: str = "none"
     redelivery_count: int = 0
     event_time_ms: int = 0  # when the event happened, as its producer said (0: not said)
+    # A chunked message: the offsets of its chunks before the last (its own
+    # id and offset are the last chunk's); acknowledging it acknowledges them.
+    chunk_offsets: tuple[int, ...] = ()
 
     @property
     def payload(self) -> bytes:

@@ -229,8 +229,8 @@ def bad_batches(next_id: int) -> list[tuple[str, tuple[int, int, int, bytes], Br
          "encrypted messages are not supported by quire brokers"),
         ("a message of a transaction", (n, last, 10, frame_message(changed(metadata, txnid_most_bits=1, txnid_least_bits=7), raw)),
          BrokerStatus.NOT_ALLOWED, "transactions are not supported by quire brokers"),
-        ("a chunk of a message", (n, last, 10, frame_message(changed(metadata, num_chunks_from_msg=2, chunk_id=0), raw)),
-         BrokerStatus.NOT_ALLOWED, "chunked messages are not supported by quire brokers"),
+        ("a batch that says it is a chunk", (n, last, 10, frame_message(changed(metadata, num_chunks_from_msg=2, chunk_id=0), raw)),
+         bad, "a chunk of a chunked message cannot be in a batch"),
         ("a marker", (n, last, 10, frame_message(changed(metadata, marker_type=1), raw)), BrokerStatus.NOT_ALLOWED,
          "marker messages are not supported by quire brokers"),
     ]

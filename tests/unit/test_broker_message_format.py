@@ -270,8 +270,6 @@ def test_a_checksum_that_does_not_match_is_refused(codec):
     [
         ({"encryption_keys": [EncryptionKeys(key="consumer-a", value=b"secret")]}, "encrypted messages are not supported"),
         ({"encryption_algo": "RSA"}, "encrypted messages are not supported"),
-        ({"num_chunks_from_msg": 3, "total_chunk_msg_size": 100, "chunk_id": 0}, "chunked messages are not supported"),
-        ({"chunk_id": 1}, "chunked messages are not supported"),
         ({"txnid_most_bits": 1, "txnid_least_bits": 2}, "transactions are not supported"),
         ({"txnid_least_bits": 2}, "transactions are not supported"),
         ({"marker_type": 1}, "marker messages are not supported"),
