@@ -32,7 +32,7 @@ from broker.compaction_core import (
 from broker.entry_types import MalformedEntryError
 from broker.errors import BrokerError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
-from broker.message_format import compacted_out, decode_entry, null_values
+from broker.message_format import chunk_of, compacted_out, decode_entry, null_values
 from broker.topic_records import TopicPolicies
 from broker.topic_store import TopicStore
 from coordination.store import BadVersionError, MetadataError, NodeExistsError
@@ -257,6 +257,11 @@ class Compactor:
             header, body = decode_entry(data)
             state.bytes_read += len(data)
             state.messages_read += len(indexes)
+            if header.chunked:
+                chunk = chunk_of(header, body)
+                assert chunk is not None
+                scan.chunk(first_offset, chunk.uuid, chunk.chunk_id, chunk.chunks, header.keys[0] if header.keys else None)
+                continue
             if header.keys is None:
                 for index in indexes:
                     scan.message(first_offset + index, None, False)

@@ -31,6 +31,7 @@ import msgpack
 from framing.codec import describe
 
 COMPACTION_KEYS_MAX = 1_000_000  # distinct keys a compaction holds in memory (phase one's map)
+CHUNKED_PENDING_MAX = 1_000  # chunked messages whose chunks a scan is gathering at once (the oldest is left out past it)
 COMPACTED_ENTRY_FORMAT = 1
 
 
@@ -121,18 +122,27 @@ class CompactedEntry:
 
 class KeyScan:
     """Phase one: the latest offset of each key, messages given in offset
-    order. A null value deletes its key."""
+    order. A null value deletes its key. A chunked message is its chunks'
+    offsets together, kept or left out whole."""
 
-    def __init__(self, keys_max: int = COMPACTION_KEYS_MAX) -> None:
+    def __init__(self, keys_max: int = COMPACTION_KEYS_MAX, chunked_pending_max: int = CHUNKED_PENDING_MAX) -> None:
         self.keys_max = keys_max
-        self.latest: dict[str, int] = {}
+        self.chunked_pending_max = chunked_pending_max
+        self.latest: dict[str, int | tuple[int, ...]] = {}
         self.messages_read = 0
         self.last_offset = -1
+        self._chunks: dict[str, list[int]] = {}  # chunked message -> the offsets of its chunks so far (in arrival order)
 
     def message(self, offset: int, key: str | None, null_value: bool) -> None:
+        self._advance(offset)
+        self._latest(key, null_value, offset)
+
+    def _advance(self, offset: int) -> None:
         assert offset > self.last_offset, f"messages scanned out of order: {offset} after {self.last_offset}"
         self.last_offset = offset
         self.messages_read += 1
+
+    def _latest(self, key: str | None, null_value: bool, offsets: int | tuple[int, ...]) -> None:
         if key is None:
             return
         if null_value:
@@ -140,10 +150,37 @@ class KeyScan:
             return
         if key not in self.latest and len(self.latest) >= self.keys_max:
             raise CompactionError(f"more than {self.keys_max} distinct keys: compaction holds the latest offset of each in memory")
-        self.latest[key] = offset
+        self.latest[key] = offsets
+
+    def chunk(self, offset: int, uuid: str, chunk_id: int, chunks: int, key: str | None) -> None:
+        """A chunk of chunked message `uuid`; with its last, the message
+        counts as its key's latest (a message whose chunks do not all come,
+        in order, is left out)."""
+        self._advance(offset)
+        held = self._chunks.get(uuid)
+        if chunk_id == 0:
+            held = self._chunks[uuid] = [offset]  # from its start (again, if its producer sent it again)
+            while len(self._chunks) > self.chunked_pending_max:
+                del self._chunks[next(iter(self._chunks))]
+        elif held is None or chunk_id > len(held):
+            self._chunks.pop(uuid, None)  # a chunk is missing: the message is left out
+            return
+        elif chunk_id < len(held):
+            return  # a copy of a chunk held
+        else:
+            held.append(offset)
+        if chunk_id == chunks - 1:
+            del self._chunks[uuid]
+            self._latest(key, False, tuple(held))
 
     def retained(self) -> frozenset[int]:
-        return frozenset(self.latest.values())
+        offsets: set[int] = set()
+        for value in self.latest.values():
+            if type(value) is int:
+                offsets.add(value)
+            else:
+                offsets.update(value)
+        return frozenset(offsets)
 
 
 def retained_indexes(first_offset: int, message_count: int, retained: frozenset[int]) -> tuple[int, ...]:

@@ -15,6 +15,10 @@ from broker.topic_records import LedgerInfo
 
 # Spark's own default for file splits (spark.sql.files.maxPartitionBytes).
 SPLIT_BYTES_DEFAULT = 128 * 1024 * 1024
+# A chunked message whose last chunk is in a split is put together there,
+# its earlier chunks looked for before the split: in its ledger and in at
+# most this many ledgers before it.
+CHUNK_LOOKBACK_LEDGERS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +47,9 @@ class LedgerSplit:
     ledger_entries: int
     bytes: int  # estimated from the ledger's size and entry count
     compacted: bool = False  # entries of a compacted view: each an original entry and the messages it keeps
+    # (ledger id, entries) of the closed ledgers before this one in its
+    # chain, the nearest last, where earlier chunks of a chunked message are looked for.
+    previous_ledgers: tuple[tuple[int, int], ...] = ()
 
     @property
     def entries(self) -> int:
@@ -124,12 +131,15 @@ def plan_splits(partitions: Iterable[PartitionLedgers], selection: Selection = S
     their chain's order."""
     splits = []
     for partition in partitions:
+        closed = [(info.ledger_id, info.entries) for info in partition.ledgers if info.is_closed and info.entries]
         for info in closed_ledgers(partition.ledgers, selection):
             assert info.entries is not None and info.bytes is not None
+            index = closed.index((info.ledger_id, info.entries))
+            previous = tuple(closed[max(0, index - CHUNK_LOOKBACK_LEDGERS):index])
             for first, last in entry_ranges(info.entries, info.bytes, split_bytes):
                 share = info.bytes * (last - first + 1) // info.entries
                 splits.append(LedgerSplit(partition.topic, partition.partition, partition.partition_index, info.ledger_id,
-                                          first, last, info.first_offset, info.entries, share, partition.compacted))
+                                          first, last, info.first_offset, info.entries, share, partition.compacted, previous))
     return splits
 
 

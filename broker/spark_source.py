@@ -27,7 +27,7 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -55,7 +55,8 @@ from broker.export_plan import (
     plan_splits,
 )
 from broker.compaction_core import CompactedEntry, CompactionError, CompactionRecord
-from broker.message_format import MalformedEntryError, body_columns, decode_entry
+from broker.entry_types import BodyColumns
+from broker.message_format import MalformedEntryError, body_columns, chunk_of, chunked_message, decode_entry
 from broker.topic_records import (
     ManagedLedgerRecord,
     TopicRecord,
@@ -95,6 +96,9 @@ BATCH_BYTES = 8 * 1024 * 1024
 # cut at this many payload bytes, far below pa.binary()'s 2 GiB per array.
 BATCH_PAYLOAD_BYTES_MAX = 64 * 1024 * 1024
 CHUNKS_AHEAD_MAX = 2  # chunks of BATCH_BYTES read ahead of the Arrow building, per split
+CHUNKED_MESSAGES_HELD_MAX = 1_000  # chunked messages a split gathers at once (the oldest is dropped past it)
+CHUNK_LOOKBACK_ENTRIES = 100_000  # entries read before a split to find a chunked message's earlier chunks
+LOOKBACK_READ_ENTRIES = 100  # ... per read
 METADATA_TIMEOUT_MS = 5_000  # to connect to ZooKeeper, as every command
 JVM_STOP_TIMEOUT_S = 30  # for the driver's JVM to exit once told to
 
@@ -390,28 +394,76 @@ class LedgerRangeReader:
                         pass
 
 
+def _unwrapped(split: LedgerSplit, data: bytes) -> tuple[int | None, tuple[int, ...] | None, int | None, bytes]:
+    """(original ledger id, kept batch indexes, original entry id, entry)
+    of an entry of the split's ledger: a compacted view's entry is an
+    original entry and the messages of it the view keeps."""
+    if not split.compacted:
+        return None, None, None, data
+    compacted = CompactedEntry.from_bytes(data)
+    return compacted.ledger_id, compacted.retained, compacted.entry_id, compacted.data
+
+
+class ChunkGather:
+    """A split's chunked messages, put together as a consumer does: a
+    message is the split's whose last chunk it holds; chunks before the
+    split are looked for by `lookback` (uuid, chunk ids -> payloads)."""
+
+    def __init__(self, split: LedgerSplit, lookback: Callable[[str, set[int]], dict[int, bytes]] | None = None) -> None:
+        self.split = split
+        self.lookback = lookback
+        self._held: dict[str, dict[int, bytes]] = {}
+
+    def add(self, header: Any, body: Any) -> BodyColumns | None:
+        """The message a chunk completes (one row), or None."""
+        chunk = chunk_of(header, body)
+        assert chunk is not None
+        held = self._held.setdefault(chunk.uuid, {})
+        held[chunk.chunk_id] = chunk.payload
+        while len(self._held) > CHUNKED_MESSAGES_HELD_MAX:
+            del self._held[next(iter(self._held))]
+        if chunk.chunk_id != chunk.chunks - 1:
+            return None
+        del self._held[chunk.uuid]
+        missing = set(range(chunk.chunks)) - held.keys()
+        if missing and self.lookback is not None:
+            held.update(self.lookback(chunk.uuid, missing))
+        if len(held) != chunk.chunks or set(held) != set(range(chunk.chunks)):
+            log.error("chunked message %s of %s is missing chunks %s: skipped (as consumers skip it)", chunk.uuid,
+                      self.split.partition, sorted(set(range(chunk.chunks)) - held.keys())[:10])
+            return None
+        sequence_id, publish_ms, properties, payload, _ = chunked_message(header, body, [held[index] for index in range(chunk.chunks)])
+        return BodyColumns((sequence_id,), (publish_ms,), (properties or None,), (payload,))
+
+
 def entries_to_batches(split: LedgerSplit, entries: Sequence, selection: Selection = Selection(),
-                       payload_bytes_max: int = BATCH_PAYLOAD_BYTES_MAX) -> Iterator[pa.RecordBatch]:
+                       payload_bytes_max: int = BATCH_PAYLOAD_BYTES_MAX,
+                       chunks: ChunkGather | None = None) -> Iterator[pa.RecordBatch]:
     """The rows of `entries` (one ledger's, in order) as record batches:
-    every message of each entry, decompressed, as a consumer receives it.
-    A batch is cut once its payloads hold `payload_bytes_max` decompressed
-    bytes (an entry is never cut), so that a chunk of well-compressed
-    entries cannot make one huge batch. A malformed entry is skipped, as a
-    consumer's client skips it."""
+    every message of each entry, decompressed, as a consumer receives it
+    (a chunked message once, in the row of its last chunk; `chunks` holds
+    what came of it across calls). A batch is cut once its payloads hold
+    `payload_bytes_max` decompressed bytes (an entry is never cut), so that
+    a chunk of well-compressed entries cannot make one huge batch. A
+    malformed entry is skipped, as a consumer's client skips it."""
     columns = _Columns()
+    chunks = chunks or ChunkGather(split)
     timed = selection.start_time_ms is not None or selection.end_time_ms is not None
     for entry in entries:
-        entry_id, kept, data = entry.entry_id, None, entry.data
+        entry_id, data = entry.entry_id, entry.data
         try:
-            if split.compacted:
-                # An entry of a compacted view: the original entry, and the
-                # messages of it the view keeps.
-                compacted = CompactedEntry.from_bytes(data)
-                entry_id, kept, data = compacted.entry_id, compacted.retained, compacted.data
+            original_ledger_id, kept, original_entry_id, data = _unwrapped(split, data)
+            if original_entry_id is not None:
+                entry_id = original_entry_id
             header, body = decode_entry(data)
+            if header.chunked:
+                body_data = chunks.add(header, body)
+                if body_data is None:
+                    continue
             if timed and not selection.keeps_entry(header.publish_time_ms):
                 continue
-            body_data = body_columns(header, body)
+            if not header.chunked:
+                body_data = body_columns(header, body)
         except (MalformedEntryError, CompactionError) as error:
             log.error("ledger %d entry %d of %s is malformed and skipped (as consumers skip it): %s",
                       split.ledger_id, entry.entry_id, split.partition, error)
@@ -420,7 +472,7 @@ def entries_to_batches(split: LedgerSplit, entries: Sequence, selection: Selecti
             raise RuntimeError(f"ledger {split.ledger_id} of {split.partition} starts at offset {header.first_offset}, "
                                f"its partition's record says {split.ledger_first_offset}")
         if split.compacted:
-            columns.add_kept(entry_id, compacted.ledger_id, header, body_data, kept)
+            columns.add_kept(entry_id, original_ledger_id, header, body_data, (0,) if header.chunked else kept)
         else:
             columns.add(entry_id, header, body_data)
         if columns.payload_bytes >= payload_bytes_max:
@@ -524,8 +576,41 @@ def _map_size(item: dict | None) -> int:
 def read_split(split: LedgerSplit, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     options.use_zk_auth()
     loop = _Clients.get(options)
-    for chunk in LedgerRangeReader(loop, split, options.password).chunks():
-        yield from entries_to_batches(split, chunk, options.selection)
+    chunks = ChunkGather(split, lambda uuid, missing: look_back(loop, split, options.password, uuid, missing))
+    for entries in LedgerRangeReader(loop, split, options.password).chunks():
+        yield from entries_to_batches(split, entries, options.selection, chunks=chunks)
+
+
+def look_back(loop: "LoopThread", split: LedgerSplit, password: bytes, uuid: str, missing: set[int]) -> dict[int, bytes]:
+    """Chunks `missing` of chunked message `uuid`, looked for before the
+    split (its ledger, then the ledgers before it, nearest first), within
+    CHUNK_LOOKBACK_ENTRIES entries."""
+    found: dict[int, bytes] = {}
+    places = [(split.ledger_id, split.first_entry_id)] + [(ledger_id, entries) for ledger_id, entries in reversed(split.previous_ledgers)]
+    budget = CHUNK_LOOKBACK_ENTRIES
+    for ledger_id, end in places:
+        while end > 0 and budget > 0 and missing - found.keys():
+            first = max(0, end - LOOKBACK_READ_ENTRIES)
+            entries = loop.call(_read_range, loop.value, ledger_id, password, first, end - 1)
+            budget -= len(entries)
+            end = first
+            for entry in reversed(entries):
+                try:
+                    _, _, _, data = _unwrapped(split, entry.data)
+                    header, body = decode_entry(data)
+                    chunk = chunk_of(header, body)
+                except (MalformedEntryError, CompactionError):
+                    continue
+                if chunk is not None and chunk.uuid == uuid and chunk.chunk_id in missing:
+                    found.setdefault(chunk.chunk_id, chunk.payload)
+        if not missing - found.keys() or budget <= 0:
+            break
+    return found
+
+
+async def _read_range(bk, ledger_id: int, password: bytes, first: int, last: int) -> list:
+    handle = await bk.open_ledger(ledger_id, password, recovery=False)
+    return [entry async for entry in handle.read(first, last)]
 
 
 # --- the Spark data source -----------------------------------------------------------------

@@ -75,3 +75,36 @@ async def test_quires_consumer_puts_a_pulsar_producers_chunks_together_and_ackno
         stats = (await client.topic_stats(topic))["partitions"][topic]
         assert stats["next_offset"] == 2 + len(received[1].chunk_offsets) + 1
         assert stats["subscriptions"]["whole"]["backlog_messages"] == 0  # every chunk acknowledged
+
+
+async def test_a_chunked_message_is_a_compacted_views_latest_value_whole(shared_cluster):
+    topic = "chunked-compacted"
+    from tests.integration.test_compaction import wait_for_compaction
+
+    def run() -> list:
+        client = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            producer = client.create_producer(full(topic), chunking_enabled=True, batching_enabled=False)
+            large = random.Random(3).randbytes(MAX_MESSAGE_BYTES + 1_000)
+            producer.send(b"old", partition_key="big")
+            producer.send(large, partition_key="big")
+            producer.send(b"small", partition_key="small")
+            broker = shared_cluster.brokers[0]
+            import requests
+            assert requests.put(f"{broker.web_url}/admin/v2/persistent/public/default/{topic}/compaction",
+                                timeout=30).status_code == 204
+            wait_for_compaction(broker.web_url, topic)
+            reader = client.create_reader(full(topic), pulsar.MessageId.earliest, is_read_compacted=True)
+            view = []
+            while True:
+                try:
+                    message = reader.read_next(2_000)
+                except pulsar.Timeout:
+                    break
+                view.append((message.partition_key(), message.data()))
+            return view, large
+        finally:
+            client.close()
+
+    view, large = await in_thread(run)
+    assert view == [("big", large), ("small", b"small")]

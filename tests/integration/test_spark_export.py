@@ -454,3 +454,39 @@ async def test_the_compacted_view_exports_the_latest_message_of_each_key(shared_
     from_source = source(spark, shared_cluster, topic, compacted="true").collect()
     assert sorted((row.key, row.ledger_id, row.entry_id, row.batch_index) for row in from_source) == \
         sorted((row.key, row.ledger_id, row.entry_id, row.batch_index) for row in rows)
+
+
+async def test_chunked_messages_are_exported_whole_across_splits_and_ledgers(shared_cluster, spark):
+    """A Pulsar producer's chunked messages in ledgers of 4 entries, read in
+    splits of about one entry: each message is one row, put together from
+    chunks in other splits and other ledgers."""
+    import random
+
+    import pulsar
+
+    from tests.integration.test_pulsar_clients import pulsar_client
+
+    topic = "export-chunked"
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.create_topic(topic, **SMALL_LEDGERS)
+
+    def produce() -> list[bytes]:
+        pulsar_side = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            producer = pulsar_side.create_producer(f"persistent://public/default/{topic}", chunking_enabled=True,
+                                                   batching_enabled=False, compression_type=pulsar.CompressionType.ZSTD)
+            rng = random.Random(11)
+            payloads = [b"first", rng.randbytes(11 * 1024 * 1024), b"between", rng.randbytes(6 * 1024 * 1024), b"last"]
+            for payload in payloads:
+                producer.send(payload, partition_key="k")
+            return payloads
+        finally:
+            pulsar_side.close()
+
+    payloads = await trio.to_thread.run_sync(produce)
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        await client.unload(topic)  # every ledger closed
+    rows = source(spark, shared_cluster, topic, split_bytes=1024).orderBy("offset").collect()
+    assert [bytes(row.payload) for row in rows] == payloads
+    assert all(row.key == "k" for row in rows)
+    assert len({row.ledger_id for row in rows}) > 1

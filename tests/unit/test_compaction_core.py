@@ -165,3 +165,18 @@ def test_steps_out_of_order_are_a_bug():
     core = CompactionCore("p", None, None, 9, now_ms=0)
     with pytest.raises(AssertionError):
         core.closed()
+
+
+def test_a_chunked_message_is_kept_or_left_out_whole():
+    scan = KeyScan()
+    scan.chunk(0, "p/a", 0, 3, "k")
+    scan.message(1, "j", False)
+    scan.chunk(2, "p/a", 1, 3, "k")
+    scan.chunk(3, "p/a", 1, 3, "k")  # a copy of a chunk held
+    scan.chunk(4, "p/a", 2, 3, "k")
+    assert scan.latest == {"k": (0, 2, 4), "j": 1}
+    scan.chunk(5, "p/b", 1, 2, "j")  # its first chunk is not here: left out
+    scan.chunk(6, "p/c", 0, 2, "k")  # never finished: the older one stays
+    assert scan.retained() == frozenset({0, 1, 2, 4})
+    scan.message(7, "k", True)
+    assert scan.retained() == frozenset({1})
