@@ -10,7 +10,7 @@ import dataclasses
 from bookie.config import BookieConfig
 from bookie.core_actions import CoreLimits
 from bookie.request_core import ID_MAX as ENTRY_ID_MAX
-from broker.client.producer import MESSAGE_BYTES_MAX
+from broker.client.producer import CHUNKED_MESSAGE_BYTES_MAX, MESSAGE_BYTES_MAX  # noqa: F401 (benchmarks bound by it)
 from broker.dispatcher import PERMITS_MAX
 from broker.protocol import I64_MAX
 from broker.topic_records import PARTITIONS_MAX
@@ -99,7 +99,7 @@ entries_per_ledger = Bounded("integer", 1, ENTRY_ID_MAX, why="entry ids are sign
 entry_bytes = Bounded("size", 1, ENTRY_BYTES_MAX, why="the largest entry a ledger takes")
 message_count = Bounded("integer", 0, I64_MAX, why="offsets and sequence ids are signed 64-bit")
 key_count = Bounded("integer", 1, I64_MAX, why="a 64-bit integer")
-message_bytes = Bounded("size", 1, MESSAGE_BYTES_MAX, why="the largest message a producer sends")
+message_bytes = Bounded("size", 1, CHUNKED_MESSAGE_BYTES_MAX, why="the largest message a producer sends, in chunks past 5 MiB")
 window = Bounded("integer", 1, PERMITS_MAX, why="the most messages the broker lets be in flight to a consumer")
 simpletest_entries = Bounded("integer", 1, SIMPLETEST_ENTRIES_MAX, why="a bookie's default adds in flight")
 simpletest_entry_bytes = Bounded("size", 0, ENTRY_BYTES_MAX, why="the largest entry a ledger takes")

@@ -13,6 +13,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 import trio
 
+from broker.client.producer import MESSAGE_BYTES_MAX
 from broker.codecs import Codec
 from ledger_client.exception_groups import unwrap_single_exception
 from quire import cli_ranges as ranges
@@ -71,6 +72,8 @@ def add_produce(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codec", choices=[codec.value for codec in Codec], default="none",
                         help="compression of each batch, as Pulsar frames it")
     parser.add_argument("--batching", action="store_true", help="batch messages into entries")
+    parser.add_argument("--chunking", action="store_true",
+                        help="send messages of more than 5 MiB in chunks that consumers put together (Pulsar's chunking)")
     parser.add_argument("--window", type=ranges.window, default=1000, help="messages in flight (default 1000)")
 
 
@@ -225,11 +228,14 @@ def produce(arguments: argparse.Namespace) -> int:
     if arguments.keys is not None and arguments.key is None:
         raise UsageError("--keys makes keys KEY-0 .. KEY-(N-1): it goes with --key")
     size = GENERATED_MESSAGE_BYTES_DEFAULT if arguments.size is None else arguments.size
+    if size > MESSAGE_BYTES_MAX and not arguments.chunking:
+        raise UsageError(f"--size {size}: a message of more than {MESSAGE_BYTES_MAX} bytes goes in chunks: add --chunking")
     keys = 1 if arguments.keys is None else arguments.keys
 
     async def body(client) -> None:
         producer = await client.create_producer(arguments.topic, arguments.producer_id, batching=arguments.batching,
-                                                codec=arguments.codec, pending_messages_max=arguments.window)
+                                                codec=arguments.codec, pending_messages_max=arguments.window,
+                                                chunking=arguments.chunking)
         started = time.monotonic()
         sent = 0
         first = last = None

@@ -270,17 +270,20 @@ class Client:
         codec: Codec | str = Codec.NONE,
         pending_messages_max: int = 10_000,
         hashing_scheme: HashingScheme | str = HashingScheme.JAVA_STRING,
+        chunking: bool = False,
     ) -> Producer:
         """A producer on `topic` (created on first use if the brokers allow
         it). A `producer_id` makes publishing exactly-once across restarts:
         the producer learns the last sequence id the partition persisted for it.
         `codec`: none, lz4, zlib, zstd or snappy (Pulsar's). `hashing_scheme`:
         how a key picks its partition, java_string (as Pulsar's Java and Go
-        clients do) or murmur3_32."""
+        clients do) or murmur3_32. `chunking` (Pulsar's chunking_enabled): a
+        message of more than 5 MiB goes in chunks, put together again by
+        consumers (of exclusive and failover subscriptions, and readers)."""
         producer_id = check_name(producer_id or f"producer-{uuid.uuid4().hex[:12]}", "producer")
         scheme = HashingScheme.parse(hashing_scheme)
         options = ProducerOptions(batching, batch_messages_max, batch_bytes_max, batch_delay_ms, Codec.parse(codec),
-                                  pending_messages_max, scheme)
+                                  pending_messages_max, scheme, chunking)
         topic = quire_name(topic)
         partitions = []
         for name, index in await self.partition_names(topic, create=True):

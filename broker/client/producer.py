@@ -30,13 +30,15 @@ from broker.errors import (
     error_for_status,
 )
 from broker.codecs import Codec
-from broker.pulsar_message import build_batch
+from broker.pulsar_message import build_batch, build_chunks
 from broker.protocol import CloseProducer, ProducerOpen, Send, SendReceipt
 
 log = logging.getLogger(__name__)
 
 RETRY_DELAY_S = 0.05  # after the broker says "being written, ask again"
 MESSAGE_BYTES_MAX = 5 * 1024 * 1024  # one message's payload (Pulsar's default maximum message size)
+CHUNK_HEADROOM_BYTES = 64 * 1024  # a chunk's payload is this much below MESSAGE_BYTES_MAX: room for its metadata
+CHUNKED_MESSAGE_BYTES_MAX = 1024 * 1024 * 1024  # a chunked message's payload (what consumers put together)
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class ProducerOptions:
     codec: Codec = Codec.NONE
     pending_messages_max: int = 10_000  # sent and not yet acknowledged by the broker; past it, send waits
     hashing_scheme: HashingScheme = HashingScheme.JAVA_STRING  # how a key picks its partition (broker/client/routing.py)
+    # Pulsar's chunking: a message larger than MESSAGE_BYTES_MAX goes in
+    # chunks that consumers put together (else it is refused).
+    chunking: bool = False
 
     def __post_init__(self) -> None:
         if self.batch_messages_max < 1 or self.batch_bytes_max < 1 or self.pending_messages_max < 1:
@@ -127,6 +132,11 @@ class _OutMessage:
 class _Batch:
     messages: list[_OutMessage]
     frame: Send | None = None  # built once, resent as is
+    # A chunked message: its chunks' frames (one message, one sequence id),
+    # and how many of their receipts are still to come.
+    chunk_frames: list[Send] | None = None
+    receipts_left: int = 0
+    duplicate: bool = False  # its last chunk was answered a duplicate (it may come before the others' receipts)
 
     @property
     def last_sequence_id(self) -> int:
@@ -263,8 +273,12 @@ class PartitionProducer:
             raise ValueError(f"event_time_ms must be a positive integer (ms since the epoch), got {event_time_ms!r}")
         if deliver_at_ms is not None and (type(deliver_at_ms) is not int or deliver_at_ms <= 0):
             raise ValueError(f"deliver_at_ms must be a positive integer (ms since the epoch), got {deliver_at_ms!r}")
-        if len(data) > MESSAGE_BYTES_MAX:
-            raise ValueError(f"a message holds at most {MESSAGE_BYTES_MAX} bytes, got {len(data)}")
+        chunked = len(data) > MESSAGE_BYTES_MAX
+        if chunked and not self.options.chunking:
+            raise ValueError(f"a message holds at most {MESSAGE_BYTES_MAX} bytes, got {len(data)} (chunking=True sends "
+                             f"larger ones in chunks)")
+        if len(data) > CHUNKED_MESSAGE_BYTES_MAX:
+            raise ValueError(f"a chunked message holds at most {CHUNKED_MESSAGE_BYTES_MAX} bytes, got {len(data)}")
         if sequence_id is not None:
             if type(sequence_id) is not int or sequence_id < 0:
                 raise ValueError(f"sequence_id must be a non-negative integer, got {sequence_id!r}")
@@ -281,7 +295,7 @@ class PartitionProducer:
         # judges a batch by its highest sequence id, so a retry batched with
         # a newer message would be taken as new and persisted twice.
         retry = sequence_id is not None and sequence_id <= self.last_sequence_id
-        alone = retry or deliver_at_ms is not None
+        alone = retry or deliver_at_ms is not None or chunked
         if sequence_id is None:
             sequence_id = self.last_sequence_id + 1
         if alone:
@@ -293,6 +307,10 @@ class PartitionProducer:
                               deliver_at_ms or 0)
         if self._building.messages and self._building.bytes + len(data) > self.options.batch_bytes_max:
             self._flush_building()  # a batch stays within its byte bound
+        if chunked:
+            self._pending[sequence_id] = batch = _Batch([message], chunk_frames=[])
+            self._send_frame(batch)
+            return future
         building = self._building
         building.messages.append(message)
         building.bytes += len(data)
@@ -337,6 +355,9 @@ class PartitionProducer:
         self._send_frame(batch)
 
     def _send_frame(self, batch: _Batch) -> None:
+        if batch.chunk_frames is not None:
+            self._send_chunks(batch)
+            return
         if batch.frame is None:
             messages = batch.messages
             # Built as Pulsar's clients build it: a producer without batching
@@ -353,6 +374,24 @@ class PartitionProducer:
         except ConnectionClosedError:
             self._on_closed("connection closed")
 
+    def _send_chunks(self, batch: _Batch) -> None:
+        """A chunked message: every chunk, each answered by a receipt of
+        the message's sequence id; the last receipt settles it."""
+        message = batch.messages[0]
+        if not batch.chunk_frames:
+            bodies = build_chunks(self.producer_id, message.publish_time_ms, message, self.options.codec,
+                                  MESSAGE_BYTES_MAX - CHUNK_HEADROOM_BYTES, f"{self.producer_id}-{message.sequence_id}")
+            batch.chunk_frames = [Send(self.handle, message.sequence_id, message.sequence_id, 1, body) for body in bodies]
+        connection = self._connection
+        if connection is None:
+            return  # sent on reconnection
+        batch.receipts_left, batch.duplicate = len(batch.chunk_frames), False
+        try:
+            for frame in batch.chunk_frames:
+                connection.send(frame)
+        except ConnectionClosedError:
+            self._on_closed("connection closed")
+
     # --- receipts ----------------------------------------------------------------------------
 
     def _on_receipt(self, receipt: SendReceipt) -> None:
@@ -360,6 +399,16 @@ class PartitionProducer:
         if batch is None:
             return  # a receipt for a batch settled already (answered twice after a resend)
         status = BrokerStatus(receipt.status) if receipt.status in BrokerStatus._value2member_map_ else BrokerStatus.ERROR
+        if batch.chunk_frames and status in (BrokerStatus.OK, BrokerStatus.DUPLICATE):
+            # Only the last chunk can be a duplicate (the others are not
+            # deduplicated), and its receipt may come first; otherwise the
+            # last receipt is the last chunk's (persisted in order).
+            batch.duplicate = batch.duplicate or status is BrokerStatus.DUPLICATE
+            batch.receipts_left -= 1
+            if batch.receipts_left > 0:
+                return
+            if batch.duplicate:
+                status = BrokerStatus.DUPLICATE
         if status is BrokerStatus.OK:
             self._resolve_batch(batch, lambda index, message: SendResult(
                 MessageId(receipt.ledger_id, receipt.entry_id, index, self.partition_index),

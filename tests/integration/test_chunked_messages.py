@@ -108,3 +108,35 @@ async def test_a_chunked_message_is_a_compacted_views_latest_value_whole(shared_
 
     view, large = await in_thread(run)
     assert view == [("big", large), ("small", b"small")]
+
+
+async def test_quires_producer_chunks_for_both_clients_and_resends_without_duplicates(shared_cluster):
+    topic = "chunked-both"
+    large = random.Random(5).randbytes(MAX_MESSAGE_BYTES * 2 + 12_345)
+    async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
+        with pytest.raises(ValueError, match="chunking=True"):
+            await (await client.create_producer(topic, "plain")).send(large)
+        consumer = await client.subscribe(topic, "whole", initial_position="earliest")
+        producer = await client.create_producer(topic, "chunker", chunking=True, codec="zstd")
+        sent = await (await producer.send_async(large, key="big", properties={"kind": "blob"})).wait()
+        assert sent.offset >= 2  # the last of its chunks
+        # Sent again: its first chunks are stored again, its last is a duplicate.
+        again = await producer.send(large, key="big", sequence_id=sent.sequence_id)
+        assert again.is_duplicate
+        await producer.send(b"after", key="small")
+        with trio.fail_after(30):
+            first, second = await consumer.receive(), await consumer.receive()
+        assert (first.data, first.key, first.properties, first.offset) == (large, "big", {"kind": "blob"}, sent.offset)
+        assert second.data == b"after"
+        for message in (first, second):
+            await consumer.acknowledge(message)
+
+    def read_with_pulsar() -> list[bytes]:
+        pulsar_side = pulsar_client(shared_cluster.brokers[0].pulsar_url)
+        try:
+            reader = pulsar_side.create_reader(full(topic), pulsar.MessageId.earliest)
+            return [reader.read_next(20_000).data() for _ in range(2)]
+        finally:
+            pulsar_side.close()
+
+    assert await in_thread(read_with_pulsar) == [large, b"after"]

@@ -242,12 +242,13 @@ def test_help_and_reference_show_each_range():
 
 
 def test_bounds_come_from_the_code_they_protect():
-    from broker.client.producer import MESSAGE_BYTES_MAX
+    from broker.client.producer import CHUNKED_MESSAGE_BYTES_MAX, MESSAGE_BYTES_MAX
     from broker.topic_records import PARTITIONS_MAX
     from ledger_client.ledger_handle import ENTRY_BYTES_MAX
 
     assert cli_ranges.partitions.high == PARTITIONS_MAX == 10_000
-    assert cli_ranges.message_bytes.high == MESSAGE_BYTES_MAX == 5 * 1024**2
+    assert cli_ranges.MESSAGE_BYTES_MAX == MESSAGE_BYTES_MAX == 5 * 1024**2  # past it, in chunks
+    assert cli_ranges.message_bytes.high == CHUNKED_MESSAGE_BYTES_MAX
     assert cli_ranges.entry_bytes.high == ENTRY_BYTES_MAX
     assert cli_ranges.frame_bytes.high == 2**32 - 1
 
@@ -265,8 +266,14 @@ def test_partitions_past_the_brokers_limit(handlers_ran):
 def test_message_size_past_the_producers_limit(handlers_ran):
     # Was a MemoryError, after the topic had been created.
     usage_error(["produce", "t", "--count", "1", "--size", "99999999999999", "--zk", DEAD_ZOOKEEPER],
-                "quire produce: error: ", "--size", "at most 5MiB")
+                "quire produce: error: ", "--size", "at most 1GiB")
     assert handlers_ran == []
+
+
+def test_a_message_past_5_mib_needs_chunking():
+    # Said before anything is connected to.
+    usage_error(["produce", "t", "--count", "1", "--size", "6MiB", "--zk", DEAD_ZOOKEEPER],
+                "quire produce: error: ", "--size 6291456", "add --chunking")
 
 
 def test_first_entry_after_the_last_is_refused(no_side_effects):
