@@ -39,6 +39,7 @@ Subscription types:
 from __future__ import annotations
 
 import bisect
+import collections
 import enum
 import heapq
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past i
 UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT = 200_000  # ... by all of a subscription's consumers together
 PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
 DELAYED_MAX_DEFAULT = 100_000  # delayed messages indexed in memory; past it they are found again by reading
+DELAYED_SEGMENT_OFFSETS = 4_096  # the stretch of offsets the messages left out of the index are summed up by
+DELAYED_SEGMENTS_MAX = 10_000  # stretches summed up; past it each becomes twice as long
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
 KEY_HASH_RANGE = 65_536  # key-shared hashes are 0 .. KEY_HASH_RANGE - 1 (Pulsar's range size)
 NONE_KEY = b"NONE_KEY"  # what a message without a key hashes as (as Pulsar does)
@@ -133,6 +136,7 @@ class Dispatcher:
         unacked_per_consumer_max: int = UNACKED_PER_CONSUMER_MAX_DEFAULT,
         unacked_per_subscription_max: int = UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT,
         delayed_max: int = DELAYED_MAX_DEFAULT,
+        delayed_segment_offsets: int = DELAYED_SEGMENT_OFFSETS,
     ) -> None:
         if replay_max < 1 or unacked_per_consumer_max < 1 or unacked_per_subscription_max < 1 or delayed_max < 1:
             raise ValueError("replay_max, unacked_per_consumer_max, unacked_per_subscription_max and delayed_max must be at least 1")
@@ -156,8 +160,14 @@ class Dispatcher:
         self._delayed: list[tuple[int, int, EntryRef]] = []  # earliest first; items of dropped messages go stale
         self._delayed_latest: list[tuple[int, int]] = []  # (-due ms, -offset): the latest first, as lazily
         self._delayed_offsets: dict[int, int] = {}  # the indexed messages: offset -> due ms
-        self._delayed_unindexed_from: int | None = None  # the lowest offset left out of the index
-        self._delayed_left_out_due_ms: int | None = None  # ... and the earliest time one left out is due
+        # The messages left out of the index, summed up per stretch of
+        # `_segment_offsets` offsets: stretch -> [earliest time due, count].
+        # A rescan reads again only the stretches holding what comes due next.
+        self._left_out: dict[int, list[int]] = {}
+        self._delayed_left_out_due_ms: int | None = None  # the earliest time a message left out is due
+        self._segment_offsets = delayed_segment_offsets
+        self._rescan: collections.deque[tuple[int, int]] = collections.deque()  # offset ranges being read again
+        self._jumped = False  # the driver is to read from `read_offset`, not on from where it was
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
         self._sticky: list[tuple[int, int, int]] = []  # key-shared: (start, end, consumer id) of the named ranges, sorted
@@ -293,8 +303,10 @@ class Dispatcher:
             # slots go (their heap items go stale).
             for held in [held for held in self._delayed_offsets if held <= offset]:
                 del self._delayed_offsets[held]
-        if self._delayed_unindexed_from is not None and self._delayed_unindexed_from <= offset:
-            self._delayed_unindexed_from = offset + 1
+        if self._left_out:
+            for segment in [segment for segment in self._left_out if (segment + 1) * self._segment_offsets - 1 <= offset]:
+                del self._left_out[segment]
+            self._left_out_changed()
         for delivered in [delivered for delivered in self._owner if delivered <= offset]:
             self._forget(delivered)
         cut = bisect.bisect_right(self._replay_offsets, offset)
@@ -356,7 +368,10 @@ class Dispatcher:
         self._delayed.clear()
         self._delayed_latest.clear()
         self._delayed_offsets.clear()
-        self._delayed_unindexed_from = self._delayed_left_out_due_ms = None
+        self._left_out.clear()
+        self._delayed_left_out_due_ms = None
+        self._rescan.clear()
+        self._jumped = False
         self.read_offset = self._seen_through = next_offset
 
     # --- dispatching ------------------------------------------------------------------
@@ -393,7 +408,11 @@ class Dispatcher:
         self._seen_through = max(self._seen_through, entry.last_offset + 1)
         if entry.deliver_at_ms > now_ms and self.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
             self._delay(entry)
+            if self._rescan:
+                self._rescan_read(entry)
             return []
+        if self._rescan:
+            self._rescan_read(entry)
         retained = entry.retained
         if fresh and self.subscription_type is not SubscriptionType.KEY_SHARED and not self._replay_offsets and retained is None:
             whole = self._deliver_whole(entry)
@@ -426,8 +445,8 @@ class Dispatcher:
             if self.cursor.is_acked(offset) or offset in self._owner or offset in self._replay or offset in self._delayed_offsets:
                 continue
             left_out_due = self._delayed_left_out_due_ms
-            if left_out_due is not None and due_ms >= left_out_due:
-                self._leave_out(offset, due_ms)  # due after messages already left out
+            if left_out_due is not None and due_ms > left_out_due:
+                self._leave_out(offset, due_ms)  # due after a message already left out
                 continue
             if len(self._delayed_offsets) >= self.delayed_max:
                 latest = self._latest_delayed()
@@ -444,10 +463,72 @@ class Dispatcher:
 
     def _leave_out(self, offset: int, due_ms: int) -> None:
         """A delayed message the index does not hold: read again later."""
-        if self._delayed_unindexed_from is None or offset < self._delayed_unindexed_from:
-            self._delayed_unindexed_from = offset
+        summary = self._left_out.get(offset // self._segment_offsets)
+        if summary is None:
+            self._left_out[offset // self._segment_offsets] = [due_ms, 1]
+        else:
+            summary[0] = min(summary[0], due_ms)
+            summary[1] += 1
         if self._delayed_left_out_due_ms is None or due_ms < self._delayed_left_out_due_ms:
             self._delayed_left_out_due_ms = due_ms
+        if len(self._left_out) > DELAYED_SEGMENTS_MAX:
+            # Too many stretches: each one twice as long (coarser rescans, bounded memory).
+            self._segment_offsets *= 2
+            merged: dict[int, list[int]] = {}
+            for segment, (earliest, count) in self._left_out.items():
+                summary = merged.setdefault(segment // 2, [earliest, 0])
+                summary[0] = min(summary[0], earliest)
+                summary[1] += count
+            self._left_out = merged
+
+    def _left_out_changed(self) -> None:
+        self._delayed_left_out_due_ms = min((summary[0] for summary in self._left_out.values()), default=None)
+
+    def take_jump(self) -> bool:
+        """Whether reading is to go on from `read_offset` (a rescan moved it)."""
+        jumped, self._jumped = self._jumped, False
+        return jumped
+
+    def _rescan_read(self, entry: EntryRef) -> None:
+        """After an entry read during a rescan: on to the next stretch once
+        this one is read, back to new entries after the last."""
+        rescan = self._rescan
+        while rescan and entry.last_offset >= rescan[0][1]:
+            rescan.popleft()
+        if rescan and entry.last_offset + 1 < rescan[0][0]:
+            self.read_offset = rescan[0][0]
+            self._jumped = True
+        elif not rescan:
+            self.read_offset = max(self.read_offset, self._seen_through)
+            self._jumped = True
+
+    def _start_rescan(self) -> None:
+        """Read again the stretches whose left-out messages come due first,
+        enough to refill the index's free room."""
+        room = self.delayed_max - len(self._delayed_offsets)
+        chosen = []
+        for segment, (_, count) in sorted(self._left_out.items(), key=lambda item: item[1][0]):
+            chosen.append(segment)
+            room -= count
+            if room <= 0:
+                break
+        for segment in chosen:
+            del self._left_out[segment]
+        self._left_out_changed()
+        size = self._segment_offsets
+        ranges: list[tuple[int, int]] = []
+        for segment in sorted(chosen):
+            first, last = segment * size, min((segment + 1) * size, self._seen_through) - 1
+            if first > last:
+                continue
+            if ranges and ranges[-1][1] + 1 >= first:
+                ranges[-1] = (ranges[-1][0], last)
+            else:
+                ranges.append((first, last))
+        if ranges:
+            self._rescan.extend(ranges)
+            self.read_offset = ranges[0][0]
+            self._jumped = True
 
     def _latest_delayed(self) -> tuple[int, int] | None:
         """(due ms, offset) of the indexed message due last."""
@@ -499,11 +580,9 @@ class Dispatcher:
             del live[offset]
             if not self.cursor.is_acked(offset) and offset not in self._owner:
                 self._hold(offset, entry)
-        if self._delayed_unindexed_from is not None and len(live) <= self.delayed_max // 2:
-            self.read_offset = min(self.read_offset, self._delayed_unindexed_from)
-            self._delayed_unindexed_from = self._delayed_left_out_due_ms = None
-            return True
-        return False
+        if self._left_out and not self._rescan and len(live) <= self.delayed_max // 2:
+            self._start_rescan()
+        return self.take_jump()
 
     def _deliver_whole(self, entry: EntryRef) -> list[Delivery] | None:
         """The common case, without a step per message: an entry nobody saw

@@ -395,6 +395,9 @@ class Subscription:
                            header.deliver_at_ms)
             stored[(ref.ledger_id, ref.entry_id)] = entry
             deliveries += self.dispatcher.entry_read(ref, now_ms)
+            if self.dispatcher.take_jump():
+                self.read_position = None  # a rescan of delayed messages moved the reading
+                break
             self.read_position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
             if not self.dispatcher.wants_read():
                 break
