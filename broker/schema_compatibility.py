@@ -17,8 +17,6 @@ import enum
 import json
 from typing import Any, Iterable
 
-import fastavro
-from fastavro.schema import SchemaParseException, UnknownType
 
 AVRO_TYPE_NAMES = ("AVRO", "JSON")
 PROBLEMS_SHOWN_MAX = 5
@@ -59,6 +57,11 @@ def parse_avro(definition: bytes | str) -> dict | list | str:
     """An Avro definition (JSON text) parsed and checked by fastavro."""
     if len(definition) > DEFINITION_BYTES_MAX:
         raise SchemaDefinitionError(f"a schema definition holds at most {DEFINITION_BYTES_MAX} bytes")
+    # Imported at the first schema that needs it: some 10 MB of a broker
+    # that never sees one.
+    import fastavro
+    from fastavro.schema import SchemaParseException, UnknownType
+
     try:
         return fastavro.parse_schema(json.loads(definition))
     except RecursionError:

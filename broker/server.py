@@ -86,7 +86,6 @@ from broker.publish_buffer import PublishBuffer, batch_cost_bytes
 from broker.subscription import ConsumerLink, TakenAcknowledgement
 from broker.hosting import PartitionHosting
 from broker.pulsar.server import PulsarFrontEnd
-from broker.web import WebFrontEnd
 from broker.topic import BrokerContext, PartitionService, ProducerLink
 from broker.topic_records import TopicPolicies, TopicRecord, check_name, split_partition
 from broker.tenant_store import TenantStore
@@ -192,8 +191,14 @@ class BrokerServer:
         self.started_ms = int(time.time() * 1000)
         # Pulsar's binary protocol, when its port is given (broker/pulsar/server.py).
         self.pulsar = None if config.pulsar_port is None and config.pulsar_tls_port is None else PulsarFrontEnd(self)
-        # The web service (REST admin API, HTTP lookup, /metrics), when its port is given (broker/web).
-        self.web = None if config.web_port is None and config.web_tls_port is None else WebFrontEnd(self)
+        # The web service (REST admin API, HTTP lookup, /metrics), when its
+        # port is given (broker/web); imported only then: its stack (hypercorn,
+        # Starlette, httpx) is some 25 MB of a broker's memory.
+        self.web = None
+        if config.web_port is not None or config.web_tls_port is not None:
+            from broker.web import WebFrontEnd
+
+            self.web = WebFrontEnd(self)
         self.metrics_registry = None  # what /metrics serves (the process sets it when it measures)
 
     # --- lifetime --------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import trio
 
 from quire import cli_ranges as ranges
 from quire.cli_parsing import Bounded, HostPorts, UsageError, fraction, metrics_port, port_number
+from quire.gc_tuning import tune_gc
 from quire.logging_setup import configure_logging
 from quire.metadata_access import open_metadata
 
@@ -126,6 +127,7 @@ def run(arguments: argparse.Namespace) -> int:
     try:
         from quire.autorecovery_commands import run_with_bookie
 
+        tune_gc()
         trio.run(run_with_bookie, run_bookie, config, arguments)
     except StartupError as error:
         raise UsageError(str(error)) from None

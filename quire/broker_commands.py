@@ -11,6 +11,7 @@ from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_records import TopicPolicies
 from quire import cli_ranges as ranges
 from quire.cli_parsing import HostPorts, Listeners, UsageError, human_duration, human_size, metrics_port, port_number
+from quire.gc_tuning import tune_gc
 from quire.logging_setup import configure_logging
 
 
@@ -214,6 +215,7 @@ def run(arguments: argparse.Namespace) -> int:
     configure_logging(arguments.log_level, "broker", config.broker_id, arguments.log_format)
     try:
         bookie_credentials = bookie_credentials_from(arguments)
+        tune_gc()
         trio.run(lambda: run_broker(config, arguments.zk, arguments.root, session_timeout_ms=arguments.session_timeout_ms,
                                     startup_timeout_ms=arguments.startup_timeout, bookie_credentials=bookie_credentials))
     except BrokerStartupError as error:
