@@ -191,10 +191,17 @@ class Compactor:
                 return command.error
             try:
                 commands.extend(await self._carry_out(core, command))
-            except BadVersionError as error:
-                commands = collections.deque(core.failed(f"another broker wrote the compaction record: {error}", record_refused=True))
-            except (BKError, MetadataError, BrokerError, CompactionError, MalformedEntryError, EntryGoneError) as error:
-                commands = collections.deque(core.failed(f"{type(command).__name__}: {error}"))
+            except (BadVersionError, BKError, MetadataError, BrokerError, CompactionError, MalformedEntryError,
+                    EntryGoneError) as error:
+                if core.phase is Phase.DONE:
+                    # Cleaning up after a failure failed too: what is left is
+                    # named in the record, and the next compaction deletes it.
+                    return f"compaction of {self.partition} failed: {type(command).__name__}: {error}"
+                if isinstance(error, BadVersionError):
+                    commands = collections.deque(core.failed(f"another broker wrote the compaction record: {error}",
+                                                             record_refused=True))
+                else:
+                    commands = collections.deque(core.failed(f"{type(command).__name__}: {error}"))
         raise AssertionError("the compaction core stopped without finishing")
 
     async def _carry_out(self, core: CompactionCore, command) -> list:

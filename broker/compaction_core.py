@@ -32,6 +32,10 @@ from framing.codec import describe
 
 COMPACTION_KEYS_MAX = 1_000_000  # distinct keys a compaction holds in memory (phase one's map)
 CHUNKED_PENDING_MAX = 1_000  # chunked messages whose chunks a scan is gathering at once (the oldest is left out past it)
+# A chunked message still being written when a compaction starts, begun at
+# most this many offsets before its end, moves the horizon back before it
+# (its last chunk comes after); one begun longer ago is taken as abandoned.
+STRADDLING_CHUNKS_OFFSETS_MAX = 10_000
 COMPACTED_ENTRY_FORMAT = 1
 
 
@@ -173,6 +177,10 @@ class KeyScan:
             del self._chunks[uuid]
             self._latest(key, False, tuple(held))
 
+    def incomplete_from(self) -> int | None:
+        """The first offset of the chunked messages whose chunks did not all come (None: none)."""
+        return min((held[0] for held in self._chunks.values()), default=None)
+
     def retained(self) -> frozenset[int]:
         offsets: set[int] = set()
         for value in self.latest.values():
@@ -265,6 +273,7 @@ class Phase(enum.Enum):
 TRANSITIONS: dict[tuple[Phase, str], Phase] = {
     (Phase.IDLE, "start"): Phase.SCANNING,
     (Phase.SCANNING, "scanned"): Phase.CREATING,
+    (Phase.SCANNING, "rescan"): Phase.SCANNING,
     (Phase.CREATING, "created"): Phase.CLAIMING,
     (Phase.CLAIMING, "record_written"): Phase.CLEANING,
     (Phase.CLEANING, "deleted"): Phase.COPYING,
@@ -322,6 +331,16 @@ class CompactionCore:
         return [Copy(self.previous.ledger_id, self.previous.horizon + 1, self.through_offset, self.new_ledger_id)]
 
     def scanned(self) -> list[Command]:
+        incomplete = self.scan.incomplete_from()
+        if (incomplete is not None and self.through_offset - incomplete < STRADDLING_CHUNKS_OFFSETS_MAX
+                and incomplete > self.previous.horizon + 1):
+            # A chunked message is being written across the horizon: the
+            # horizon moves back before it, and the scan starts again (its
+            # keys must not count what comes after the new horizon).
+            self._step("rescan")
+            self.through_offset = incomplete - 1
+            self.scan = KeyScan(self.scan.keys_max, self.scan.chunked_pending_max)
+            return [Scan(self.previous.ledger_id, self.previous.horizon + 1, self.through_offset)]
         self._step("scanned")
         self.retained = self.scan.retained()
         return [CreateLedger()]

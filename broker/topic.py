@@ -62,6 +62,7 @@ LIFECYCLE_COMMANDS_MAX = 8  # the partition core's commands waiting to be carrie
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
+COMPACTION_RETRY_AFTER_S = 60.0  # the compaction threshold starts no compaction this soon after one failed
 
 
 @dataclass
@@ -160,9 +161,10 @@ class PartitionService:
         while not self.lifecycle.serving:
             assert commands, f"partition {self.name}: the load stopped at {self.lifecycle.phase.value}"
             commands.extend(await self._carry_out(commands.popleft()))
-        found = await self.topic_store.read_compaction(self.name)
-        if found is not None:
-            self._compaction_switched(found[0])
+        if self.compaction_record is None:
+            found = await self.topic_store.read_compaction(self.name)
+            if found is not None:
+                self._compaction_switched(found[0])
         log.info("partition %s: deduplication map of %d producers (%d entries replayed after the snapshot at %s)",
                  self.name, self.publishing.producer_count, self.publishing.replayed_entries, self.lifecycle.snapshot_covered)
 
@@ -223,6 +225,9 @@ class PartitionService:
     async def _load_cursors(self) -> list[str]:
         """Make the durable subscriptions from their cursors (an unreadable
         one is left alone); their names."""
+        found = await self.topic_store.read_compaction(self.name)
+        if found is not None:
+            self._compaction_switched(found[0])
         for subscription_name, (record, version) in (await self.topic_store.read_cursors(self.name)).items():
             try:
                 cursor = Cursor.from_record(record)
@@ -234,7 +239,7 @@ class PartitionService:
                 self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
                 cursor_version=version, core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
             )
-            subscription.skip_to(self.managed_ledger.first_offset)
+            self._skip_trimmed(subscription)
             self.subscriptions[subscription_name] = subscription
         return list(self.subscriptions)
 
@@ -525,7 +530,8 @@ class PartitionService:
             raise NotAllowedError("read compacted can only be used with exclusive or failover subscriptions (Pulsar's rule)")
         async with self._subscribe_lock:
             subscription = await self._open_subscription(subscription_name, subscription_type, initial_position=initial_position,
-                                                         durable=durable, important=important, start_offset=start_offset)
+                                                         durable=durable, important=important, start_offset=start_offset,
+                                                         read_compacted=read_compacted)
             # Set before the consumer is added: its first read (from the
             # cursor) takes the view.
             subscription.read_compacted = read_compacted
@@ -543,7 +549,8 @@ class PartitionService:
                                                  durable=True, important=False, start_offset=start_offset)
 
     async def _open_subscription(self, subscription_name: str, subscription_type: SubscriptionType, *,
-                                 initial_position: str, durable: bool, important: bool, start_offset: int | None) -> Subscription:
+                                 initial_position: str, durable: bool, important: bool, start_offset: int | None,
+                                 read_compacted: bool = False) -> Subscription:
         """The subscription, made (and, if durable, its cursor written) when
         it does not exist. The caller holds the subscribe lock."""
         self._check_serving()
@@ -557,10 +564,13 @@ class PartitionService:
             if start_offset is not None:
                 next_offset = start_offset
             elif initial_position == "earliest":
-                next_offset = self.managed_ledger.first_offset
+                next_offset = 0 if read_compacted else self.managed_ledger.first_offset
             else:
                 next_offset = self.managed_ledger.confirmed_offset + 1
-            next_offset = min(max(next_offset, self.managed_ledger.first_offset), self.managed_ledger.confirmed_offset + 1)
+            # A read-compacted subscription may start before what retention
+            # left: the compacted view holds keys from there.
+            floor = 0 if read_compacted and self.compaction_record is not None else self.managed_ledger.first_offset
+            next_offset = min(max(next_offset, floor), self.managed_ledger.confirmed_offset + 1)
             subscription = Subscription(
                 self, subscription_name, subscription_type, Cursor.at(next_offset),
                 durable=durable, important=important, cursor_version=None, core_class=self.context.subscription_core_class, created_ms=int(time.time() * 1000),
@@ -600,7 +610,7 @@ class PartitionService:
             durable=True, important=bool(record.get("important")), cursor_version=version,
             core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
         )
-        subscription.skip_to(self.managed_ledger.first_offset)
+        self._skip_trimmed(subscription)
         return subscription
 
     def remove_consumer(self, subscription_name: str, consumer_id: int, *, keep: bool = False) -> None:
@@ -756,6 +766,9 @@ class PartitionService:
         threshold = self.policies.compaction_threshold_bytes
         if threshold is None or self.compaction.running or self.closing or self.fenced is not None:
             return False
+        if self.compaction.status == CompactionStatus.ERROR and \
+                time.time() * 1000 - self.compaction.last_failed_ms < COMPACTION_RETRY_AFTER_S * 1000:
+            return False  # a compaction that failed is not started again at every check
         since = self.compaction_record.horizon + 1 if self.compaction_record is not None else self.managed_ledger.first_offset
         if since > self.managed_ledger.confirmed_offset:
             return False
@@ -803,8 +816,19 @@ class PartitionService:
         deleted = await self.managed_ledger.trim(self.held_from_offset())
         if deleted:
             for subscription in self.subscriptions.values():
-                subscription.skip_to(self.managed_ledger.first_offset)
+                self._skip_trimmed(subscription)
         return deleted
+
+    def _skip_trimmed(self, subscription: Subscription) -> None:
+        """Retention deleted what lies before the first offset: the
+        subscription's cursor moves past it, unless the partition has a
+        compacted view, which still holds keys from there (a read-compacted
+        consumer reads them; the others' reads start at the first entry
+        stored, and the next retention that deletes a ledger moves the
+        cursors of those connected without reading compacted)."""
+        if self.compaction_record is not None and (subscription.read_compacted or not subscription.consumers):
+            return
+        subscription.skip_to(self.managed_ledger.first_offset)
 
     # --- stats -------------------------------------------------------------------------------
 

@@ -60,6 +60,8 @@ class ChunkAssembler:
 
     def add(self, chunk: Chunk, offset: int, publish_time_ms: int, now_ms: int) -> Assembled:
         pending = self._pending.get(chunk.uuid)
+        if pending is not None and offset in pending.offsets:
+            return NOTHING  # the very chunk held, delivered again (a failover's replay): not a copy
         if chunk.chunk_id == 0:
             acknowledge: tuple[int, ...] = ()
             if pending is not None:
@@ -74,7 +76,7 @@ class ChunkAssembler:
             done = self._append(chunk, pending, offset, now_ms)
             return Assembled(done.payloads, done.offsets, acknowledge + done.acknowledge, redeliver)
         if pending is not None and chunk.chunk_id < len(pending.offsets):
-            return Assembled(acknowledge=(offset,))  # a chunk held already: a copy
+            return Assembled(acknowledge=(offset,))  # another copy of a chunk held (its producer sent it again)
         if pending is None or chunk.chunk_id != len(pending.offsets):
             # Its earlier chunks are not here (acknowledged, or asked for
             # again): Pulsar's rule, dropped once it is older than the

@@ -35,6 +35,8 @@ from broker.client.connection import BrokerConnection
 from broker.client.messages import Message, MessageId
 from broker.errors import BrokerError, ClientClosedError, ConnectionClosedError
 from broker.client.chunks import ChunkAssembler
+
+CHUNK_EXPIRY_CHECK_S = 10.0  # incomplete chunked messages are looked at this often
 from broker.message_format import MalformedEntryError, body_items, chunk_of, chunked_message, decode_entry
 from broker.topic_names import pulsar_name
 from broker.protocol import Ack, CloseConsumer, Flow, MessageDelivery, Redeliver, Seek, Subscribe, Unsubscribe
@@ -144,6 +146,7 @@ class PartitionConsumer:
             backoff.reset()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._ack_loop)
+                nursery.start_soon(self._chunk_expiry_loop)
                 if self.options.ack_timeout_ms is not None:
                     nursery.start_soon(self._ack_timeout_loop)
                 while not self._closed:
@@ -258,11 +261,7 @@ class PartitionConsumer:
         chunk = chunk_of(header, body)
         assert chunk is not None
         now_ms = int(time.time() * 1000)
-        expired = self._chunks.expire(now_ms)
-        if expired:
-            log.warning("consumer of %s on %s: a chunked message got no chunk for %d s: its %d chunks dropped",
-                        self.subscription, self.partition, self._chunks.expiry_ms // 1000, len(expired))
-            self._acknowledge_quietly(expired)
+        self._expire_chunks(now_ms)
         assembled = self._chunks.add(chunk, offset, header.publish_time_ms, now_ms)
         if assembled.acknowledge:
             self._acknowledge_quietly(assembled.acknowledge)
@@ -277,6 +276,20 @@ class PartitionConsumer:
                           header.producer_id, sequence_id, header.codec.value, delivery.redelivery_count, event_time_ms,
                           assembled.offsets[:-1])
         self.consumer._enqueue(self, self._generation, [message])
+
+    def _expire_chunks(self, now_ms: int) -> None:
+        expired = self._chunks.expire(now_ms)
+        if expired:
+            log.warning("consumer of %s on %s: a chunked message got no chunk for %d s: its %d chunks dropped",
+                        self.subscription, self.partition, self._chunks.expiry_ms // 1000, len(expired))
+            self._acknowledge_quietly(expired)
+
+    async def _chunk_expiry_loop(self) -> None:
+        """Chunked messages that get no new chunk expire also when no chunk comes at all."""
+        while True:
+            await trio.sleep(CHUNK_EXPIRY_CHECK_S)
+            if self._chunks.pending_count:
+                self._expire_chunks(int(time.time() * 1000))
 
     def _acknowledge_quietly(self, offsets) -> None:
         """Acknowledge chunks nobody will be given (whether it took is not awaited)."""
@@ -419,8 +432,12 @@ class PartitionConsumer:
     def _redeliver(self, offsets: list[int]) -> None:
         """Ask for these again, except those the dead-letter policy sends to
         its topic instead."""
-        offsets = [each for offset in offsets for each in (offset, *self._chunk_offsets_of.pop(offset, ()))]
         dead = [self._last_deliveries.pop(offset) for offset in offsets if offset in self._last_deliveries]
+        # A chunked message comes again whole: every chunk (a dead one's
+        # chunks are acknowledged with it, by `acknowledge`).
+        dead_offsets = {message.offset for message in dead}
+        offsets = [each for offset in offsets
+                   for each in ((offset,) if offset in dead_offsets else (offset, *self._chunk_offsets_of.pop(offset, ())))]
         if dead:
             self._services.spawn(self._dead_letter, dead)
             dead_offsets = {message.offset for message in dead}
@@ -522,7 +539,7 @@ class Consumer:
                 topic = self._dead_letter.topic_for(self.topic, self.subscription)
                 # A name of its own: every consumer of the subscription has
                 # one (a producer name is one producer at a time).
-                self._dead_letter_producer = await self._make_producer(topic, f"dlq-{uuid.uuid4().hex}")
+                self._dead_letter_producer = await self._make_producer(topic, f"dlq-{uuid.uuid4().hex}", chunking=True)
             return self._dead_letter_producer
 
     def _drop_queued(self, source: PartitionConsumer) -> None:

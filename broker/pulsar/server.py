@@ -830,6 +830,8 @@ class PulsarFrontEnd:
         start_offset = None
         if not body.durable and body.HasField("start_message_id"):
             start_offset = await self._start_offset(service, body.start_message_id)
+            if body.read_compacted and start_offset == service.managed_ledger.first_offset:
+                start_offset = 0  # earliest: the compacted view may hold keys from before what retention left
         hash_ranges = None
         if subscription_type is SubscriptionType.KEY_SHARED and body.HasField("keySharedMeta"):
             meta = body.keySharedMeta

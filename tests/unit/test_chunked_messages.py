@@ -103,3 +103,16 @@ def test_the_assembler_holds_a_bounded_number_of_messages():
     oversized = ChunkAssembler(bytes_max=15)
     oversized.add(_chunks("d", 2)[0], 1, 0, 0)
     assert oversized.add(_chunks("d", 2)[1], 2, 0, 0).acknowledge == (1, 2)
+
+
+def test_the_very_chunk_held_delivered_again_is_not_a_copy():
+    # A failover's replay brings back a chunk at the offset it is held at:
+    # acknowledging it as a copy would lose it if the message came again.
+    assembler = ChunkAssembler()
+    first, second, _ = _chunks("a", 3)
+    assembler.add(first, 10, 0, 0)
+    again = assembler.add(first, 10, 0, 0)
+    assert again.payloads is None and again.acknowledge == () and again.redeliver == ()
+    replayed = assembler.add(second, 11, 0, 0)
+    assert replayed.acknowledge == () and replayed.redeliver == ()
+    assert assembler.add(second, 11, 0, 0).acknowledge == ()

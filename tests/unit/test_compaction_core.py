@@ -180,3 +180,16 @@ def test_a_chunked_message_is_kept_or_left_out_whole():
     assert scan.retained() == frozenset({0, 1, 2, 4})
     scan.message(7, "k", True)
     assert scan.retained() == frozenset({1})
+
+
+def test_a_chunked_message_being_written_moves_the_horizon_back_before_it():
+    core = CompactionCore("p", None, None, 9, now_ms=0)
+    core.start()
+    core.scan.message(5, "a", False)
+    core.scan.chunk(7, "p/x", 0, 3, "b")
+    core.scan.chunk(9, "p/x", 1, 3, "b")  # its last chunk comes after offset 9
+    assert core.scanned() == [Scan(None, 0, 6)]
+    assert core.through_offset == 6 and core.scan.latest == {}
+    core.scan.message(5, "a", False)
+    assert core.scanned() == [CreateLedger()]
+    assert core.retained == frozenset({5})
