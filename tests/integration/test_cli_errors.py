@@ -436,7 +436,7 @@ def test_unknown_flag_of_every_command_is_a_usage_error(words, capsys):
 
 @pytest.mark.parametrize("arguments, key_words", [
     (["topic", "create", "t", "--partitions", "99999999999999999999"], ["--partitions", "at most 10000"]),
-    (["produce", "t", "--count", "1", "--size", "99999999999999"], ["--size", "at most 5MiB"]),
+    (["produce", "t", "--count", "1", "--size", "99999999999999"], ["--size", "at most 1GiB"]),
     (["ledger", "read", "0", "--first", "10", "--last", "2"], ["--first 10", "--last 2"]),
     (["consume", "t", "-s", "s", "--idle-timeout", "-5s"], ["--idle-timeout", "must not be negative"]),
     (["ledger", "create", "-E", "2", "-W", "3"], ["2/3/"]),
