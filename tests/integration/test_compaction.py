@@ -7,7 +7,6 @@ compaction, also once the partition has moved to another broker."""
 from __future__ import annotations
 
 import json
-import time
 
 import pulsar
 import pytest
@@ -20,6 +19,7 @@ from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
 from tests.integration.broker_processes import brokers, shared_cluster  # noqa: F401
 from tests.integration.test_pulsar_clients import full, in_thread, pulsar_client
 from tests.integration.test_web_admin import quire
+from tests.support import wait_until, wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -27,18 +27,27 @@ COMPACTION_WAIT_S = 60
 
 
 def wait_for_compaction(web_url: str, topic: str, *, since_ms: int = 0) -> dict:
-    """Until the topic's compaction succeeded (after `since_ms`); its status."""
-    url = f"{web_url}/admin/v2/persistent/public/default/{topic}/compaction"
-    deadline = time.monotonic() + COMPACTION_WAIT_S
-    while True:
-        status = requests.get(url, timeout=30).json()
+    """Until the topic's compaction succeeded (after `since_ms`), over REST; its status."""
+    path = f"{web_url}/admin/v2/persistent/public/default/{topic}"
+
+    def succeeded() -> dict | None:
+        status = requests.get(f"{path}/compaction", timeout=30).json()
         assert status["status"] != "ERROR", status
-        if status["status"] == "SUCCESS":
-            stats = requests.get(f"{web_url}/admin/v2/persistent/public/default/{topic}/stats", timeout=30).json()
-            if stats["compaction"]["lastCompactionSucceedTimestamp"] > since_ms:
-                return status
-        assert time.monotonic() < deadline, f"compaction of {topic} never finished: {status}"
-        time.sleep(0.1)
+        if status["status"] != "SUCCESS":
+            return None
+        stats = requests.get(f"{path}/stats", timeout=30).json()
+        return status if stats["compaction"]["lastCompactionSucceedTimestamp"] > since_ms else None
+
+    return wait_until(succeeded, deadline_s=COMPACTION_WAIT_S, what=f"compaction of {topic} to succeed", poll_s=0.1)
+
+
+async def compaction_ended(client: Client, topic: str) -> dict:
+    """Until no partition of the topic is compacting; each one's status."""
+    async def ended() -> dict | None:
+        statuses = await client.compaction_status(topic)
+        return None if any(status["running"] for status in statuses.values()) else statuses
+
+    return await wait_until_async(ended, deadline_s=COMPACTION_WAIT_S, what=f"compaction of {topic} to end", poll_s=0.1)
 
 
 def read_all(reader_or_consumer, *, acknowledge: bool = False) -> list[tuple[str | None, bytes]]:
@@ -195,9 +204,7 @@ async def test_a_broker_killed_while_compacting_leaves_a_whole_view_and_nothing_
 
         await publish(2, 100)
         await client.compact(topic)  # a first view, at once
-        with trio.fail_after(COMPACTION_WAIT_S):
-            while (await client.compaction_status(topic))[topic]["status"] != "SUCCESS":
-                await trio.sleep(0.1)
+        assert (await compaction_ended(client, topic))[topic]["status"] == "SUCCESS"
         await publish(200, 500)  # 100,000 more: the next compaction takes a while
         owner_address = await client.lookup(topic)
         owner = first if first.address == owner_address else second
@@ -212,9 +219,7 @@ async def test_a_broker_killed_while_compacting_leaves_a_whole_view_and_nothing_
         read, view = await _read_compacted(client, topic)
         assert view == latest and read in (100 + 100_000, 500), f"{read} messages read compacted"
         await client.compact(topic)
-        with trio.fail_after(COMPACTION_WAIT_S):
-            while (status := (await client.compaction_status(topic))[topic])["running"]:
-                await trio.sleep(0.1)
+        status = (await compaction_ended(client, topic))[topic]
         assert status["status"] == "SUCCESS", status
         assert await _read_compacted(client, topic) == (500, latest)
     async with BookKeeper.connect(zk_hosts, zk_root) as bookkeeper:
@@ -258,9 +263,7 @@ async def test_the_view_outlives_the_ledgers_retention_deletes(shared_cluster):
             for index in range(4):
                 await producer.send(f"{round_}".encode(), key=f"key-{index}")
         await client.compact(topic)
-        with trio.fail_after(COMPACTION_WAIT_S):
-            while (await client.compaction_status(topic))[topic]["status"] != "SUCCESS":
-                await trio.sleep(0.1)
+        assert (await compaction_ended(client, topic))[topic]["status"] == "SUCCESS"
         await producer.send(b"after", key="key-0")
         await client.unload(topic)  # the open ledger closes; retention may delete every ledger before the horizon
         await client.apply_retention(topic)

@@ -423,6 +423,8 @@ def test_a_failed_job_is_one_line_with_its_root_cause():
 
 
 async def test_the_compacted_view_exports_the_latest_message_of_each_key(shared_cluster, spark, tmp_path):
+    from tests.integration.test_compaction import compaction_ended
+
     topic = "export-compacted"
     async with Client.connect(shared_cluster.zk_hosts, shared_cluster.root) as client:
         await client.create_topic(topic, partitions=2)
@@ -442,10 +444,8 @@ async def test_the_compacted_view_exports_the_latest_message_of_each_key(shared_
         arguments = export_arguments(shared_cluster, topic, tmp_path / "none", "--compacted")
         assert run_export(spark, arguments)["messages"] == 0  # never compacted: nothing
         await client.compact(topic)
-        deadline = time.monotonic() + 60
-        while any(status["status"] != "SUCCESS" for status in (await client.compaction_status(topic)).values()):
-            assert time.monotonic() < deadline, await client.compaction_status(topic)
-            await trio.sleep(0.1)
+        statuses = await compaction_ended(client, topic)
+        assert all(status["status"] == "SUCCESS" for status in statuses.values()), statuses
     out = tmp_path / "view"
     result = run_export(spark, export_arguments(shared_cluster, topic, out, "--compacted"))
     rows = spark.read.parquet(str(out)).collect()
