@@ -6,8 +6,8 @@ due at a time drawn evenly over `--spread` seconds that start once they
 are all sent (at 4,000 messages/s or more); a Shared
 consumer receives and acknowledges them. Measured: how late each message
 came after its time (none may come early), and the broker's RSS, sampled
-every second, against the delayed index's bound (100,000 messages per
-subscription; past it messages are read again from the ledger).
+every second, against the delayed index's memory bound (100,000 messages
+per subscription; past it they are spilled to disk in runs sorted by time).
 
     .venv/bin/python -m bench.delayed_delivery                 # 1,000,000 over 10 minutes
     .venv/bin/python -m bench.delayed_delivery --messages 100000 --spread 120s

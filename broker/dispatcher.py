@@ -39,9 +39,7 @@ Subscription types:
 from __future__ import annotations
 
 import bisect
-import collections
 import enum
-import heapq
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -49,14 +47,14 @@ import mmh3
 
 from framing.codec import describe
 from broker.cursor import Cursor
+from broker.delayed_index import DelayedIndex, MemorySpillFile, SpillFactory
+from broker.entry_types import EntryRef
 
 REPLAY_MAX_DEFAULT = 10_000  # messages held for (re)delivery
 UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past it a consumer gets nothing more
 UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT = 200_000  # ... by all of a subscription's consumers together
 PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
-DELAYED_MAX_DEFAULT = 100_000  # delayed messages indexed in memory; past it they are found again by reading
-DELAYED_SEGMENT_OFFSETS = 4_096  # the stretch of offsets the messages left out of the index are summed up by
-DELAYED_SEGMENTS_MAX = 10_000  # stretches summed up; past it each becomes twice as long
+DELAYED_MAX_DEFAULT = 100_000  # delayed messages indexed in memory; past it they are sealed into a spilled run
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
 KEY_HASH_RANGE = 65_536  # key-shared hashes are 0 .. KEY_HASH_RANGE - 1 (Pulsar's range size)
 NONE_KEY = b"NONE_KEY"  # what a message without a key hashes as (as Pulsar does)
@@ -82,28 +80,6 @@ class SubscriptionType(str, enum.Enum):
 class ConsumerRefusedError(Exception):
     """The subscription cannot take this consumer (exclusive and taken, or
     of another type)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EntryRef:
-    """What the dispatcher needs of an entry (not its bytes)."""
-
-    ledger_id: int
-    entry_id: int
-    first_offset: int
-    message_count: int
-    keys: tuple[str | None, ...] | None = None
-    deliver_at_ms: int = 0  # Pulsar's deliver_at_time: held back from shared subscriptions until then (0: at once)
-    # An entry of a compacted view: the offsets it keeps (the others were
-    # superseded by later messages of their keys). None: every one.
-    retained: frozenset[int] | None = None
-
-    @property
-    def last_offset(self) -> int:
-        return self.first_offset + self.message_count - 1
-
-    def key_of(self, offset: int) -> str | None:
-        return None if self.keys is None else self.keys[offset - self.first_offset]
 
 
 @dataclass(slots=True)
@@ -136,7 +112,7 @@ class Dispatcher:
         unacked_per_consumer_max: int = UNACKED_PER_CONSUMER_MAX_DEFAULT,
         unacked_per_subscription_max: int = UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT,
         delayed_max: int = DELAYED_MAX_DEFAULT,
-        delayed_segment_offsets: int = DELAYED_SEGMENT_OFFSETS,
+        delayed_spill: SpillFactory = MemorySpillFile,
     ) -> None:
         if replay_max < 1 or unacked_per_consumer_max < 1 or unacked_per_subscription_max < 1 or delayed_max < 1:
             raise ValueError("replay_max, unacked_per_consumer_max, unacked_per_subscription_max and delayed_max must be at least 1")
@@ -153,21 +129,11 @@ class Dispatcher:
         self._redeliveries: dict[int, int] = {}  # offset -> times delivered again
         self.read_offset = cursor.mark_delete + 1  # the next offset a read gives
         self._seen_through = self.read_offset  # every offset below it was read once (a rewind reads some again)
-        # Delayed delivery (shared and key-shared): (deliver at ms, offset,
-        # entry), a heap of at most `delayed_max`; past it, the lowest
-        # offset not indexed, read again once the index has room.
+        # Delayed delivery (shared and key-shared): the messages held until
+        # their time, `delayed_max` in memory and the rest in spilled runs.
         self.delayed_max = delayed_max
-        self._delayed: list[tuple[int, int, EntryRef]] = []  # earliest first; items of dropped messages go stale
-        self._delayed_latest: list[tuple[int, int]] = []  # (-due ms, -offset): the latest first, as lazily
-        self._delayed_offsets: dict[int, int] = {}  # the indexed messages: offset -> due ms
-        # The messages left out of the index, summed up per stretch of
-        # `_segment_offsets` offsets: stretch -> [earliest time due, count].
-        # A rescan reads again only the stretches holding what comes due next.
-        self._left_out: dict[int, list[int]] = {}
-        self._delayed_left_out_due_ms: int | None = None  # the earliest time a message left out is due
-        self._segment_offsets = delayed_segment_offsets
-        self._rescan: collections.deque[tuple[int, int]] = collections.deque()  # offset ranges being read again
-        self._jumped = False  # the driver is to read from `read_offset`, not on from where it was
+        self._delayed = DelayedIndex(delayed_max, delayed_spill)
+        self._released_data: dict[tuple[int, int], bytes] = {}  # see take_released_data
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
         self._sticky: list[tuple[int, int, int]] = []  # key-shared: (start, end, consumer id) of the named ranges, sorted
@@ -298,15 +264,7 @@ class Dispatcher:
 
     def acknowledged_through(self, offset: int) -> None:
         """A cumulative acknowledgement (or a cursor that skipped ahead)."""
-        if self._delayed_offsets:
-            # Held messages acknowledged (a skip, an expiry): their index
-            # slots go (their heap items go stale).
-            for held in [held for held in self._delayed_offsets if held <= offset]:
-                del self._delayed_offsets[held]
-        if self._left_out:
-            for segment in [segment for segment in self._left_out if (segment + 1) * self._segment_offsets - 1 <= offset]:
-                del self._left_out[segment]
-            self._left_out_changed()
+        self._delayed.drop_through(offset)
         for delivered in [delivered for delivered in self._owner if delivered <= offset]:
             self._forget(delivered)
         cut = bisect.bisect_right(self._replay_offsets, offset)
@@ -366,12 +324,7 @@ class Dispatcher:
         self._replay_offsets.clear()
         self._redeliveries.clear()
         self._delayed.clear()
-        self._delayed_latest.clear()
-        self._delayed_offsets.clear()
-        self._left_out.clear()
-        self._delayed_left_out_due_ms = None
-        self._rescan.clear()
-        self._jumped = False
+        self._released_data.clear()
         self.read_offset = self._seen_through = next_offset
 
     # --- dispatching ------------------------------------------------------------------
@@ -399,20 +352,17 @@ class Dispatcher:
         candidates = [(offset, self._replay[offset]) for offset in self._replay_offsets]
         return self._dispatch(candidates, from_replay=True)
 
-    def entry_read(self, entry: EntryRef, now_ms: int = 0) -> list[Delivery]:
+    def entry_read(self, entry: EntryRef, now_ms: int = 0, data: bytes | None = None) -> list[Delivery]:
         """A new entry, read in order from the partition: deliver what of it
         the cursor has not acknowledged (on a shared subscription, once its
-        delivery time has come)."""
+        delivery time has come). `data`, the entry's bytes, is kept with
+        its messages if they are held back (see `take_released_data`)."""
         fresh = entry.first_offset >= self._seen_through
         self.read_offset = max(self.read_offset, entry.last_offset + 1)
         self._seen_through = max(self._seen_through, entry.last_offset + 1)
         if entry.deliver_at_ms > now_ms and self.subscription_type in (SubscriptionType.SHARED, SubscriptionType.KEY_SHARED):
-            self._delay(entry)
-            if self._rescan:
-                self._rescan_read(entry)
+            self._delay(entry, data)
             return []
-        if self._rescan:
-            self._rescan_read(entry)
         retained = entry.retained
         if fresh and self.subscription_type is not SubscriptionType.KEY_SHARED and not self._replay_offsets and retained is None:
             whole = self._deliver_whole(entry)
@@ -433,120 +383,13 @@ class Dispatcher:
 
     # --- delayed delivery ----------------------------------------------------------------
 
-    def _delay(self, entry: EntryRef) -> None:
+    def _delay(self, entry: EntryRef, data: bytes | None) -> None:
         """Hold an entry's messages until their time (as Pulsar's delayed
-        delivery tracker does). The index keeps at most `delayed_max`
-        messages, and once it had to leave some out, only messages due
-        before every one left out: the rest stay in the ledger and are read
-        again (release_due rewinds the reading) when the index has drained
-        enough, so what is indexed is always what comes due first."""
-        due_ms = entry.deliver_at_ms
-        for offset in range(entry.first_offset, entry.last_offset + 1):
-            if self.cursor.is_acked(offset) or offset in self._owner or offset in self._replay or offset in self._delayed_offsets:
-                continue
-            left_out_due = self._delayed_left_out_due_ms
-            if left_out_due is not None and due_ms > left_out_due:
-                self._leave_out(offset, due_ms)  # due after a message already left out
-                continue
-            if len(self._delayed_offsets) >= self.delayed_max:
-                latest = self._latest_delayed()
-                if latest is None or due_ms >= latest[0]:
-                    self._leave_out(offset, due_ms)
-                    continue
-                del self._delayed_offsets[latest[1]]  # its item in the earliest-first heap goes stale
-                self._leave_out(latest[1], latest[0])
-            heapq.heappush(self._delayed, (due_ms, offset, entry))
-            heapq.heappush(self._delayed_latest, (-due_ms, -offset))
-            self._delayed_offsets[offset] = due_ms
-        if len(self._delayed) > 2 * self.delayed_max or len(self._delayed_latest) > 2 * self.delayed_max:
-            self._compact_delayed()
-
-    def _leave_out(self, offset: int, due_ms: int) -> None:
-        """A delayed message the index does not hold: read again later."""
-        summary = self._left_out.get(offset // self._segment_offsets)
-        if summary is None:
-            self._left_out[offset // self._segment_offsets] = [due_ms, 1]
-        else:
-            summary[0] = min(summary[0], due_ms)
-            summary[1] += 1
-        if self._delayed_left_out_due_ms is None or due_ms < self._delayed_left_out_due_ms:
-            self._delayed_left_out_due_ms = due_ms
-        if len(self._left_out) > DELAYED_SEGMENTS_MAX:
-            # Too many stretches: each one twice as long (coarser rescans, bounded memory).
-            self._segment_offsets *= 2
-            merged: dict[int, list[int]] = {}
-            for segment, (earliest, count) in self._left_out.items():
-                summary = merged.setdefault(segment // 2, [earliest, 0])
-                summary[0] = min(summary[0], earliest)
-                summary[1] += count
-            self._left_out = merged
-
-    def _left_out_changed(self) -> None:
-        self._delayed_left_out_due_ms = min((summary[0] for summary in self._left_out.values()), default=None)
-
-    def take_jump(self) -> bool:
-        """Whether reading is to go on from `read_offset` (a rescan moved it)."""
-        jumped, self._jumped = self._jumped, False
-        return jumped
-
-    def _rescan_read(self, entry: EntryRef) -> None:
-        """After an entry read during a rescan: on to the next stretch once
-        this one is read, back to new entries after the last."""
-        rescan = self._rescan
-        while rescan and entry.last_offset >= rescan[0][1]:
-            rescan.popleft()
-        if rescan and entry.last_offset + 1 < rescan[0][0]:
-            self.read_offset = rescan[0][0]
-            self._jumped = True
-        elif not rescan:
-            self.read_offset = max(self.read_offset, self._seen_through)
-            self._jumped = True
-
-    def _start_rescan(self) -> None:
-        """Read again the stretches whose left-out messages come due first,
-        enough to refill the index's free room."""
-        room = self.delayed_max - len(self._delayed_offsets)
-        chosen = []
-        for segment, (_, count) in sorted(self._left_out.items(), key=lambda item: item[1][0]):
-            chosen.append(segment)
-            room -= count
-            if room <= 0:
-                break
-        for segment in chosen:
-            del self._left_out[segment]
-        self._left_out_changed()
-        size = self._segment_offsets
-        ranges: list[tuple[int, int]] = []
-        for segment in sorted(chosen):
-            first, last = segment * size, min((segment + 1) * size, self._seen_through) - 1
-            if first > last:
-                continue
-            if ranges and ranges[-1][1] + 1 >= first:
-                ranges[-1] = (ranges[-1][0], last)
-            else:
-                ranges.append((first, last))
-        if ranges:
-            self._rescan.extend(ranges)
-            self.read_offset = ranges[0][0]
-            self._jumped = True
-
-    def _latest_delayed(self) -> tuple[int, int] | None:
-        """(due ms, offset) of the indexed message due last."""
-        latest = self._delayed_latest
-        while latest:
-            due_ms, offset = -latest[0][0], -latest[0][1]
-            if self._delayed_offsets.get(offset) == due_ms:
-                return due_ms, offset
-            heapq.heappop(latest)  # released or dropped
-        return None
-
-    def _compact_delayed(self) -> None:
-        """Drop the heaps' stale items (released or dropped messages)."""
-        live = self._delayed_offsets
-        self._delayed = [item for item in self._delayed if live.get(item[1]) == item[0]]
-        heapq.heapify(self._delayed)
-        self._delayed_latest = [(-due_ms, -offset) for offset, due_ms in live.items()]
-        heapq.heapify(self._delayed_latest)
+        delivery tracker does), in the delayed index: bounded memory, the
+        rest spilled in runs sorted by time (`broker/delayed_index.py`)."""
+        offsets = [offset for offset in range(entry.first_offset, entry.last_offset + 1)
+                   if not (self.cursor.is_acked(offset) or offset in self._owner or offset in self._replay)]
+        self._delayed.add(entry.deliver_at_ms, offsets, entry, data)
 
     def next_delayed_ms(self) -> int | None:
         """When the earliest held message is due; None when none is held,
@@ -554,35 +397,39 @@ class Dispatcher:
         acknowledgements and flow wake the driver)."""
         if len(self._replay_offsets) >= self.replay_max:
             return None
-        delayed, live = self._delayed, self._delayed_offsets
-        while delayed and live.get(delayed[0][1]) != delayed[0][0]:
-            heapq.heappop(delayed)  # dropped for an earlier one
-        return delayed[0][0] if delayed else None
+        return self._delayed.next_due_ms()
 
     @property
     def delayed_count(self) -> int:
-        return len(self._delayed_offsets)
+        """Messages held back (those acknowledged meanwhile, by a skip or an
+        expiry, count until their time, when they are dropped)."""
+        return len(self._delayed)
 
-    def release_due(self, now_ms: int) -> bool:
+    def release_due(self, now_ms: int) -> None:
         """Messages whose time came join the replay set (as far as it has
-        room). True when reading must go back (the driver forgets its read
-        position): messages the index had no room for are found again, once
-        it is half empty."""
-        delayed, live = self._delayed, self._delayed_offsets
-        while delayed and len(self._replay_offsets) < self.replay_max:
-            due_ms, offset, entry = delayed[0]
-            if live.get(offset) != due_ms:
-                heapq.heappop(delayed)  # dropped for an earlier one
-                continue
-            if due_ms > now_ms:
+        room); those acknowledged or delivered meanwhile are dropped."""
+        delayed = self._delayed
+        while len(self._replay_offsets) < self.replay_max:
+            taken = delayed.take(now_ms)
+            if taken is None:
                 break
-            heapq.heappop(delayed)
-            del live[offset]
-            if not self.cursor.is_acked(offset) and offset not in self._owner:
+            offset, entry, data = taken
+            if not (self.cursor.is_acked(offset) or offset in self._owner):
                 self._hold(offset, entry)
-        if self._left_out and not self._rescan and len(live) <= self.delayed_max // 2:
-            self._start_rescan()
-        return self.take_jump()
+                if data is not None:
+                    self._released_data[(entry.ledger_id, entry.entry_id)] = data
+
+    def take_released_data(self) -> dict[tuple[int, int], bytes]:
+        """The bytes of the entries whose held messages came due, where the
+        index carried them ((ledger, entry) -> bytes; each handed out once):
+        the driver keeps them where deliveries read entries, rather than
+        reading them back one by one."""
+        released, self._released_data = self._released_data, {}
+        return released
+
+    def close(self) -> None:
+        """The subscription is done with this dispatcher: the delayed index's spill files go."""
+        self._delayed.clear()
 
     def _deliver_whole(self, entry: EntryRef) -> list[Delivery] | None:
         """The common case, without a step per message: an entry nobody saw

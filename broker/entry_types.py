@@ -71,4 +71,26 @@ class BodyColumns(NamedTuple):
     payloads: tuple[bytes, ...]
 
 
-__all__ = ["BODY_BYTES_MAX", "BatchHeader", "BodyColumns", "MalformedEntryError", "MessageRecord"]
+@dataclass(frozen=True, slots=True)
+class EntryRef:
+    """What the dispatcher needs of an entry (not its bytes)."""
+
+    ledger_id: int
+    entry_id: int
+    first_offset: int
+    message_count: int
+    keys: tuple[str | None, ...] | None = None
+    deliver_at_ms: int = 0  # Pulsar's deliver_at_time: held back from shared subscriptions until then (0: at once)
+    # An entry of a compacted view: the offsets it keeps (the others were
+    # superseded by later messages of their keys). None: every one.
+    retained: frozenset[int] | None = None
+
+    @property
+    def last_offset(self) -> int:
+        return self.first_offset + self.message_count - 1
+
+    def key_of(self, offset: int) -> str | None:
+        return None if self.keys is None else self.keys[offset - self.first_offset]
+
+
+__all__ = ["BODY_BYTES_MAX", "BatchHeader", "BodyColumns", "EntryRef", "MalformedEntryError", "MessageRecord"]

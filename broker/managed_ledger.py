@@ -402,6 +402,15 @@ class ManagedLedger:
                     break  # the reads still in flight end on their own
         return entries
 
+    def remember(self, entries: dict[tuple[int, int], bytes]) -> None:
+        """Put entries known by other means ((ledger, entry) -> bytes: the
+        delayed index carried them) in the entry cache, where reads find
+        them; those of ledgers the partition no longer has are dropped."""
+        for (ledger_id, entry_id), data in entries.items():
+            if self.core.ledger_info(ledger_id) is not None:
+                header, _ = decode_entry(data)
+                self.cache.put(StoredEntry(Position(ledger_id, entry_id), header, data))
+
     async def read_entry(self, position: Position) -> StoredEntry:
         entries = await self.read(position, 1)
         if not entries:

@@ -20,6 +20,7 @@ import trio
 from broker.compaction import CompactedView
 from broker.compaction_core import CompactedEntry, CompactionError
 from broker.cursor import Cursor
+from broker.delayed_index import DiskSpillFile
 from broker.dispatcher import Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 
 READ_ENTRIES_MAX = 100  # entries per read from the managed ledger
 READ_FAILURE_BACKOFF_S = 0.5
+# Entries read again at once for one pass's deliveries (redeliveries and
+# delayed messages come from anywhere in the backlog, an entry each).
+READS_AGAIN_IN_FLIGHT_MAX = 64
 CURSOR_WRITE_PAUSE_S_PER_RANGE = 0.0001  # after a cursor write of N ranges, the next waits N times this
 
 
@@ -121,7 +125,7 @@ class Subscription:
         self.partition = partition
         self.core: SubscriptionCore[AckWaiter] = core_class(
             name, subscription_type, cursor, durable=durable, important=important, created_ms=created_ms,
-            cursor_version=cursor_version, partition_index=partition.partition_index,
+            cursor_version=cursor_version, partition_index=partition.partition_index, delayed_spill=DiskSpillFile,
         )
         self.consumers: dict[int, ConsumerLink] = {}
         self.messages_out = 0
@@ -363,8 +367,10 @@ class Subscription:
 
     async def _dispatch_once(self) -> bool:
         now_ms = int(time.time() * 1000)
-        if self.dispatcher.release_due(now_ms):
-            self.read_position = None  # read again what the delayed index had no room for
+        self.dispatcher.release_due(now_ms)
+        released = self.dispatcher.take_released_data()
+        if released:
+            self.managed_ledger.remember(released)
         deliveries = self.dispatcher.dispatch_replay()
         if deliveries:
             await self._send(deliveries, {})
@@ -394,10 +400,7 @@ class Subscription:
             ref = EntryRef(entry.position.ledger_id, entry.position.entry_id, header.first_offset, header.message_count, header.keys,
                            header.deliver_at_ms)
             stored[(ref.ledger_id, ref.entry_id)] = entry
-            deliveries += self.dispatcher.entry_read(ref, now_ms)
-            if self.dispatcher.take_jump():
-                self.read_position = None  # a rescan of delayed messages moved the reading
-                break
+            deliveries += self.dispatcher.entry_read(ref, now_ms, entry.data)
             self.read_position = Position(entry.position.ledger_id, entry.position.entry_id + 1)
             if not self.dispatcher.wants_read():
                 break
@@ -455,6 +458,7 @@ class Subscription:
         """Send what the dispatcher decided. A delivery that cannot be sent
         (its entry unreadable now) and every one after it go back to the
         dispatcher, permits included, to be delivered again."""
+        await self._read_again_all(deliveries, stored)
         for index, delivery in enumerate(deliveries):
             ref = delivery.entry
             entry = stored.get((ref.ledger_id, ref.entry_id))
@@ -480,6 +484,32 @@ class Subscription:
             # A consumer's socket that does not keep up: wait before queueing
             # more for it (permits bound messages, this bounds bytes).
             await link.wait_for_room()
+
+    async def _read_again_all(self, deliveries: list[Delivery], stored: dict[tuple[int, int], StoredEntry]) -> None:
+        """Read the entries the deliveries need and `stored` lacks, up to
+        READS_AGAIN_IN_FLIGHT_MAX at a time rather than one after another.
+        What fails here is left out: `_send` reads it again and handles the
+        error in delivery order."""
+        missing: dict[tuple[int, int], EntryRef] = {}
+        for delivery in deliveries:
+            ref = delivery.entry
+            key = (ref.ledger_id, ref.entry_id)
+            if key not in stored:
+                missing.setdefault(key, ref)
+        if len(missing) < 2:
+            return
+        limiter = trio.CapacityLimiter(READS_AGAIN_IN_FLIGHT_MAX)
+
+        async def read(key: tuple[int, int], ref: EntryRef) -> None:
+            async with limiter:
+                try:
+                    stored[key] = await self._read_again(ref)
+                except (EntryGoneError, BKError, MalformedEntryError, CompactionError, BrokerError):
+                    pass
+
+        async with trio.open_nursery() as nursery:
+            for key, ref in missing.items():
+                nursery.start_soon(read, key, ref)
 
     async def _read_again(self, ref: EntryRef) -> StoredEntry:
         """An entry delivered before (to be delivered again): from the

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from broker.cursor import RANGES_PERSISTED_MAX_DEFAULT, Cursor
+from broker.delayed_index import MemorySpillFile, SpillFactory
 from broker.dispatcher import ConsumerRefusedError, Dispatcher, HashRanges, SubscriptionType
 from broker.errors import BadRequestError, ConsumerBusyError, TopicFencedError
 
@@ -76,6 +77,7 @@ class SubscriptionCore(Generic[Waiter]):
         partition_index: int = -1,
         acked_ranges_max: int = ACKED_RANGES_MAX,
         ranges_persisted_max: int = RANGES_PERSISTED_MAX_DEFAULT,
+        delayed_spill: SpillFactory = MemorySpillFile,
     ) -> None:
         self.name = name
         self.subscription_type = subscription_type
@@ -86,7 +88,8 @@ class SubscriptionCore(Generic[Waiter]):
         self.partition_index = partition_index
         self.acked_ranges_max = acked_ranges_max
         self.ranges_persisted_max = ranges_persisted_max
-        self.dispatcher = self.dispatcher_class(subscription_type, cursor, partition_index=partition_index)
+        self.delayed_spill = delayed_spill  # where dispatchers spill delayed messages past their memory
+        self.dispatcher = self._new_dispatcher()
         self.consumer_count = 0
         self.closed = False
         self.cursor_version = cursor_version
@@ -114,7 +117,8 @@ class SubscriptionCore(Generic[Waiter]):
                     f"asked for {subscription_type.value}"
                 )
             self.subscription_type = subscription_type
-            self.dispatcher = self.dispatcher_class(subscription_type, self.cursor, partition_index=self.partition_index)
+            self.dispatcher.close()
+            self.dispatcher = self._new_dispatcher()
             changed = True
         try:
             self.dispatcher.add_consumer(consumer_id, name, priority=priority, hash_ranges=hash_ranges)
@@ -122,6 +126,10 @@ class SubscriptionCore(Generic[Waiter]):
             raise ConsumerBusyError(f"subscription {self.name}: {error}") from None
         self.consumer_count += 1
         return changed
+
+    def _new_dispatcher(self) -> Dispatcher:
+        return self.dispatcher_class(self.subscription_type, self.cursor, partition_index=self.partition_index,
+                                     delayed_spill=self.delayed_spill)
 
     def remove_consumer(self, consumer_id: int) -> None:
         """A consumer the driver had added went away."""
@@ -259,6 +267,7 @@ class SubscriptionCore(Generic[Waiter]):
         Returns the waiters still unanswered, to answer TOPIC_FENCED so that
         their clients acknowledge again through the next owner."""
         self.closed = True
+        self.dispatcher.close()
         waiting, self._waiting = self._waiting, []
         return [waiter for _, waiter in waiting]
 

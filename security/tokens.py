@@ -13,12 +13,12 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jwt
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
+# PyJWT and `cryptography` are imported where they are used: a server with
+# token authentication off never loads them (about 10 MB of its memory).
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 # A longer token is refused before it is decoded: Pulsar's tokens are a few
 # hundred bytes, and decoding costs memory and time in the token's length.
@@ -70,6 +70,9 @@ def create_secret_key() -> bytes:
 def create_key_pair() -> tuple[bytes, bytes]:
     """A new RSA key pair for RS256: (private key PEM, PKCS8 unencrypted;
     public key PEM, SubjectPublicKeyInfo), as `pulsar tokens create-key-pair`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
     private_key = rsa.generate_private_key(public_exponent=65537, key_size=RSA_KEY_BITS)
     private_pem = private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                             serialization.NoEncryption())
@@ -153,6 +156,9 @@ def _load_private_key(private_key: Any) -> tuple[rsa.RSAPrivateKey | ec.Elliptic
     """The key object and the algorithm it signs with."""
     if not isinstance(private_key, bytes):
         raise TypeError(f"private_key must be bytes (a PEM), not {type(private_key).__name__}")
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_pem_private_key(private_key, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm):
@@ -166,6 +172,9 @@ def _load_public_key(public_key: Any) -> tuple[rsa.RSAPublicKey | ec.EllipticCur
         raise TypeError(f"public_key must be bytes (a PEM), not {type(public_key).__name__}")
     if b"PRIVATE KEY-----" in public_key:
         raise ValueError("public_key is a private key: give the public key (quire token create-key-pair writes both)")
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
     try:
         key = serialization.load_pem_public_key(public_key)
     except (ValueError, TypeError, UnsupportedAlgorithm):
@@ -175,6 +184,8 @@ def _load_public_key(public_key: Any) -> tuple[rsa.RSAPublicKey | ec.EllipticCur
 
 def _algorithms_of(key: Any) -> tuple[str, ...]:
     """The signature algorithms a key takes part in, RSA or EC only."""
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
     if isinstance(key, (rsa.RSAPrivateKey, rsa.RSAPublicKey)):
         if key.key_size < RSA_KEY_BITS_MIN:
             raise ValueError(f"an RSA key must have at least {RSA_KEY_BITS_MIN} bits, this one has {key.key_size}")
@@ -219,6 +230,8 @@ def create_token(subject: str, *, secret_key: bytes | None = None, private_key: 
         algorithm = "HS256"
     else:
         key, algorithm = _load_private_key(private_key)
+    import jwt
+
     return jwt.encode(claims, key, algorithm=algorithm, headers=headers)
 
 
@@ -265,6 +278,8 @@ class TokenValidator:
         if algorithm not in self.algorithms:
             named = algorithm if algorithm in _KNOWN_ALGORITHMS else "of the token"
             raise AuthenticationError(f"algorithm {named} not accepted: this key verifies {', '.join(self.algorithms)}")
+        import jwt
+
         try:
             claims = jwt.decode(token, self._key, algorithms=list(self.algorithms), options={
                 # The claims that need the time are checked below against
@@ -322,6 +337,8 @@ def _checked_bytes(token: Any) -> bytes:
 
 
 def _unverified_header(token: bytes) -> dict[str, Any]:
+    import jwt
+
     try:
         return jwt.get_unverified_header(token)
     except jwt.PyJWTError:
@@ -366,6 +383,8 @@ def show_token(token: str | bytes) -> dict[str, Any]:
     {"header": {...}, "claims": {...}}. AuthenticationError if it is not a JWT."""
     token = _checked_bytes(token)
     header = _unverified_header(token)
+    import jwt
+
     try:
         claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.PyJWTError:

@@ -1,15 +1,19 @@
 """Delayed delivery in the dispatcher core: a message with a delivery time
 is held back from shared and key-shared subscriptions until then (not from
 exclusive and failover ones, as in Pulsar), does not hold back the messages
-behind it, and is delivered once; past the index's bound, held messages are
-found again by reading, never lost nor delivered twice."""
+behind it, and is delivered once; past the memory bound, held messages are
+spilled in runs sorted by time and still come out in time order, never lost
+nor delivered twice."""
 
 from __future__ import annotations
+
+import os
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.cursor import Cursor
+from broker.delayed_index import CARRIED_BYTES_MAX, SEGMENT_RECORDS, DelayedIndex, DiskSpillFile, MemorySpillFile
 from broker.dispatcher import Dispatcher, EntryRef, SubscriptionType
 from tests.unit.test_broker_dispatcher import offsets_of
 
@@ -24,7 +28,7 @@ def entry(offset: int, deliver_at_ms: int = 0, key: str | None = None) -> EntryR
 def dispatcher(kind: SubscriptionType, **options) -> Dispatcher:
     core = Dispatcher(kind, Cursor.at(0), **options)
     core.add_consumer(1, "c1")
-    core.flow(1, 1_000)
+    core.flow(1, 100_000)
     return core
 
 
@@ -35,8 +39,9 @@ def test_a_delayed_message_waits_for_its_time_and_does_not_hold_back_the_rest():
     delivered += offsets_of(core.entry_read(entry(2), 0))
     assert delivered == [(1, 1), (1, 2)]
     assert core.next_delayed_ms() == 1_000 and core.delayed_count == 1
-    assert not core.release_due(999) and core.dispatch_replay() == []
-    assert not core.release_due(1_000)
+    core.release_due(999)
+    assert core.dispatch_replay() == []
+    core.release_due(1_000)
     assert offsets_of(core.dispatch_replay()) == [(1, 0)]
     assert core.next_delayed_ms() is None
     assert core.dispatch_replay() == []  # once
@@ -66,78 +71,73 @@ def test_acknowledged_while_held_is_not_delivered():
     assert core.dispatch_replay() == []
 
 
-def test_past_its_bound_the_index_reads_again_and_loses_nothing():
+def test_past_its_memory_bound_the_index_spills_runs_and_releases_in_time_order():
     core = dispatcher(SHARED, delayed_max=2)
-    for offset in range(5):  # due at 100, 200, ... 500
-        assert core.entry_read(entry(offset, (offset + 1) * 100), 0) == []
-    assert core.delayed_count == 2  # offsets 2..4 were left out
+    dues = [500, 100, 400, 200, 300]
+    for offset, due_ms in enumerate(dues):
+        assert core.entry_read(entry(offset, due_ms), 0) == []
+    assert core.delayed_count == 5  # two runs of two spilled, one in memory
     delivered = []
     for now in range(100, 600, 100):
-        if core.release_due(now):
-            # The driver reads again where the rescan says, as long as it jumps.
-            offset = core.read_offset
-            assert 0 <= offset < 5  # the start of the stretch holding what was left out
-            while offset < 5:
-                delivered += offsets_of(core.entry_read(entry(offset, (offset + 1) * 100), now))
-                offset = core.read_offset if core.take_jump() else offset + 1
-        delivered += offsets_of(core.dispatch_replay())
-    delivered += offsets_of(core.dispatch_replay()) if not core.release_due(1_000) else []
-    assert sorted(delivered) == [(1, offset) for offset in range(5)]
+        assert core.next_delayed_ms() == now
+        core.release_due(now)
+        delivered += [offset for _, offset in offsets_of(core.dispatch_replay())]
+        assert [dues[offset] for offset in delivered] == list(range(100, now + 1, 100))
+    assert core.delayed_count == 0 and core.next_delayed_ms() is None
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 6), st.integers(1, 8))
-def test_every_message_is_delivered_once_and_never_early(delays, delayed_max, segment_offsets):
-    # Messages i with delivery times delays[i] * 100 (0: at once); time
-    # moves in steps of 50; the driver reads where the dispatcher jumps to.
-    core = dispatcher(SHARED, delayed_max=delayed_max, delayed_segment_offsets=segment_offsets)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 6), st.integers(1, 3),
+       st.sets(st.integers(0, 39), max_size=10))
+def test_every_message_is_delivered_once_on_time_and_never_early(delays, delayed_max, runs_max, acked):
+    # Messages i with delivery times delays[i] * 100 (0: at once), some
+    # acknowledged while held; time moves in steps of 50.
+    core = dispatcher(SHARED, delayed_max=delayed_max, delayed_spill=MemorySpillFile)
+    core._delayed.runs_max = runs_max  # merges too
     due = {offset: delay * 100 for offset, delay in enumerate(delays)}
     delivered: dict[int, int] = {}
-    position = 0
+    late_acks: list[int] = []
 
     def note(deliveries, now):
         for _, offset in offsets_of(deliveries):
             assert offset not in delivered, f"offset {offset} delivered twice"
+            assert offset not in late_acks, f"offset {offset} delivered after its acknowledgement"
             assert due[offset] <= now, f"offset {offset} delivered at {now}, due at {due[offset]}"
-            # On time: within the step its time came in (the driver reads
-            # again at once when the index rewinds).
             assert now - due[offset] < 50 or due[offset] == 0, f"offset {offset} due at {due[offset]}, delivered at {now}"
             delivered[offset] = now
 
+    for position in range(len(delays)):
+        note(core.entry_read(entry(position, due[position]), 0), 0)
+    late_acks += sorted(offset for offset in acked if offset < len(delays) and offset not in delivered)
+    core.cursor.acknowledge(late_acks)
+    core.acknowledged(late_acks)
     for now in range(0, 800, 50):
-        if core.release_due(now):
-            position = core.read_offset
+        core.release_due(now)
         note(core.dispatch_replay(), now)
-        while position < len(delays):
-            note(core.entry_read(entry(position, due[position]), now), now)
-            position = core.read_offset if core.take_jump() else position + 1
-            if core.release_due(now):
-                position = core.read_offset
-        note(core.dispatch_replay(), now)
-    assert sorted(delivered) == list(range(len(delays)))
+    assert sorted(delivered) == sorted(set(range(len(delays))) - set(late_acks))
+    assert core.delayed_count == 0
 
 
-def test_a_full_index_keeps_the_earliest_due_and_drops_the_latest():
+def test_memory_holds_the_bound_and_one_segment_per_run():
+    index = DelayedIndex(1_000, runs_max=4)
+    for offset in range(20_000):
+        index.add((offset * 7919) % 20_000, [offset], entry(offset))
+        assert index.loaded <= 1_000 + 4 * SEGMENT_RECORDS
+    assert len(index) == 20_000 and index.runs <= 4
+    released = []
+    while (taken := index.take(10**9)) is not None:
+        released.append(taken[0])
+    assert sorted(released) == list(range(20_000))
+    assert [(offset * 7919) % 20_000 for offset in released] == list(range(20_000))  # in time order
+
+
+def test_skipped_held_messages_leave_the_index_spilled_runs_too():
     core = dispatcher(SHARED, delayed_max=2)
-    for offset, due_ms in enumerate((400, 300, 200, 100)):
-        core.entry_read(entry(offset, due_ms), 0)
-    # 400 and 300 came first; 200 and 100 took their places.
-    assert core.delayed_count == 2 and core.next_delayed_ms() == 100
-    assert core.release_due(100)  # half empty: read again from offset 0
-    assert core.read_offset == 0
-    assert offsets_of(core.dispatch_replay()) == [(1, 3)]
-    for offset, due_ms in enumerate((400, 300)):
-        core.entry_read(entry(offset, due_ms), 100)
-    assert core.next_delayed_ms() == 200 and core.delayed_count == 2
-
-
-def test_skipped_held_messages_leave_the_index():
-    core = dispatcher(SHARED)
-    for offset in range(3):
+    for offset in range(5):
         core.entry_read(entry(offset, 10_000), 0)
-    assert core.delayed_count == 3
-    core.cursor.skip_to(3)
-    core.acknowledged_through(2)
+    assert core.delayed_count == 5
+    core.cursor.skip_to(5)
+    core.acknowledged_through(4)
     assert core.delayed_count == 0 and core.next_delayed_ms() is None
 
 
@@ -149,3 +149,53 @@ def test_nothing_is_due_while_the_replay_set_is_full():
     core.release_due(20)
     assert core.replay_count == 1
     assert core.next_delayed_ms() is None  # the driver waits for flow or acknowledgements, not a time in the past
+
+
+def test_the_disk_spill_file_is_unnamed_and_its_descriptor_goes_once_a_run_is_spent():
+    opened = []
+
+    def spill() -> DiskSpillFile:
+        opened.append(DiskSpillFile())
+        return opened[-1]
+
+    index = DelayedIndex(3, spill)
+    for offset in range(6):
+        index.add(100 + offset, [offset], entry(offset, 100 + offset, key=f"k{offset}"), b"entry %d" % offset)
+    assert len(opened) == 2 and index.runs == 2
+    descriptors = [spilled._fd for spilled in opened]
+    assert all(os.fstat(fd).st_nlink == 0 for fd in descriptors)  # no name in any directory
+    taken = [index.take(200) for _ in range(6)]
+    assert [offset for offset, _, _ in taken] == list(range(6))
+    assert [ref.key_of(offset) for offset, ref, _ in taken] == [f"k{offset}" for offset in range(6)]
+    assert [data for _, _, data in taken] == [b"entry %d" % offset for offset in range(6)]
+    assert all(spilled._file.closed for spilled in opened)
+
+
+def test_a_held_entrys_bytes_come_back_with_it_from_memory_and_from_runs():
+    core = dispatcher(SHARED, delayed_max=2)
+    for offset in range(5):
+        core.entry_read(entry(offset, 100 * (5 - offset)), 0, b"bytes %d" % offset)
+    core.release_due(200)  # offsets 4 (100) and 3 (200), from a run
+    assert core.take_released_data() == {(1, 4): b"bytes 4", (1, 3): b"bytes 3"}
+    assert core.take_released_data() == {}  # handed out once
+    core.release_due(500)
+    assert core.take_released_data() == {(1, offset): b"bytes %d" % offset for offset in range(3)}
+    assert sorted(offset for _, offset in offsets_of(core.dispatch_replay())) == list(range(5))
+
+
+def test_memory_seals_at_its_byte_bound_and_large_entries_are_not_carried():
+    index = DelayedIndex(1_000, memory_bytes_max=10_000)
+    for offset in range(10):
+        index.add(offset, [offset], entry(offset), bytes(1_000))
+    assert index.runs == 1 and index.loaded == 10  # sealed at 10,000 bytes, the run's segment loaded
+    index.add(50, [10], entry(10), bytes(CARRIED_BYTES_MAX + 1))
+    assert [index.take(100)[2] is None for _ in range(11)] == [False] * 10 + [True]
+
+
+def test_a_batchs_messages_share_one_copy_of_its_bytes_in_a_segment():
+    index = DelayedIndex(3)
+    batch = EntryRef(1, 0, 0, 3, None, 10)
+    index.add(10, [0, 1, 2], batch, b"the batch")
+    taken = [index.take(10) for _ in range(3)]
+    assert [offset for offset, _, _ in taken] == [0, 1, 2]
+    assert all(ref == batch and data == b"the batch" for _, ref, data in taken)
