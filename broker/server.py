@@ -167,6 +167,7 @@ class BrokerServer:
             bookkeeper, self.topic_store, config.ledger_password, EntryCache(config.entry_cache_bytes),
             lambda service, error: self.hosting.request_unload(service, error),
             retention_check_interval_s=config.retention_check_interval_s, lease=Lease(config.session_timeout_ms),
+            delayed_memory_messages=config.delayed_memory_messages,
         )
         self.hosting = PartitionHosting(self.context, store, self.ownership, partition_policies=self.partition_policies,
                                         close_clients=self._close_clients, session_timeout_ms=config.session_timeout_ms)

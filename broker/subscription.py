@@ -21,7 +21,7 @@ from broker.compaction import CompactedView
 from broker.compaction_core import CompactedEntry, CompactionError
 from broker.cursor import Cursor
 from broker.delayed_index import DiskSpillFile
-from broker.dispatcher import Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
+from broker.dispatcher import DELAYED_MAX_DEFAULT, Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
 from broker.message_format import MalformedEntryError, decode_entry
@@ -121,11 +121,13 @@ class Subscription:
         cursor_version: int | None,
         created_ms: int,
         core_class: type[SubscriptionCore] = SubscriptionCore,
+        delayed_memory_messages: int = DELAYED_MAX_DEFAULT,
     ) -> None:
         self.partition = partition
         self.core: SubscriptionCore[AckWaiter] = core_class(
             name, subscription_type, cursor, durable=durable, important=important, created_ms=created_ms,
             cursor_version=cursor_version, partition_index=partition.partition_index, delayed_spill=DiskSpillFile,
+            delayed_max=delayed_memory_messages,
         )
         self.consumers: dict[int, ConsumerLink] = {}
         self.messages_out = 0

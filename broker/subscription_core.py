@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 
 from broker.cursor import RANGES_PERSISTED_MAX_DEFAULT, Cursor
 from broker.delayed_index import MemorySpillFile, SpillFactory
-from broker.dispatcher import ConsumerRefusedError, Dispatcher, HashRanges, SubscriptionType
+from broker.dispatcher import DELAYED_MAX_DEFAULT, ConsumerRefusedError, Dispatcher, HashRanges, SubscriptionType
 from broker.errors import BadRequestError, ConsumerBusyError, TopicFencedError
 
 # Individually acknowledged ranges a cursor holds in memory (about 48 bytes
@@ -78,6 +78,7 @@ class SubscriptionCore(Generic[Waiter]):
         acked_ranges_max: int = ACKED_RANGES_MAX,
         ranges_persisted_max: int = RANGES_PERSISTED_MAX_DEFAULT,
         delayed_spill: SpillFactory = MemorySpillFile,
+        delayed_max: int = DELAYED_MAX_DEFAULT,
     ) -> None:
         self.name = name
         self.subscription_type = subscription_type
@@ -89,6 +90,7 @@ class SubscriptionCore(Generic[Waiter]):
         self.acked_ranges_max = acked_ranges_max
         self.ranges_persisted_max = ranges_persisted_max
         self.delayed_spill = delayed_spill  # where dispatchers spill delayed messages past their memory
+        self.delayed_max = delayed_max  # ... and how many they hold in memory
         self.dispatcher = self._new_dispatcher()
         self.consumer_count = 0
         self.closed = False
@@ -129,7 +131,7 @@ class SubscriptionCore(Generic[Waiter]):
 
     def _new_dispatcher(self) -> Dispatcher:
         return self.dispatcher_class(self.subscription_type, self.cursor, partition_index=self.partition_index,
-                                     delayed_spill=self.delayed_spill)
+                                     delayed_spill=self.delayed_spill, delayed_max=self.delayed_max)
 
     def remove_consumer(self, consumer_id: int) -> None:
         """A consumer the driver had added went away."""

@@ -23,7 +23,7 @@ from framing.codec import describe
 from broker.compaction import CompactedView, CompactionState, CompactionStatus, Compactor
 from broker.compaction_core import CompactionRecord
 from broker.cursor import Cursor
-from broker.dispatcher import HashRanges, SubscriptionType
+from broker.dispatcher import DELAYED_MAX_DEFAULT, HashRanges, SubscriptionType
 from broker.errors import (
     BadRequestError,
     BrokerError,
@@ -76,6 +76,7 @@ class BrokerContext:
     request_unload: Callable[["PartitionService", BrokerError], None]
     retention_check_interval_s: float = POLICY_REFRESH_INTERVAL_S
     lease: Lease = field(default_factory=Lease)
+    delayed_memory_messages: int = DELAYED_MAX_DEFAULT  # per subscription; past it, spilled (broker/delayed_index.py)
     # The cores' classes (the simulator's planted mistakes replace one).
     publish_core_class: type[PublishCore] = PublishCore
     subscription_core_class: type[SubscriptionCore] = SubscriptionCore
@@ -237,7 +238,7 @@ class PartitionService:
                 continue
             subscription = Subscription(
                 self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
-                cursor_version=version, core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
+                cursor_version=version, core_class=self.context.subscription_core_class, delayed_memory_messages=self.context.delayed_memory_messages, created_ms=record.get("created_ms", 0),
             )
             self._skip_trimmed(subscription)
             self.subscriptions[subscription_name] = subscription
@@ -573,7 +574,7 @@ class PartitionService:
             next_offset = min(max(next_offset, floor), self.managed_ledger.confirmed_offset + 1)
             subscription = Subscription(
                 self, subscription_name, subscription_type, Cursor.at(next_offset),
-                durable=durable, important=important, cursor_version=None, core_class=self.context.subscription_core_class, created_ms=int(time.time() * 1000),
+                durable=durable, important=important, cursor_version=None, core_class=self.context.subscription_core_class, delayed_memory_messages=self.context.delayed_memory_messages, created_ms=int(time.time() * 1000),
             )
             if durable:
                 # Durable before the consumer hears of it: a restart keeps its position.
@@ -608,7 +609,7 @@ class PartitionService:
         subscription = Subscription(
             self, subscription_name, SubscriptionType.parse(record.get("type", "exclusive")), Cursor.from_record(record),
             durable=True, important=bool(record.get("important")), cursor_version=version,
-            core_class=self.context.subscription_core_class, created_ms=record.get("created_ms", 0),
+            core_class=self.context.subscription_core_class, delayed_memory_messages=self.context.delayed_memory_messages, created_ms=record.get("created_ms", 0),
         )
         self._skip_trimmed(subscription)
         return subscription

@@ -7,10 +7,11 @@ import socket
 
 import trio
 
+from broker.dispatcher import DELAYED_MAX_DEFAULT
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_records import TopicPolicies
 from quire import cli_ranges as ranges
-from quire.cli_parsing import HostPorts, Listeners, UsageError, human_duration, human_size, metrics_port, port_number
+from quire.cli_parsing import Bounded, HostPorts, Listeners, UsageError, human_duration, human_size, metrics_port, port_number
 from quire.gc_tuning import tune_gc
 from quire.logging_setup import configure_logging
 
@@ -115,6 +116,11 @@ def add_run(parser: argparse.ArgumentParser) -> None:
         help="retry the ZooKeeper steps of start-up (connect, bookie registry, registration) this long, then exit 2 naming the step",
     )
     parser.add_argument("--entry-cache-bytes", type=ranges.memory_bytes, default=64 * 1024**2, help="memory the entries kept for consumers may hold, their objects included, all partitions together")
+    parser.add_argument("--delayed-memory-messages", type=Bounded("integer", 1, 10_000_000, why="memory"), metavar="N",
+                        default=DELAYED_MAX_DEFAULT,
+                        help="delayed messages each shared subscription holds in memory; past it they are spilled to an unnamed "
+                             "file in $TMPDIR, in runs sorted by time (Pulsar's delayed delivery bucket tracker does the same "
+                             "with ledgers)")
     parser.add_argument("--publish-buffer-bytes", type=ranges.positive_memory_bytes, default=PUBLISH_BUFFER_BYTES_DEFAULT,
                         help="producers' batches taken and not yet persisted or answered, all partitions together "
                              "(Pulsar's maxMessagePublishBufferSizeInMB); past it the broker stops reading from producers' "
@@ -190,6 +196,7 @@ def run(arguments: argparse.Namespace) -> int:
             advertised_listeners=listeners,
             ledger_password=arguments.ledger_password.encode(),
             entry_cache_bytes=arguments.entry_cache_bytes,
+            delayed_memory_messages=arguments.delayed_memory_messages,
             publish_buffer_bytes=arguments.publish_buffer_bytes,
             frame_bytes_max=arguments.frame_bytes_max,
             auto_topic_creation=not arguments.no_auto_topic_creation,

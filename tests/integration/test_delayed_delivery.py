@@ -15,6 +15,7 @@ import requests
 import trio
 
 from broker.client import Client
+from tests.support import wait_until_async
 from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
 from tests.integration.broker_processes import brokers  # noqa: F401
 
@@ -98,3 +99,57 @@ async def test_quires_client_sends_delayed_messages_and_an_exclusive_subscriptio
         assert time.time() - sent_at >= 3.0 - 0.2
         with trio.fail_after(2):  # exclusive: in the order sent, at once
             assert [(await exclusive.receive()).data for _ in range(2)] == [b"later", b"now"]
+
+
+async def test_delayed_messages_past_the_memory_bound_come_in_time_order_across_a_broker_kill(
+        zk_hosts, zk_root, bookies, brokers):
+    # Brokers that hold 16 delayed messages per subscription in memory: the
+    # other 184 are spilled in runs. 100 come due 1-3 s after sending, the
+    # rest 7-9 s; the owner is killed between the two (the next owner
+    # builds its index again from the backlog, spilling again).
+    for _ in range(3):
+        await bookies.started()
+    running = [await brokers.started("--delayed-memory-messages", "16") for _ in range(2)]
+    count, first_wave = 200, 100
+    async with Client.connect(zk_hosts, zk_root) as client:
+        consumer = await client.subscribe("delayed-spilled", "work", "shared")
+        owner_address = await client.lookup("delayed-spilled")
+        owner = next(broker for broker in running if broker.address == owner_address)
+        producer = await client.create_producer("delayed-spilled", "p")
+        now_ms = int(time.time() * 1000)
+        due = {}
+        for number in range(count):
+            # Sent out of time order: each wave's times are interleaved.
+            wave_start = 1_000 if number < first_wave else 7_000
+            due[number] = now_ms + wave_start + (number * 7919) % 2_000
+            await producer.send_async(str(number).encode(), deliver_at_ms=due[number])
+        await producer.flush()
+        stats = (await client.topic_stats("delayed-spilled"))["partitions"]["delayed-spilled"]
+        assert stats["subscriptions"]["work"]["delayed_messages"] == count
+        received: dict[int, float] = {}
+
+        async def receive(how_many: int) -> None:
+            with trio.fail_after(60):
+                for _ in range(how_many):
+                    message = await consumer.receive()
+                    number = int(message.data)
+                    assert number not in received, f"message {number} delivered twice"
+                    received[number] = time.time() * 1000
+                    await consumer.acknowledge(message)
+
+        await receive(first_wave)
+        assert sorted(received) == list(range(first_wave))
+        for number, at_ms in received.items():
+            assert at_ms >= due[number] - 200, f"message {number} came {due[number] - at_ms:.0f} ms early"
+            assert at_ms - due[number] < 1_000, f"message {number} came {at_ms - due[number]:.0f} ms late"
+
+        async def acknowledgements_durable() -> bool:
+            stats = (await client.topic_stats("delayed-spilled"))["partitions"]["delayed-spilled"]
+            return stats["subscriptions"]["work"]["backlog_messages"] == count - first_wave
+
+        await wait_until_async(acknowledgements_durable, deadline_s=20, what="the acknowledgements to be durable", poll_s=0.1)
+        owner.kill()  # with 100 delayed messages held, most of them spilled
+        await receive(count - first_wave)
+    assert sorted(received) == list(range(count))
+    for number in range(first_wave, count):
+        assert received[number] >= due[number] - 200, f"message {number} came {due[number] - received[number]:.0f} ms early"
