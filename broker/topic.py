@@ -685,10 +685,10 @@ class PartitionService:
                 self.managed_ledger.rollover_due = trio.Event()
 
     async def _refresh_policies(self) -> None:
-        found = await self.topic_store.read_topic(self.topic)
-        if found is None:
+        record = await self.topic_store.read_topic_watched(self.topic)
+        if record is None:
             return
-        policies = await TenantStore(self.topic_store).policies_in_effect(self.topic, found[0])
+        policies = await TenantStore(self.topic_store).policies_in_effect(self.topic, record)
         if policies != self.policies:
             self.policies = self.managed_ledger.policies = policies
             self.publishing.deduplication = self.policies.deduplication

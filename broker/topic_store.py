@@ -5,6 +5,9 @@ of `broker.topic_records`, at the paths it names.
 from __future__ import annotations
 
 import json
+import time
+
+import trio
 
 from broker.compaction_core import CompactionRecord
 from broker.topic_records import (
@@ -29,6 +32,11 @@ from broker.topic_records import (
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import NodeExistsError, NoNodeError
 
+# A topic's record read through a watch is read again at least this often
+# (a safety net: the watch says when it changed).
+WATCHED_RECORD_AGE_MAX_S = 60.0
+WATCHED_TOPICS_MAX = 100_000  # records kept by read_topic_watched; past it they are all read again
+
 
 # --- the store -------------------------------------------------------------------------
 
@@ -41,6 +49,9 @@ class TopicStore:
         # Namespaces' records as their topics' policy checks read them
         # (broker.tenant_store): path -> (read at, monotonic s; data or None).
         self.namespace_reads: dict[str, tuple[float, bytes | None]] = {}
+        # Topics' records as loaded partitions' policy checks read them:
+        # topic -> (record, read at (monotonic s), set when the node changes).
+        self._watched_topics: dict[str, tuple[TopicRecord, float, trio.Event]] = {}
 
     async def ensure_layout(self) -> None:
         for path in (BROKERS, TOPICS, OWNERS, MANAGED_LEDGERS, SCHEMAS):
@@ -60,6 +71,28 @@ class TopicStore:
         except NoNodeError:
             return None
         return TopicRecord.from_bytes(data), stat.version
+
+    async def read_topic_watched(self, topic: str) -> TopicRecord | None:
+        """The topic's record as of its last change: read again only once
+        the node changed (a ZooKeeper watch says so) or after
+        WATCHED_RECORD_AGE_MAX_S. Every loaded partition checks its
+        policies every few seconds: a broker with thousands of partitions
+        would otherwise read thousands of records a second, most unchanged.
+        None when the topic does not exist."""
+        now = time.monotonic()
+        cached = self._watched_topics.get(topic)
+        if cached is not None and not cached[2].is_set() and now - cached[1] < WATCHED_RECORD_AGE_MAX_S:
+            return cached[0]
+        try:
+            data, _, changed = await self.store.get_watch(topic_path(topic))
+        except NoNodeError:
+            self._watched_topics.pop(topic, None)
+            return None
+        record = TopicRecord.from_bytes(data)
+        if len(self._watched_topics) >= WATCHED_TOPICS_MAX:
+            self._watched_topics.clear()
+        self._watched_topics[topic] = (record, now, changed)
+        return record
 
     async def write_topic(self, topic: str, record: TopicRecord, expected_version: int) -> None:
         await self.store.set(topic_path(topic), record.to_bytes(), expected_version)

@@ -12,6 +12,8 @@ import pytest
 import trio
 from kazoo.client import KazooClient
 
+from broker.topic_records import TopicPolicies, TopicRecord
+from broker.topic_store import TopicStore
 from coordination.async_store import AsyncMetadataStore
 from coordination.store import ConnectionLossError, EventType, NodeExistsError, NoNodeError, SessionState, WatchEvent
 from coordination.zk_launcher import ZooKeeperServer
@@ -168,6 +170,24 @@ async def test_async_watches_set_their_events(store, other_store):
         await child_added.wait()
     assert (await async_store.get("/node"))[0] == b"v1"
     assert await async_store.children("/parent") == ["child"]
+
+
+async def test_a_watched_topic_record_is_read_again_only_once_it_changed(store, other_store):
+    topics, writer = TopicStore(AsyncMetadataStore(store)), TopicStore(AsyncMetadataStore(other_store))
+    await writer.store.ensure_path("/topics")
+    assert await topics.read_topic_watched("watched") is None
+    await writer.create_topic("watched", TopicRecord(0, TopicPolicies(), 0))
+    first = await topics.read_topic_watched("watched")
+    reads = []
+    get = store.get
+    store.get = lambda path, watch=None: reads.append(path) or get(path, watch)  # counted from here
+    assert await topics.read_topic_watched("watched") == first and reads == []  # unchanged: not read
+    _, version = await writer.read_topic("watched")
+    await writer.write_topic("watched", TopicRecord(0, TopicPolicies(message_ttl_s=60), 0), version)
+    with trio.fail_after(10):
+        while (changed := await topics.read_topic_watched("watched")) == first:
+            await trio.sleep(0.01)
+    assert changed.policies.message_ttl_s == 60 and len(reads) == 1
 
 
 async def test_async_wait_session_change_sees_an_expiry(store, zk_hosts):
