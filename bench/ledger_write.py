@@ -173,22 +173,29 @@ def jetstream_cluster(size: int = 3) -> Iterator[list[str]]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+async def add_jetstream_stream(js, name: str, subject: str) -> None:
+    """A stream of 3 replicas on file storage, once the cluster has elected
+    its JetStream leader (retried for up to a minute)."""
+    from nats.js.api import StorageType
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            await js.add_stream(name=name, subjects=[subject], num_replicas=3, storage=StorageType.FILE)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
 async def jetstream_writes(servers: list[str], *, window: int, entry_bytes: int, seconds: float, warmup_s: float) -> dict:
     import nats
-    from nats.js.api import StorageType
 
     nc = await nats.connect(servers=servers)
     try:
         js = nc.jetstream(publish_async_max_pending=window)
-        deadline = time.monotonic() + 60
-        while True:  # the cluster elects its JetStream leader first
-            try:
-                await js.add_stream(name="BENCH", subjects=["bench"], num_replicas=3, storage=StorageType.FILE)
-                break
-            except Exception:
-                if time.monotonic() > deadline:
-                    raise
-                await asyncio.sleep(0.5)
+        await add_jetstream_stream(js, "BENCH", "bench")
         payload = os.urandom(entry_bytes)
         room = asyncio.Semaphore(window)
         latencies: list[float] = []

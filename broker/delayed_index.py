@@ -9,9 +9,14 @@ next message due is the earliest of the heap and of the runs' next
 segments, and a run's next segment is read when the one before it is
 released. This is the shape of Pulsar's bucket-based delayed delivery
 tracker (a mutable bucket in memory, sealed buckets in storage, one loaded
-segment each); past `RUNS_MAX` runs they are merged into one, so memory
-stays bounded by `memory_max + RUNS_MAX * SEGMENT_RECORDS` messages however
-many are held.
+segment each); past `RUNS_MAX` runs the smaller half are merged into one,
+so memory stays bounded by about `memory_max + RUNS_MAX * SEGMENT_RECORDS`
+messages however many are held.
+
+A spill file that fails loses nothing: a seal or merge that cannot write
+leaves the messages where they were (memory grows past its bound until a
+later seal succeeds; `spill_failures` counts these), and a segment that
+cannot be read back raises SpillError with nothing taken.
 
 A run records what delivering a message needs: the entry's position,
 offsets, keys and time, and its bytes when they are given and at most
@@ -42,7 +47,7 @@ from broker.entry_types import EntryRef
 
 SEGMENT_RECORDS = 1_024  # messages in a run's segment: a run keeps one in memory
 SEGMENT_BYTES = 256 * 1024  # entries' bytes in a segment (past it the segment ends, but holds one entry at least)
-RUNS_MAX = 64  # runs kept apart; past it they are merged into one
+RUNS_MAX = 64  # runs kept apart; past it the smaller half are merged into one
 MEMORY_BYTES_MAX_DEFAULT = 32 * 1024 * 1024  # entries' bytes held in memory before a seal
 CARRIED_BYTES_MAX = 64 * 1024  # an entry larger than this is read back from the ledger when due, not carried
 
@@ -132,6 +137,11 @@ def _decode(data: bytes) -> list[Record]:
     return [(flat[at], flat[at + 1], *entries[flat[at + 2]]) for at in range(0, len(flat), 3)]
 
 
+class SpillError(Exception):
+    """A run's next segment could not be read back (the spill file failed):
+    nothing was taken out of the index; try again later."""
+
+
 class _Run:
     """A sealed run: segments in a spill file, the next one loaded."""
 
@@ -150,22 +160,25 @@ class _Run:
     def head(self) -> Record:
         return self.records[self.at]
 
-    def advance(self) -> bool:
-        """Past the head; False when the run is spent."""
-        self.at += 1
-        self.remaining -= 1
-        if self.at < len(self.records):
-            return True
-        if self.next_segment >= len(self.segments):
-            self.records = []
-            return False
-        self.records = _decode(self.file.read(*self.segments[self.next_segment]))
+    @property
+    def loaded(self) -> bool:
+        """Whether its next record is in memory (False: spent, or its next
+        segment is still to be read)."""
+        return self.at < len(self.records)
+
+    @property
+    def spent(self) -> bool:
+        return self.at >= len(self.records) and self.next_segment >= len(self.segments)
+
+    def load_next(self) -> None:
+        """Read the next segment (OSError leaves the run as it was)."""
+        records = _decode(self.file.read(*self.segments[self.next_segment]))
+        self.records, self.at = records, 0
         self.next_segment += 1
-        self.at = 0
-        return True
 
     def rest(self) -> Iterator[Record]:
-        """What the run still holds, in order (reading its segments)."""
+        """What the run still holds, in order (reading its segments; the run
+        itself is left as it is)."""
         yield from self.records[self.at:]
         for position, length in self.segments[self.next_segment:]:
             yield from _decode(self.file.read(position, length))
@@ -174,18 +187,25 @@ class _Run:
 class DelayedIndex:
     def __init__(self, memory_max: int, spill: SpillFactory = MemorySpillFile, *, runs_max: int = RUNS_MAX,
                  memory_bytes_max: int = MEMORY_BYTES_MAX_DEFAULT) -> None:
-        if memory_max < 1 or runs_max < 1 or memory_bytes_max < 1:
-            raise ValueError("memory_max, memory_bytes_max and runs_max must be at least 1")
+        if memory_max < 1 or runs_max < 2 or memory_bytes_max < 1:
+            raise ValueError("memory_max and memory_bytes_max must be at least 1, runs_max at least 2")
         self.memory_max = memory_max
         self.memory_bytes_max = memory_bytes_max
         self.runs_max = runs_max
         self._spill = spill
         # heap: (due, offset, number, entry, bytes or None), earliest first
         self._memory: list[tuple[int, int, int, EntryRef, bytes | None]] = []
-        self._memory_bytes = 0  # entries' bytes carried in memory
+        self._memory_bytes = 0  # entries' bytes carried in memory (an estimate: reset by every seal)
         self._heads: list[tuple[int, int, int, _Run]] = []  # heap: (due, offset, run number, run) of each run's next message
         self._numbers = itertools.count()
         self._spilled = 0  # messages in the runs
+        self._closed = False
+        # A seal or a merge that failed (the spill file could not be
+        # written): what it would have written stays where it was, in memory
+        # or in its runs, and the next try waits until memory has doubled.
+        self.spill_failures = 0
+        self.spill_error = ""
+        self._seal_at_least = 0
 
     def __len__(self) -> int:
         return len(self._memory) + self._spilled
@@ -197,7 +217,7 @@ class DelayedIndex:
     @property
     def loaded(self) -> int:
         """Messages in memory: the newest, and the runs' loaded segments."""
-        return len(self._memory) + sum(len(run.records) for _, _, _, run in self._heads)
+        return len(self._memory) + sum(len(run.records) - run.at for _, _, _, run in self._heads)
 
     def add(self, due_ms: int, offsets: Iterable[int], entry: EntryRef, data: bytes | None = None) -> None:
         """Hold messages `offsets` of `entry` until `due_ms`; `data`, the
@@ -210,12 +230,15 @@ class DelayedIndex:
             added += 1
         if added and data is not None:
             self._memory_bytes += len(data)
-        if len(self._memory) >= self.memory_max or self._memory_bytes >= self.memory_bytes_max:
-            self._memory.sort(key=_memory_order)
-            self._seal([(due_ms, offset, entry, data) for due_ms, offset, _, entry, data in self._memory])
-            self._memory, self._memory_bytes = [], 0
-            if len(self._heads) > self.runs_max:
-                self._merge()
+        memory = self._memory
+        if (len(memory) >= self.memory_max or self._memory_bytes >= self.memory_bytes_max) and len(memory) >= self._seal_at_least:
+            memory.sort(key=_memory_order)  # (a sorted list is still a heap, should the seal fail)
+            if self._seal([(due_ms, offset, entry, data) for due_ms, offset, _, entry, data in memory]):
+                self._memory, self._memory_bytes, self._seal_at_least = [], 0, 0
+                if len(self._heads) > self.runs_max:
+                    self._merge()
+            else:
+                self._seal_at_least = 2 * len(memory)
 
     def next_due_ms(self) -> int | None:
         memory, heads = self._memory, self._heads
@@ -225,7 +248,9 @@ class DelayedIndex:
 
     def take(self, now_ms: int) -> tuple[int, EntryRef, bytes | None] | None:
         """The earliest message due at or before `now_ms`, out of the index
-        (offset, entry, the entry's bytes if carried); None when none is due yet."""
+        (offset, entry, the entry's bytes if carried); None when none is due
+        yet. SpillError when the run holding it cannot be read now (nothing
+        is taken: the next call tries again)."""
         memory, heads = self._memory, self._heads
         if memory and (not heads or (memory[0][0], memory[0][1]) <= heads[0][:2]):
             if memory[0][0] > now_ms:
@@ -236,13 +261,30 @@ class DelayedIndex:
             return offset, entry, data
         if not heads or heads[0][0] > now_ms:
             return None
-        _, offset, number, run = heads[0]
-        _, _, entry, data = run.head()
-        self._spilled -= 1
-        if run.advance():
+        _, _, number, run = heads[0]
+        if not run.loaded:
+            # Its next segment could not be read when its last message was
+            # taken (its place in the heap is that message's): try again.
+            try:
+                run.load_next()
+            except OSError as error:
+                raise SpillError(f"delayed index: a spilled run could not be read back: {error}") from error
             due_ms, next_offset, _, _ = run.head()
             heapq.heapreplace(heads, (due_ms, next_offset, number, run))
-        else:
+            return self.take(now_ms)
+        _, offset, entry, data = run.head()
+        run.at += 1
+        run.remaining -= 1
+        self._spilled -= 1
+        if not run.loaded and not run.spent:
+            try:
+                run.load_next()
+            except OSError:
+                pass  # its place stays this message's: the next take tries again (and says why)
+        if run.loaded:
+            due_ms, next_offset, _, _ = run.head()
+            heapq.heapreplace(heads, (due_ms, next_offset, number, run))
+        elif run.spent:
             heapq.heappop(heads)
             run.file.close()
         return offset, entry, data
@@ -270,18 +312,40 @@ class DelayedIndex:
             self._heads = kept
 
     def clear(self) -> None:
-        """Forget everything (a seek, or the subscription closing): spill files closed."""
+        """Forget everything (a seek): spill files closed."""
         for _, _, _, run in self._heads:
             run.file.close()
-        self._memory, self._heads, self._spilled, self._memory_bytes = [], [], 0, 0
+        self._memory, self._heads, self._spilled, self._memory_bytes, self._seal_at_least = [], [], 0, 0, 0
 
-    def _seal(self, records: Iterator[Record] | list[Record]) -> None:
-        """Write sorted records out as a run, keeping its first segment loaded."""
-        file = self._spill()
+    def close(self) -> None:
+        """The subscription is done with the index: spill files closed, and
+        no more written."""
+        self.clear()
+        self._closed = True
+
+    def _seal(self, records: Iterator[Record] | list[Record]) -> bool:
+        """Write sorted records out as a run, keeping its first segment
+        loaded. False when the spill file failed (nothing changed)."""
+        if self._closed:
+            return False
+        run = self._write_run(records)
+        if run is None:
+            return False
+        if run.remaining:
+            self._push(run)
+        return True
+
+    def _write_run(self, records: Iterator[Record] | list[Record]) -> _Run | None:
+        """A run of `records` in a new spill file; None if it failed."""
         segments: list[tuple[int, int]] = []
         first: list[Record] = []
         count = 0
         last_offset = -1
+        try:
+            file = self._spill()
+        except OSError as error:
+            self._failed(error)
+            return None
         try:
             for segment in _segments(records):
                 if not segments:
@@ -289,26 +353,47 @@ class DelayedIndex:
                 segments.append(file.append(_encode(segment)))
                 count += len(segment)
                 last_offset = max(last_offset, max(record[1] for record in segment))
+        except OSError as error:
+            file.close()
+            self._failed(error)
+            return None
         except BaseException:
             file.close()
             raise
         if not count:
             file.close()
-            return
-        run = _Run(file, segments, first, count, last_offset)
-        self._spilled += count
+        return _Run(file, segments, first, count, last_offset)
+
+    def _push(self, run: _Run) -> None:
+        self._spilled += run.remaining
         due_ms, offset, _, _ = run.head()
         heapq.heappush(self._heads, (due_ms, offset, next(self._numbers), run))
 
     def _merge(self) -> None:
-        """Merge every run into one (bounding the segments kept loaded)."""
-        runs = [run for _, _, _, run in self._heads]
-        self._heads, self._spilled = [], 0
+        """Merge the smaller half of the runs into one (size-tiered: what is
+        written again over time grows as n log n, not n squared), bounding
+        the segments kept loaded. If it fails, the runs stay as they were."""
+        by_size = sorted(self._heads, key=lambda item: item[3].remaining)
+        chosen = by_size[:max(2, self.runs_max // 2)]
         try:
-            self._seal(heapq.merge(*(run.rest() for run in runs), key=_order))
-        finally:
-            for run in runs:
-                run.file.close()
+            merged = self._write_run(heapq.merge(*(item[3].rest() for item in chosen), key=_order))
+        except OSError as error:  # reading the runs back
+            self._failed(error)
+            return
+        if merged is None:
+            return
+        chosen_ids = {id(item[3]) for item in chosen}
+        self._heads = [item for item in self._heads if id(item[3]) not in chosen_ids]
+        heapq.heapify(self._heads)
+        for item in chosen:
+            self._spilled -= item[3].remaining
+            item[3].file.close()
+        if merged.remaining:
+            self._push(merged)
+
+    def _failed(self, error: OSError) -> None:
+        self.spill_failures += 1
+        self.spill_error = str(error)
 
 
 def _order(record: Record) -> tuple[int, int]:
@@ -329,23 +414,23 @@ def _carried_bytes(items: list[tuple]) -> int:
 
 
 def _segments(records) -> Iterator[list[Record]]:
-    """Records in segments of at most SEGMENT_RECORDS messages and about
-    SEGMENT_BYTES of entries' bytes (each entry counted once)."""
+    """Records in segments of about SEGMENT_RECORDS messages and
+    SEGMENT_BYTES of entries' bytes (each entry counted once). A segment
+    ends between entries, never inside one, so that a batch's messages
+    come back as one entry and go out together."""
     segment: list[Record] = []
     segment_bytes = 0
-    last_entry = None
     for record in records:
-        segment.append(record)
-        data = record[3]
-        if data is not None and record[2] is not last_entry:
-            segment_bytes += len(data)
-        last_entry = record[2]
-        if len(segment) == SEGMENT_RECORDS or segment_bytes >= SEGMENT_BYTES:
+        entry = record[2]
+        if segment and segment[-1][2] is not entry and (len(segment) >= SEGMENT_RECORDS or segment_bytes >= SEGMENT_BYTES):
             yield segment
-            segment, segment_bytes, last_entry = [], 0, None
+            segment, segment_bytes = [], 0
+        if record[3] is not None and (not segment or segment[-1][2] is not entry):
+            segment_bytes += len(record[3])
+        segment.append(record)
     if segment:
         yield segment
 
 
 __all__ = ["CARRIED_BYTES_MAX", "DelayedIndex", "DiskSpillFile", "MemorySpillFile", "RUNS_MAX", "SEGMENT_BYTES",
-           "SEGMENT_RECORDS", "SpillFactory", "SpillFile"]
+           "SEGMENT_RECORDS", "SpillError", "SpillFactory", "SpillFile"]

@@ -55,6 +55,10 @@ UNACKED_PER_CONSUMER_MAX_DEFAULT = 50_000  # delivered, not acknowledged; past i
 UNACKED_PER_SUBSCRIPTION_MAX_DEFAULT = 200_000  # ... by all of a subscription's consumers together
 PERMITS_MAX = 1_000_000  # a consumer's permits never add up past this
 DELAYED_MAX_DEFAULT = 100_000  # delayed messages indexed in memory; past it they are sealed into a spilled run
+# Entries' bytes the delayed index hands over per release (take_released_data):
+# past it, messages coming due at once are read back from the ledger instead
+# (the broker's entry cache, where they go, is shared by every partition).
+RELEASED_BYTES_MAX = 8 * 1024 * 1024
 VIRTUAL_NODES = 64  # hash ring points per key-shared consumer
 KEY_HASH_RANGE = 65_536  # key-shared hashes are 0 .. KEY_HASH_RANGE - 1 (Pulsar's range size)
 NONE_KEY = b"NONE_KEY"  # what a message without a key hashes as (as Pulsar does)
@@ -134,6 +138,7 @@ class Dispatcher:
         self.delayed_max = delayed_max
         self._delayed = DelayedIndex(delayed_max, delayed_spill)
         self._released_data: dict[tuple[int, int], bytes] = {}  # see take_released_data
+        self._released_bytes = 0
         self._round_robin = 0
         self._ring: list[tuple[int, int]] = []  # key-shared: (point, consumer id), sorted
         self._sticky: list[tuple[int, int, int]] = []  # key-shared: (start, end, consumer id) of the named ranges, sorted
@@ -325,6 +330,7 @@ class Dispatcher:
         self._redeliveries.clear()
         self._delayed.clear()
         self._released_data.clear()
+        self._released_bytes = 0
         self.read_offset = self._seen_through = next_offset
 
     # --- dispatching ------------------------------------------------------------------
@@ -407,7 +413,9 @@ class Dispatcher:
 
     def release_due(self, now_ms: int) -> None:
         """Messages whose time came join the replay set (as far as it has
-        room); those acknowledged or delivered meanwhile are dropped."""
+        room); those acknowledged or delivered meanwhile are dropped.
+        SpillError: the delayed index could not read a spilled run back
+        (what was released before it stays released; call again later)."""
         delayed = self._delayed
         while len(self._replay_offsets) < self.replay_max:
             taken = delayed.take(now_ms)
@@ -416,20 +424,27 @@ class Dispatcher:
             offset, entry, data = taken
             if not (self.cursor.is_acked(offset) or offset in self._owner):
                 self._hold(offset, entry)
-                if data is not None:
-                    self._released_data[(entry.ledger_id, entry.entry_id)] = data
+                key = (entry.ledger_id, entry.entry_id)
+                if data is not None and key not in self._released_data and self._released_bytes < RELEASED_BYTES_MAX:
+                    self._released_data[key] = data
+                    self._released_bytes += len(data)
 
     def take_released_data(self) -> dict[tuple[int, int], bytes]:
         """The bytes of the entries whose held messages came due, where the
         index carried them ((ledger, entry) -> bytes; each handed out once):
         the driver keeps them where deliveries read entries, rather than
         reading them back one by one."""
-        released, self._released_data = self._released_data, {}
+        released, self._released_data, self._released_bytes = self._released_data, {}, 0
         return released
 
     def close(self) -> None:
         """The subscription is done with this dispatcher: the delayed index's spill files go."""
-        self._delayed.clear()
+        self._delayed.close()
+
+    @property
+    def delayed_spill_failures(self) -> tuple[int, str]:
+        """How many times the delayed index could not write its spill file, and the last reason."""
+        return self._delayed.spill_failures, self._delayed.spill_error
 
     def _deliver_whole(self, entry: EntryRef) -> list[Delivery] | None:
         """The common case, without a step per message: an entry nobody saw

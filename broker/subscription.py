@@ -20,7 +20,7 @@ import trio
 from broker.compaction import CompactedView
 from broker.compaction_core import CompactedEntry, CompactionError
 from broker.cursor import Cursor
-from broker.delayed_index import DiskSpillFile
+from broker.delayed_index import DiskSpillFile, SpillError
 from broker.dispatcher import DELAYED_MAX_DEFAULT, Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
@@ -39,6 +39,7 @@ READ_FAILURE_BACKOFF_S = 0.5
 # Entries read again at once for one pass's deliveries (redeliveries and
 # delayed messages come from anywhere in the backlog, an entry each).
 READS_AGAIN_IN_FLIGHT_MAX = 64
+READS_AGAIN_AHEAD = 256  # deliveries whose entries are read before they are sent
 CURSOR_WRITE_PAUSE_S_PER_RANGE = 0.0001  # after a cursor write of N ranges, the next waits N times this
 
 
@@ -138,6 +139,7 @@ class Subscription:
         self._persist_wakeup = trio.Event()
         self._write_lock = trio.Lock()
         self._read_ahead_done: trio.Event | None = None  # set while a read-ahead is in flight
+        self._spill_failures_logged = 0
         # Its consumers read the compacted view first (exclusive and
         # failover: the consumer that subscribed last says).
         self.read_compacted = False
@@ -352,7 +354,7 @@ class Subscription:
             except BrokerError as error:
                 self.partition.fence(error)
                 return
-            except (BKError, MalformedEntryError, CompactionError) as error:  # a bookie read failed: retry later
+            except (BKError, MalformedEntryError, CompactionError, SpillError) as error:  # a read failed: retry later
                 log.warning("subscription %s of %s: reading failed: %s", self.name, self.partition.name, error)
                 await trio.sleep(READ_FAILURE_BACKOFF_S)
                 continue
@@ -373,6 +375,11 @@ class Subscription:
         released = self.dispatcher.take_released_data()
         if released:
             self.managed_ledger.remember(released)
+        failures, reason = self.dispatcher.delayed_spill_failures
+        if failures > self._spill_failures_logged:
+            self._spill_failures_logged = failures
+            log.warning("subscription %s of %s: the delayed index could not spill to disk (%d times; its messages stay "
+                        "in memory until it can): %s", self.name, self.partition.name, failures, reason)
         deliveries = self.dispatcher.dispatch_replay()
         if deliveries:
             await self._send(deliveries, {})
@@ -460,8 +467,11 @@ class Subscription:
         """Send what the dispatcher decided. A delivery that cannot be sent
         (its entry unreadable now) and every one after it go back to the
         dispatcher, permits included, to be delivered again."""
-        await self._read_again_all(deliveries, stored)
         for index, delivery in enumerate(deliveries):
+            if index % READS_AGAIN_AHEAD == 0:
+                # The entries of the next deliveries, read together (bounded:
+                # sending them waits for the consumers' sockets in between).
+                await self._read_again_all(deliveries[index:index + READS_AGAIN_AHEAD], stored)
             ref = delivery.entry
             entry = stored.get((ref.ledger_id, ref.entry_id))
             if entry is None:

@@ -81,8 +81,19 @@ class TopicStore:
         None when the topic does not exist."""
         now = time.monotonic()
         cached = self._watched_topics.get(topic)
-        if cached is not None and not cached[2].is_set() and now - cached[1] < WATCHED_RECORD_AGE_MAX_S:
-            return cached[0]
+        if cached is not None and not cached[2].is_set():
+            if now - cached[1] < WATCHED_RECORD_AGE_MAX_S:
+                return cached[0]
+            # Its watch is still set (ZooKeeper keeps one per path and
+            # client): read without setting another.
+            try:
+                data, _ = await self.store.get(topic_path(topic))
+            except NoNodeError:
+                self._watched_topics.pop(topic, None)
+                return None
+            record = TopicRecord.from_bytes(data)
+            self._watched_topics[topic] = (record, now, cached[2])
+            return record
         try:
             data, _, changed = await self.store.get_watch(topic_path(topic))
         except NoNodeError:

@@ -104,8 +104,8 @@ async def test_quires_client_sends_delayed_messages_and_an_exclusive_subscriptio
 async def test_delayed_messages_past_the_memory_bound_come_in_time_order_across_a_broker_kill(
         zk_hosts, zk_root, bookies, brokers):
     # Brokers that hold 16 delayed messages per subscription in memory: the
-    # other 184 are spilled in runs. 100 come due 1-3 s after sending, the
-    # rest 7-9 s; the owner is killed between the two (the next owner
+    # other 184 are spilled in runs. 100 come due 3-5 s after sending, the
+    # rest 11-13 s; the owner is killed between the two (the next owner
     # builds its index again from the backlog, spilling again).
     for _ in range(3):
         await bookies.started()
@@ -120,13 +120,22 @@ async def test_delayed_messages_past_the_memory_bound_come_in_time_order_across_
         due = {}
         for number in range(count):
             # Sent out of time order: each wave's times are interleaved.
-            wave_start = 1_000 if number < first_wave else 7_000
+            wave_start = 3_000 if number < first_wave else 11_000
             due[number] = now_ms + wave_start + (number * 7919) % 2_000
             await producer.send_async(str(number).encode(), deliver_at_ms=due[number])
         await producer.flush()
-        stats = (await client.topic_stats("delayed-spilled"))["partitions"]["delayed-spilled"]
-        assert stats["subscriptions"]["work"]["delayed_messages"] == count
+
+        async def delayed_messages() -> int:
+            stats = (await client.topic_stats("delayed-spilled"))["partitions"]["delayed-spilled"]
+            return stats["subscriptions"]["work"]["delayed_messages"]
+
+        async def all_held() -> bool:
+            return await delayed_messages() == count
+
+        await wait_until_async(all_held, deadline_s=10, what="every message to be held", poll_s=0.05)
+        assert time.time() * 1000 < min(due.values()), "the messages were sent too slowly for this test's timing"
         received: dict[int, float] = {}
+        order: list[int] = []
 
         async def receive(how_many: int) -> None:
             with trio.fail_after(60):
@@ -135,13 +144,18 @@ async def test_delayed_messages_past_the_memory_bound_come_in_time_order_across_
                     number = int(message.data)
                     assert number not in received, f"message {number} delivered twice"
                     received[number] = time.time() * 1000
+                    order.append(number)
                     await consumer.acknowledge(message)
 
         await receive(first_wave)
         assert sorted(received) == list(range(first_wave))
         for number, at_ms in received.items():
             assert at_ms >= due[number] - 200, f"message {number} came {due[number] - at_ms:.0f} ms early"
-            assert at_ms - due[number] < 1_000, f"message {number} came {at_ms - due[number]:.0f} ms late"
+            assert at_ms - due[number] < 1_500, f"message {number} came {at_ms - due[number]:.0f} ms late"
+        # In time order (out of the memory and the runs alike): no message
+        # came after one due more than 100 ms later.
+        for earlier, later in zip(order, order[1:]):
+            assert due[later] >= due[earlier] - 100, f"message {later} (due {due[later]}) came after {earlier} (due {due[earlier]})"
 
         async def acknowledgements_durable() -> bool:
             stats = (await client.topic_stats("delayed-spilled"))["partitions"]["delayed-spilled"]
@@ -150,6 +164,7 @@ async def test_delayed_messages_past_the_memory_bound_come_in_time_order_across_
         await wait_until_async(acknowledgements_durable, deadline_s=20, what="the acknowledgements to be durable", poll_s=0.1)
         owner.kill()  # with 100 delayed messages held, most of them spilled
         await receive(count - first_wave)
-    assert sorted(received) == list(range(count))
     for number in range(first_wave, count):
         assert received[number] >= due[number] - 200, f"message {number} came {due[number] - received[number]:.0f} ms early"
+        # Late by at most the takeover (the killed broker's session expiring, the topic loading again).
+        assert received[number] - due[number] < 10_000, f"message {number} came {received[number] - due[number]:.0f} ms late"

@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.cursor import Cursor
-from broker.delayed_index import CARRIED_BYTES_MAX, SEGMENT_RECORDS, DelayedIndex, DiskSpillFile, MemorySpillFile
+import pytest
+
+from broker.delayed_index import CARRIED_BYTES_MAX, SEGMENT_RECORDS, DelayedIndex, DiskSpillFile, MemorySpillFile, SpillError
 from broker.dispatcher import Dispatcher, EntryRef, SubscriptionType
 from tests.unit.test_broker_dispatcher import offsets_of
 
@@ -76,7 +78,7 @@ def test_past_its_memory_bound_the_index_spills_runs_and_releases_in_time_order(
     dues = [500, 100, 400, 200, 300]
     for offset, due_ms in enumerate(dues):
         assert core.entry_read(entry(offset, due_ms), 0) == []
-    assert core.delayed_count == 5  # two runs of two spilled, one in memory
+    assert core.delayed_count == 5 and core._delayed.runs == 2  # two runs of two spilled, one in memory
     delivered = []
     for now in range(100, 600, 100):
         assert core.next_delayed_ms() == now
@@ -87,7 +89,7 @@ def test_past_its_memory_bound_the_index_spills_runs_and_releases_in_time_order(
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 6), st.integers(1, 3),
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=40), st.integers(1, 6), st.integers(2, 3),
        st.sets(st.integers(0, 39), max_size=10))
 def test_every_message_is_delivered_once_on_time_and_never_early(delays, delayed_max, runs_max, acked):
     # Messages i with delivery times delays[i] * 100 (0: at once), some
@@ -199,3 +201,106 @@ def test_a_batchs_messages_share_one_copy_of_its_bytes_in_a_segment():
     taken = [index.take(10) for _ in range(3)]
     assert [offset for offset, _, _ in taken] == [0, 1, 2]
     assert all(ref == batch and data == b"the batch" for _, ref, data in taken)
+
+
+class FlakySpillFile(MemorySpillFile):
+    """A spill file whose writes or reads fail while the test says so."""
+
+    failing = {"append": False, "read": False}
+
+    def append(self, data: bytes) -> tuple[int, int]:
+        if self.failing["append"]:
+            raise OSError(28, "No space left on device")
+        return super().append(data)
+
+    def read(self, position: int, length: int) -> bytes:
+        if self.failing["read"]:
+            raise OSError(5, "Input/output error")
+        return super().read(position, length)
+
+
+def flaky_index(memory_max: int, **options) -> tuple[DelayedIndex, dict]:
+    failing = {"append": False, "read": False}
+    spill = type("Flaky", (FlakySpillFile,), {"failing": failing})
+    return DelayedIndex(memory_max, spill, **options), failing
+
+
+def drain(index: DelayedIndex, now_ms: int = 10**9) -> list[int]:
+    offsets = []
+    while (taken := index.take(now_ms)) is not None:
+        offsets.append(taken[0])
+    return offsets
+
+
+def test_a_seal_that_cannot_write_keeps_the_messages_in_memory_and_tries_again_later():
+    index, failing = flaky_index(4)
+    failing["append"] = True
+    for offset in range(6):
+        index.add(offset, [offset], entry(offset))
+    assert index.runs == 0 and len(index) == 6 and index.spill_failures == 1
+    assert "No space left" in index.spill_error
+    failing["append"] = False
+    for offset in range(6, 8):  # memory doubled since the failure: sealed now
+        index.add(offset, [offset], entry(offset))
+    assert index.runs == 1 and index.loaded == 8
+    assert drain(index) == list(range(8))
+
+
+def test_a_run_that_cannot_be_read_back_loses_nothing_and_is_read_again():
+    index, failing = flaky_index(SEGMENT_RECORDS * 2)
+    for offset in range(SEGMENT_RECORDS * 2):  # one run of two segments
+        index.add(offset, [offset], entry(offset))
+    assert index.runs == 1
+    failing["read"] = True
+    taken = [index.take(10**9)[0] for _ in range(SEGMENT_RECORDS)]  # the first segment, loaded
+    with pytest.raises(SpillError, match="Input/output"):
+        index.take(10**9)
+    with pytest.raises(SpillError):
+        index.take(10**9)  # still nothing taken
+    assert len(index) == SEGMENT_RECORDS
+    failing["read"] = False
+    assert taken + drain(index) == list(range(SEGMENT_RECORDS * 2))
+
+
+def test_a_merge_that_fails_keeps_its_runs():
+    index, failing = flaky_index(2, runs_max=2)
+    for offset in range(6):  # three runs of two: a merge
+        if offset == 4:
+            failing["append"] = True
+        index.add(offset, [offset], entry(offset))
+    assert index.spill_failures == 1 and len(index) == 6
+    failing["append"] = False
+    assert drain(index) == list(range(6))
+
+
+def test_merging_keeps_time_order_and_the_runs_bounded():
+    index = DelayedIndex(10, runs_max=4)
+    for offset in range(500):
+        index.add((offset * 37) % 500, [offset], entry(offset))
+        assert index.runs <= 4
+    assert [(offset * 37) % 500 for offset in drain(index)] == list(range(500))
+
+
+def test_a_batch_is_never_split_between_segments():
+    index = DelayedIndex(SEGMENT_RECORDS + 9)  # sealed at the last add: one run
+    single = [EntryRef(1, offset, offset, 1, None, 5) for offset in range(SEGMENT_RECORDS - 2)]
+    batch = EntryRef(1, 10_000, SEGMENT_RECORDS - 2, 10, None, 5)
+    for ref in single:
+        index.add(5, [ref.first_offset], ref)
+    index.add(5, range(batch.first_offset, batch.first_offset + 10), batch)
+    index.add(6, [10_000], EntryRef(1, 20_000, 10_000, 1, None, 6))
+    assert index.runs == 1
+    taken = [index.take(10) for _ in range(SEGMENT_RECORDS + 9)]
+    assert len({id(ref) for _, ref, _ in taken if ref.entry_id == 10_000}) == 1  # one entry object: sent together
+
+
+def test_a_closed_index_writes_no_more_spill_files():
+    opened = []
+    index = DelayedIndex(2, lambda: opened.append(MemorySpillFile()) or opened[-1])
+    index.add(1, [0], entry(0))
+    index.add(2, [1], entry(1))
+    assert len(opened) == 1
+    index.close()
+    index.add(3, [2], entry(2))
+    index.add(4, [3], entry(3))
+    assert len(opened) == 1

@@ -1,0 +1,328 @@
+"""Benchmark: the ledger client's add, called the ways users call it,
+against NATS JetStream called the same ways, in the same run.
+
+3 bookies on loopback (E=3 WQ=3 AQ=2, fsync on) and a 3-node JetStream
+cluster (file storage, 3 replicas); 1 KiB entries; at most `--window` (256)
+in flight. The patterns, each for quire's `LedgerHandle` and nats-py's
+JetStream context:
+
+- `sequential`: one task, `await lh.add(data)` / `await js.publish(...)`
+  one after another (window 1: the latency figure);
+- `task_per_add`: a new task for every add, a semaphore of `window`
+  (most trio and asyncio code);
+- `long_lived_tasks`: `window` tasks, each adding in a loop;
+- `pipelined`: one task, `lh.submit_add(data)` / `js.publish_async(...)`,
+  awaiting the oldest once `window` are in flight;
+- `callback`: one task, `submit_add(data, on_done)` / a done callback on
+  `publish_async`'s future (bench/ledger_write.py's way).
+
+    .venv/bin/python -m bench.caller_patterns [--seconds 5] [--rounds 1]
+
+Prints one JSON object per result, a table, then a summary with the
+targets: every quire pattern >= 1.5x JetStream's same pattern, the slowest
+quire pattern >= 60% of the fastest, and sequential add p50 <= 1.2x
+JetStream's sequential publish p50.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import functools
+import json
+import os
+import statistics
+import sys
+import time
+
+import trio
+
+from bench.cluster import bench_cluster, latency_summary
+from bench.ledger_write import add_jetstream_stream, jetstream_cluster
+from ledger_client.bookkeeper import BookKeeper
+from ledger_client.ledger_handle import LedgerHandle
+from quire import cli_ranges as ranges
+from quire.cli_parsing import Parser
+from quire.progress import Progress
+
+PASSWORD = b"bench"
+PATTERNS = ("sequential", "task_per_add", "long_lived_tasks", "pipelined", "callback")
+RATIO_TO_JETSTREAM_MIN = 1.5
+SLOWEST_TO_FASTEST_MIN = 0.6
+SEQUENTIAL_P50_RATIO_MAX = 1.2
+
+
+class Tally:
+    """Adds started inside the measured span, their latencies and errors."""
+
+    def __init__(self, measure_from: float, deadline: float) -> None:
+        self.measure_from, self.deadline = measure_from, deadline
+        self.latencies_ms: list[float] = []
+        self.errors: dict[str, int] = {}
+
+    def running(self) -> bool:
+        return time.perf_counter() < self.deadline
+
+    def done(self, started: float, error: BaseException | None) -> None:
+        if error is not None:
+            self.errors[type(error).__name__] = self.errors.get(type(error).__name__, 0) + 1
+        elif started >= self.measure_from:
+            self.latencies_ms.append((time.perf_counter() - started) * 1000)
+
+    def result(self, system: str, pattern: str, window: int, entry_bytes: int, seconds: float) -> dict:
+        measured = len(self.latencies_ms)
+        return {
+            "name": f"caller_patterns_{system}", "system": system, "pattern": pattern,
+            "parameters": {"window": 1 if pattern == "sequential" else window, "entry_bytes": entry_bytes,
+                           "seconds": seconds, "ensemble": 3, "write_quorum": 3, "ack_quorum": 2},
+            "entries": measured,
+            "entries_per_s": round(measured / seconds, 1),
+            **latency_summary(self.latencies_ms),
+            "errors": self.errors,
+        }
+
+
+# --- quire ---------------------------------------------------------------------------
+
+
+async def quire_pattern(handle: LedgerHandle, pattern: str, payload: bytes, window: int, tally: Tally) -> None:
+    if pattern == "sequential":
+        while tally.running():
+            started = time.perf_counter()
+            await handle.add(payload)
+            tally.done(started, None)
+    elif pattern == "task_per_add":
+        room = trio.Semaphore(window)
+
+        async def one() -> None:
+            started = time.perf_counter()
+            try:
+                await handle.add(payload)
+                tally.done(started, None)
+            finally:
+                room.release()
+
+        async with trio.open_nursery() as nursery:
+            while tally.running():
+                await room.acquire()
+                nursery.start_soon(one)
+    elif pattern == "long_lived_tasks":
+        async def loop() -> None:
+            while tally.running():
+                started = time.perf_counter()
+                await handle.add(payload)
+                tally.done(started, None)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(window):
+                nursery.start_soon(loop)
+    elif pattern == "pipelined":
+        in_flight: collections.deque = collections.deque()
+        while tally.running():
+            if len(in_flight) >= window:
+                started, pending = in_flight.popleft()
+                await pending.wait()
+                tally.done(started, None)
+            in_flight.append((time.perf_counter(), await handle.submit_add(payload)))
+        for started, pending in in_flight:
+            await pending.wait()
+            tally.done(started, None)
+    elif pattern == "callback":
+        room = trio.Semaphore(window)
+
+        def done(started: float, pending) -> None:
+            room.release()
+            tally.done(started, pending.error)
+
+        while tally.running():
+            await room.acquire()
+            await handle.submit_add(payload, functools.partial(done, time.perf_counter()))
+        for _ in range(window):
+            await room.acquire()
+    else:
+        raise ValueError(f"unknown pattern {pattern}")
+
+
+async def run_quire(zk_hosts: str, root: str, arguments: argparse.Namespace, label: str) -> dict[str, dict]:
+    results = {}
+    payload = os.urandom(arguments.entry_bytes)
+    async with BookKeeper.connect(zk_hosts, root, pending_adds_max=max(arguments.window, 1000)) as bk:
+        for pattern in PATTERNS:
+            handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+            with Progress(f"{label}: quire {pattern}", total=None, unit="s"):
+                began = time.perf_counter()
+                tally = Tally(began + arguments.warmup_seconds, began + arguments.warmup_seconds + arguments.seconds)
+                await quire_pattern(handle, pattern, payload, arguments.window, tally)
+            await handle.close()
+            results[pattern] = tally.result("quire", pattern, arguments.window, arguments.entry_bytes, arguments.seconds)
+            print(json.dumps(results[pattern]), flush=True)
+    return results
+
+
+# --- NATS JetStream --------------------------------------------------------------------
+
+
+async def jetstream_pattern(js, pattern: str, payload: bytes, window: int, tally: Tally) -> None:
+    subject = "bench"
+    if pattern == "sequential":
+        while tally.running():
+            started = time.perf_counter()
+            await js.publish(subject, payload)
+            tally.done(started, None)
+    elif pattern == "task_per_add":
+        room = asyncio.Semaphore(window)
+        tasks: set[asyncio.Task] = set()
+
+        async def one() -> None:
+            started = time.perf_counter()
+            try:
+                await js.publish(subject, payload)
+                tally.done(started, None)
+            finally:
+                room.release()
+
+        while tally.running():
+            await room.acquire()
+            task = asyncio.create_task(one())
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
+    elif pattern == "long_lived_tasks":
+        async def loop() -> None:
+            while tally.running():
+                started = time.perf_counter()
+                await js.publish(subject, payload)
+                tally.done(started, None)
+
+        await asyncio.gather(*(loop() for _ in range(window)))
+    elif pattern == "pipelined":
+        in_flight: collections.deque = collections.deque()
+        while tally.running():
+            if len(in_flight) >= window:
+                started, future = in_flight.popleft()
+                await future
+                tally.done(started, None)
+            in_flight.append((time.perf_counter(), await js.publish_async(subject, payload)))
+        for started, future in in_flight:
+            await future
+            tally.done(started, None)
+    elif pattern == "callback":
+        room = asyncio.Semaphore(window)
+
+        def done(started: float, future: asyncio.Future) -> None:
+            room.release()
+            tally.done(started, future.exception())
+
+        while tally.running():
+            await room.acquire()
+            future = await js.publish_async(subject, payload)
+            future.add_done_callback(functools.partial(done, time.perf_counter()))
+        for _ in range(window):
+            await room.acquire()
+    else:
+        raise ValueError(f"unknown pattern {pattern}")
+
+
+async def jetstream_all(servers: list[str], arguments: argparse.Namespace, label: str) -> dict[str, dict]:
+    import nats
+
+    results = {}
+    payload = os.urandom(arguments.entry_bytes)
+    nc = await nats.connect(servers=servers)
+    try:
+        js = nc.jetstream(publish_async_max_pending=arguments.window)
+        for pattern in PATTERNS:
+            await add_jetstream_stream(js, "PATTERNS", "bench")
+            with Progress(f"{label}: jetstream {pattern}", total=None, unit="s"):
+                began = time.perf_counter()
+                tally = Tally(began + arguments.warmup_seconds, began + arguments.warmup_seconds + arguments.seconds)
+                await jetstream_pattern(js, pattern, payload, arguments.window, tally)
+            await js.delete_stream("PATTERNS")
+            results[pattern] = tally.result("jetstream", pattern, arguments.window, arguments.entry_bytes, arguments.seconds)
+            results[pattern]["parameters"].update(replicas=3, storage="file", ensemble=None, write_quorum=None, ack_quorum=None,
+                                                  note="JetStream acknowledges before fsync (its default sync interval)")
+            print(json.dumps(results[pattern]), flush=True)
+    finally:
+        await nc.close()
+    return results
+
+
+# --- main ----------------------------------------------------------------------------
+
+
+def summarize(rounds: list[dict[str, dict[str, dict]]]) -> dict:
+    """Medians over the rounds; ratios taken within each round."""
+    def median_of(system: str, pattern: str, field: str) -> float:
+        return statistics.median(r[system][pattern][field] for r in rounds)
+
+    quire_rates = {pattern: median_of("quire", pattern, "entries_per_s") for pattern in PATTERNS}
+    summary: dict = {"name": "caller_patterns_summary", "rounds": len(rounds), "quire_entries_per_s": quire_rates}
+    parallel = [pattern for pattern in PATTERNS if pattern != "sequential"]
+    summary["slowest_to_fastest"] = round(min(quire_rates[p] for p in parallel) / max(quire_rates[p] for p in parallel), 3)
+    met = {"slowest_to_fastest": summary["slowest_to_fastest"] >= SLOWEST_TO_FASTEST_MIN}
+    if all("jetstream" in r for r in rounds):
+        summary["jetstream_entries_per_s"] = {pattern: median_of("jetstream", pattern, "entries_per_s") for pattern in PATTERNS}
+        ratios = {pattern: round(statistics.median(
+            r["quire"][pattern]["entries_per_s"] / r["jetstream"][pattern]["entries_per_s"]
+            if r["jetstream"][pattern]["entries_per_s"] else 0.0 for r in rounds), 3) for pattern in PATTERNS}
+        summary["ratio_to_jetstream"] = ratios
+        p50_ratio = round(statistics.median(
+            r["quire"]["sequential"]["latency_ms_p50"] / r["jetstream"]["sequential"]["latency_ms_p50"] for r in rounds), 3)
+        summary["sequential_p50_ms"] = {"quire": median_of("quire", "sequential", "latency_ms_p50"),
+                                        "jetstream": median_of("jetstream", "sequential", "latency_ms_p50"),
+                                        "ratio": p50_ratio}
+        met.update({f"{pattern}_vs_jetstream": ratios[pattern] >= RATIO_TO_JETSTREAM_MIN for pattern in parallel})
+        met["sequential_p50"] = p50_ratio <= SEQUENTIAL_P50_RATIO_MAX
+    summary["targets"] = {"ratio_to_jetstream_min": RATIO_TO_JETSTREAM_MIN, "slowest_to_fastest_min": SLOWEST_TO_FASTEST_MIN,
+                          "sequential_p50_ratio_max": SEQUENTIAL_P50_RATIO_MAX}
+    summary["met"] = met
+    return summary
+
+
+def table(rounds: list[dict[str, dict[str, dict]]]) -> str:
+    lines = ["pattern           quire adds/s   p50 ms   jetstream msg/s   p50 ms   ratio"]
+    for pattern in PATTERNS:
+        quire = statistics.median(r["quire"][pattern]["entries_per_s"] for r in rounds)
+        quire_p50 = statistics.median(r["quire"][pattern]["latency_ms_p50"] for r in rounds)
+        if all("jetstream" in r for r in rounds):
+            js = statistics.median(r["jetstream"][pattern]["entries_per_s"] for r in rounds)
+            js_p50 = statistics.median(r["jetstream"][pattern]["latency_ms_p50"] for r in rounds)
+            lines.append(f"{pattern:17s} {quire:12,.0f} {quire_p50:8.2f} {js:17,.0f} {js_p50:8.2f} {quire / js if js else 0:7.2f}")
+        else:
+            lines.append(f"{pattern:17s} {quire:12,.0f} {quire_p50:8.2f}")
+    return "\n".join(lines)
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = Parser(prog=prog or "bench/caller_patterns.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=ranges.bench_seconds, default=5.0, help="measured seconds of each pattern")
+    parser.add_argument("--warmup-seconds", type=ranges.warmup_seconds, default=1.0, help="seconds of adds before measuring")
+    parser.add_argument("--window", type=ranges.in_flight, default=256, help="adds in flight in every pattern but sequential")
+    parser.add_argument("--entry-bytes", type=ranges.entry_bytes, default=1024, help="size of each entry")
+    parser.add_argument("--skip-jetstream", action="store_true")
+    parser.add_argument("--rounds", type=ranges.count, default=1,
+                        help="each round runs every pattern once, JetStream's too; the summary gives medians")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    arguments = build_parser(prog).parse_args(argv)
+    rounds: list[dict[str, dict[str, dict]]] = []
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(bench_cluster(3))
+        servers = None if arguments.skip_jetstream else stack.enter_context(jetstream_cluster())
+        for round_number in range(1, arguments.rounds + 1):
+            label = f"round {round_number}"
+            measured = {"quire": trio.run(run_quire, cluster.zk_hosts, cluster.root, arguments, label)}
+            if servers is not None:
+                measured["jetstream"] = asyncio.run(jetstream_all(servers, arguments, label))
+            rounds.append(measured)
+    print(table(rounds), file=sys.stderr, flush=True)
+    print(json.dumps(summarize(rounds)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
