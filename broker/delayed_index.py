@@ -232,7 +232,7 @@ class DelayedIndex:
             self._memory_bytes += len(data)
         memory = self._memory
         if (len(memory) >= self.memory_max or self._memory_bytes >= self.memory_bytes_max) and len(memory) >= self._seal_at_least:
-            memory.sort(key=_memory_order)  # (a sorted list is still a heap, should the seal fail)
+            memory.sort()  # (numbers are unique: entries never compared; a sorted list is still a heap)
             if self._seal([(due_ms, offset, entry, data) for due_ms, offset, _, entry, data in memory]):
                 self._memory, self._memory_bytes, self._seal_at_least = [], 0, 0
                 if len(self._heads) > self.runs_max:
@@ -398,10 +398,6 @@ class DelayedIndex:
 
 def _order(record: Record) -> tuple[int, int]:
     return record[0], record[1]
-
-
-def _memory_order(item: tuple) -> tuple[int, int, int]:
-    return item[0], item[1], item[2]
 
 
 def _carried_bytes(items: list[tuple]) -> int:

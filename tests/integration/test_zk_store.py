@@ -19,7 +19,7 @@ from coordination.store import ConnectionLossError, EventType, NodeExistsError, 
 from coordination.zk_launcher import ZooKeeperServer
 from coordination.zk_store import KazooMetadataStore
 from tests.metadata_store_contract import MetadataStoreContract, Recorder, wait_for_events
-from tests.support import free_port, wait_until
+from tests.support import free_port, wait_until, wait_until_async
 
 SESSION_TIMEOUT_MS = 4_000
 
@@ -184,9 +184,12 @@ async def test_a_watched_topic_record_is_read_again_only_once_it_changed(store, 
     assert await topics.read_topic_watched("watched") == first and reads == []  # unchanged: not read
     _, version = await writer.read_topic("watched")
     await writer.write_topic("watched", TopicRecord(0, TopicPolicies(message_ttl_s=60), 0), version)
-    with trio.fail_after(10):
-        while (changed := await topics.read_topic_watched("watched")) == first:
-            await trio.sleep(0.01)
+
+    async def changed_record():
+        record = await topics.read_topic_watched("watched")
+        return record if record != first else None
+
+    changed = await wait_until_async(changed_record, deadline_s=10, what="the watch to say the record changed")
     assert changed.policies.message_ttl_s == 60 and len(reads) == 1
 
 
