@@ -35,6 +35,7 @@ _LAZY = {
     "BookieConnectionError": "ledger_client.bookie_client",
     "BookKeeper": "ledger_client.bookkeeper",
     "LedgerHandle": "ledger_client.ledger_handle",
+    "LedgerWriter": "ledger_client.ledger_handle",
     "PendingAdd": "ledger_client.ledger_handle",
     "ReadHandle": "ledger_client.read_handle",
 }
@@ -54,6 +55,7 @@ __all__ = [
     "LedgerFencedError",
     "LedgerHandle",
     "LedgerIdAllocationError",
+    "LedgerWriter",
     "LedgerMetadata",
     "LedgerState",
     "LedgerStateError",

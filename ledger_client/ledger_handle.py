@@ -8,8 +8,9 @@ closes the ledger. Reading is inherited from `ReadHandle`
 
 from __future__ import annotations
 
+import collections
 import logging
-from typing import Callable
+from typing import Callable, Iterable
 
 import trio
 
@@ -34,6 +35,7 @@ from ledger_client.write_core import (
 
 log = logging.getLogger(__name__)
 PENDING_ADDS_MAX_DEFAULT = 10_000
+WRITER_WINDOW_DEFAULT = 256
 # Room for the entry's header, digest and the frame around it within a
 # bookie's default frame bound.
 ENTRY_BYTES_MAX = FRAME_BYTES_MAX_DEFAULT - 4096
@@ -70,15 +72,87 @@ class PendingAdd:
         return self._error
 
     async def wait(self) -> int:
+        await self.wait_done()
+        if self._error is not None:
+            raise self._error
+        return self.entry_id
+
+    async def wait_done(self) -> None:
+        """Wait until the add completed or failed (without raising)."""
         if not self.done:
             if self._event is None:
                 self._event = trio.Event()
             await self._event.wait()
         else:
             await trio.lowlevel.checkpoint()
-        if self._error is not None:
-            raise self._error
-        return self.entry_id
+
+
+class LedgerWriter:
+    """Adds from one task with up to `window` in flight, for a loop that
+    has entries to write and nothing to do while they are replicated:
+
+        async with lh.writer(window=256) as writer:
+            for data in source:
+                await writer.add(data)
+        # every add is acknowledged here (or the block raised why not)
+
+    `add` returns at once while fewer than `window` adds are in flight
+    (adds handed over back to back leave for the bookies together), else
+    waits for the oldest. The first failure is raised by the next `add`,
+    `flush` or the end of the block; adds after it fail too, since a
+    ledger's adds complete in order. `last_entry_id` is the last entry
+    known acknowledged."""
+
+    __slots__ = ("_handle", "_window", "_in_flight", "last_entry_id")
+
+    def __init__(self, handle: "LedgerHandle", window: int) -> None:
+        if not isinstance(window, int) or window < 1:
+            raise ValueError(f"a writer's window is at least 1 add, got {window!r}")
+        self._handle = handle
+        self._window = window
+        self._in_flight: collections.deque[PendingAdd] = collections.deque()
+        self.last_entry_id = -1
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def add(self, data: bytes) -> PendingAdd:
+        """Hand `data` to the ledger; returns its PendingAdd (awaiting it is optional)."""
+        in_flight = self._in_flight
+        while in_flight and in_flight[0].done:
+            self._settled(in_flight.popleft())
+        if len(in_flight) >= self._window:
+            oldest = in_flight.popleft()
+            await oldest.wait_done()
+            self._settled(oldest)
+        pending = await self._handle.submit_add(data)
+        in_flight.append(pending)
+        return pending
+
+    async def flush(self) -> int:
+        """Wait until every add so far is acknowledged; returns the last entry id (-1: none)."""
+        in_flight = self._in_flight
+        if not in_flight:
+            await trio.lowlevel.checkpoint()
+        while in_flight:
+            oldest = in_flight[0]
+            await oldest.wait_done()
+            self._settled(in_flight.popleft())
+        return self.last_entry_id
+
+    def _settled(self, pending: PendingAdd) -> None:
+        if pending.error is not None:
+            self._in_flight.clear()  # the later ones fail with it: the ledger's adds complete in order
+            raise pending.error
+        self.last_entry_id = pending.entry_id
+
+    async def __aenter__(self) -> "LedgerWriter":
+        return self
+
+    async def __aexit__(self, error_type, error, traceback) -> None:
+        if error_type is None:
+            await self.flush()
 
 
 class LedgerHandle(ReadHandle, AddListener):
@@ -129,6 +203,33 @@ class LedgerHandle(ReadHandle, AddListener):
         """Add an entry and wait until AQ bookies have it; returns its id."""
         pending = await self.submit_add(data)
         return await pending.wait()
+
+    async def add_many(self, entries: Iterable[bytes]) -> list[int]:
+        """Add entries in order and wait until AQ bookies have all of them;
+        returns their ids. Every entry is checked before any is sent (a bad
+        one adds none); past the pending-adds bound it waits for room, so
+        the list may be longer than the bound."""
+        entries = list(entries)
+        for data in entries:
+            self._check_entry(data)
+        pendings = []
+        for data in entries:
+            await self.wait_for_room()
+            pendings.append(self._submit_checked(data, None))
+        if not pendings:
+            await trio.lowlevel.checkpoint()
+            return []
+        # Completions come in entry order: once the last is done, all are.
+        await pendings[-1].wait_done()
+        for pending in pendings:
+            if pending.error is not None:
+                raise pending.error
+        return [pending.entry_id for pending in pendings]
+
+    def writer(self, window: int = WRITER_WINDOW_DEFAULT) -> "LedgerWriter":
+        """`async with lh.writer(window=256) as writer: await writer.add(data)`:
+        adds from one task with up to `window` in flight (see LedgerWriter)."""
+        return LedgerWriter(self, window)
 
     async def submit_add(self, data: bytes, on_done: Callable[[PendingAdd], None] | None = None) -> PendingAdd:
         """Hand an entry to the ledger without waiting for it to be
@@ -280,4 +381,4 @@ class LedgerHandle(ReadHandle, AddListener):
         return self._core.last_add_confirmed
 
 
-__all__ = ["ENTRY_BYTES_MAX", "LedgerHandle", "PENDING_ADDS_MAX_DEFAULT", "PendingAdd"]
+__all__ = ["ENTRY_BYTES_MAX", "LedgerHandle", "LedgerWriter", "PENDING_ADDS_MAX_DEFAULT", "PendingAdd", "WRITER_WINDOW_DEFAULT"]

@@ -252,6 +252,80 @@ async def test_the_sync_facade_for_code_that_is_not_async(bookies, zk_hosts, zk_
     assert last == 19 and data == [b"s-%d" % index for index in range(20)]
 
 
+async def test_every_way_to_add_writes_the_same_ledger(bookies, zk_hosts, zk_root):
+    # add from many tasks, add_many, and a writer with a window: one ledger,
+    # every entry once, in the order each caller handed them over.
+    await start_bookies(bookies, 3)
+    async with BookKeeper.connect(zk_hosts, zk_root, pending_adds_max=64) as bk:
+        lh = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+        with pytest.raises(ValueError, match="at most"):
+            await lh.add_many([b"fine", bytes(ENTRY_BYTES_MAX + 1)])  # checked first: neither is added
+        assert await lh.add_many([]) == []
+        # More entries than the pending-adds bound: add_many waits for room.
+        assert await lh.add_many([b"many-%d" % index for index in range(150)]) == list(range(150))
+        async with lh.writer(window=16) as writer:
+            for index in range(200):
+                pending = await writer.add(b"writer-%d" % index)
+                assert writer.in_flight <= 16
+        assert writer.last_entry_id == 349 and pending.done and pending.entry_id == 349
+        with pytest.raises(ValueError, match="window"):
+            lh.writer(window=0)
+        ids: dict[int, bytes] = {}
+
+        async def one(index: int) -> None:
+            ids[await lh.add(b"task-%d" % index)] = b"task-%d" % index
+
+        async with trio.open_nursery() as nursery:
+            for index in range(100):
+                nursery.start_soon(one, index)
+        assert sorted(ids) == list(range(350, 450))
+        await lh.close()
+        rh = await bk.open_ledger(lh.ledger_id, PASSWORD)
+        data = [entry.data async for entry in rh.read(0, 449)]
+    assert data[:350] == [b"many-%d" % index for index in range(150)] + [b"writer-%d" % index for index in range(200)]
+    assert {entry_id: data[entry_id] for entry_id in ids} == ids
+
+
+async def test_a_writer_raises_the_failure_of_its_adds(bookies, zk_hosts, zk_root):
+    # A recoverer closes the ledger under a writer: the writer's next add
+    # (or the end of its block) raises the fencing, never an acknowledgement.
+    await start_bookies(bookies, 3)
+    async with BookKeeper.connect(zk_hosts, zk_root) as bk, BookKeeper.connect(zk_hosts, zk_root) as recoverer:
+        lh = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+        with pytest.raises(BKError):
+            async with lh.writer(window=8) as writer:
+                for index in range(20):
+                    await writer.add(b"w-%d" % index)
+                await writer.flush()
+                await recoverer.open_ledger(lh.ledger_id, PASSWORD)  # fences the ledger at entry 19
+                for index in range(20, 1000):
+                    await writer.add(b"w-%d" % index)
+        assert writer.last_entry_id == 19
+
+
+async def test_the_sync_writer_keeps_a_window_in_flight(bookies, zk_hosts, zk_root):
+    from ledger_client.sync import BookKeeper as SyncBookKeeper
+
+    await start_bookies(bookies, 3)
+
+    def plain_code() -> tuple[int, list[bytes], list[int]]:
+        with SyncBookKeeper.connect(zk_hosts, zk_root, pending_adds_max=32) as bk:
+            lh = bk.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2, password=PASSWORD)
+            with lh.writer(window=64) as writer:  # wider than the ledger's bound: it waits for room
+                for index in range(500):
+                    writer.add(b"sync-%d" % index)
+                with pytest.raises(TypeError):
+                    writer.add("text")  # refused in the caller's thread, nothing added
+            many = lh.add_many([b"after-%d" % index for index in range(3)])
+            lh.close()
+            rh = bk.open_ledger(lh.ledger_id, password=PASSWORD)
+            return writer.last_entry_id, [entry.data for entry in rh.read(0, rh.last_add_confirmed)], many
+
+    last, data, many = await trio.to_thread.run_sync(plain_code)
+    assert last == 499 and many == [500, 501, 502]
+    assert data == [b"sync-%d" % index for index in range(500)] + [b"after-%d" % index for index in range(3)]
+
+
 async def test_reads_move_on_from_a_bookie_that_stopped_answering(bookies, zk_hosts, zk_root):
     # A bookie frozen with SIGSTOP keeps its connections open but answers
     # nothing: reads give up on it after the read timeout and use the others.
