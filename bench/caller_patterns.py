@@ -14,7 +14,18 @@ JetStream context:
 - `pipelined`: one task, `lh.submit_add(data)` / `js.publish_async(...)`,
   awaiting the oldest once `window` are in flight;
 - `callback`: one task, `submit_add(data, on_done)` / a done callback on
-  `publish_async`'s future (bench/ledger_write.py's way).
+  `publish_async`'s future (bench/ledger_write.py's way);
+- `writer`: one task, `async with lh.writer(window)` / JetStream's
+  pipelined loop (nats-py has no writer);
+- `add_many`: one task, `await lh.add_many(window entries)` / `window`
+  `publish_async` then all awaited (nats-py has no batch publish).
+
+At the topic level, on 3 bookies and a broker (same sizes): quire's
+`producer.send` from a task per message (a semaphore of `window`) and
+pipelined `send_async`; the official Pulsar client's `send` (one at a
+time) and `send_async` (`window` pending); and reading a backlog of
+`--backlog` messages with `receive` and with `batch_receive`, each message
+acknowledged.
 
     .venv/bin/python -m bench.caller_patterns [--seconds 5] [--rounds 1]
 
@@ -39,7 +50,7 @@ import time
 
 import trio
 
-from bench.cluster import bench_cluster, latency_summary
+from bench.cluster import bench_cluster, free_port, latency_summary
 from bench.ledger_write import add_jetstream_stream, jetstream_cluster
 from ledger_client.bookkeeper import BookKeeper
 from ledger_client.ledger_handle import LedgerHandle
@@ -48,7 +59,7 @@ from quire.cli_parsing import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"
-PATTERNS = ("sequential", "task_per_add", "long_lived_tasks", "pipelined", "callback")
+PATTERNS = ("sequential", "task_per_add", "long_lived_tasks", "pipelined", "callback", "writer", "add_many")
 RATIO_TO_JETSTREAM_MIN = 1.5
 SLOWEST_TO_FASTEST_MIN = 0.6
 SEQUENTIAL_P50_RATIO_MAX = 1.2
@@ -60,6 +71,7 @@ class Tally:
     def __init__(self, measure_from: float, deadline: float) -> None:
         self.measure_from, self.deadline = measure_from, deadline
         self.latencies_ms: list[float] = []
+        self.untimed = 0  # counted without a latency (messages received)
         self.errors: dict[str, int] = {}
 
     def running(self) -> bool:
@@ -72,10 +84,10 @@ class Tally:
             self.latencies_ms.append((time.perf_counter() - started) * 1000)
 
     def result(self, system: str, pattern: str, window: int, entry_bytes: int, seconds: float) -> dict:
-        measured = len(self.latencies_ms)
+        measured = len(self.latencies_ms) + self.untimed
         return {
             "name": f"caller_patterns_{system}", "system": system, "pattern": pattern,
-            "parameters": {"window": 1 if pattern == "sequential" else window, "entry_bytes": entry_bytes,
+            "parameters": {"window": 1 if pattern in ("sequential", "pulsar_send") else window, "entry_bytes": entry_bytes,
                            "seconds": seconds, "ensemble": 3, "write_quorum": 3, "ack_quorum": 2},
             "entries": measured,
             "entries_per_s": round(measured / seconds, 1),
@@ -141,6 +153,24 @@ async def quire_pattern(handle: LedgerHandle, pattern: str, payload: bytes, wind
             await handle.submit_add(payload, functools.partial(done, time.perf_counter()))
         for _ in range(window):
             await room.acquire()
+    elif pattern == "writer":
+        # Each add's latency is taken when the loop sees it done (at most one add late).
+        started_at: collections.deque = collections.deque()
+        async with handle.writer(window) as writer:
+            while tally.running():
+                started = time.perf_counter()
+                started_at.append((started, await writer.add(payload)))
+                while started_at[0][1].done:
+                    tally.done(started_at.popleft()[0], None)
+        for started, _ in started_at:
+            tally.done(started, None)
+    elif pattern == "add_many":
+        batch = [payload] * window
+        while tally.running():
+            started = time.perf_counter()
+            await handle.add_many(batch)
+            for _ in batch:
+                tally.done(started, None)
     else:
         raise ValueError(f"unknown pattern {pattern}")
 
@@ -197,7 +227,7 @@ async def jetstream_pattern(js, pattern: str, payload: bytes, window: int, tally
                 tally.done(started, None)
 
         await asyncio.gather(*(loop() for _ in range(window)))
-    elif pattern == "pipelined":
+    elif pattern in ("pipelined", "writer"):  # (nats-py has no writer: the pipelined loop is its equivalent)
         in_flight: collections.deque = collections.deque()
         while tally.running():
             if len(in_flight) >= window:
@@ -221,6 +251,14 @@ async def jetstream_pattern(js, pattern: str, payload: bytes, window: int, tally
             future.add_done_callback(functools.partial(done, time.perf_counter()))
         for _ in range(window):
             await room.acquire()
+    elif pattern == "add_many":
+        # nats-py has no batch publish: `window` publish_async, then all awaited.
+        while tally.running():
+            started = time.perf_counter()
+            futures = [await js.publish_async(subject, payload) for _ in range(window)]
+            await asyncio.gather(*futures)
+            for _ in futures:
+                tally.done(started, None)
     else:
         raise ValueError(f"unknown pattern {pattern}")
 
@@ -247,6 +285,138 @@ async def jetstream_all(servers: list[str], arguments: argparse.Namespace, label
     finally:
         await nc.close()
     return results
+
+
+# --- the topic level ----------------------------------------------------------------------
+# The same question one level up: quire's broker client and the official
+# Pulsar client, each called the ways their users call them. Both with
+# their defaults (batching off), 1 KiB, `window` in flight.
+
+TOPIC_PATTERNS = ("quire_send_task_per_message", "quire_send_pipelined", "pulsar_send", "pulsar_send_async",
+                  "pulsar_receive", "pulsar_batch_receive")
+
+
+async def quire_topic_pattern(zk_hosts: str, root: str, topic: str, pattern: str, payload: bytes, window: int,
+                              tally: Tally) -> None:
+    from broker.client import Client
+
+    async with Client.connect(zk_hosts, root) as client:
+        await client.create_topic(topic, ensemble_size=3, write_quorum=3, ack_quorum=2)
+        producer = await client.create_producer(topic, pending_messages_max=window)
+        if pattern == "quire_send_task_per_message":
+            room = trio.Semaphore(window)
+
+            async def one() -> None:
+                started = time.perf_counter()
+                try:
+                    await producer.send(payload)
+                    tally.done(started, None)
+                finally:
+                    room.release()
+
+            async with trio.open_nursery() as nursery:
+                while tally.running():
+                    await room.acquire()
+                    nursery.start_soon(one)
+        elif pattern == "quire_send_pipelined":
+            in_flight: collections.deque = collections.deque()
+            while tally.running():
+                if len(in_flight) >= window:
+                    started, future = in_flight.popleft()
+                    await future.wait()
+                    tally.done(started, None)
+                in_flight.append((time.perf_counter(), await producer.send_async(payload)))
+            for started, future in in_flight:
+                await future.wait()
+                tally.done(started, None)
+        else:
+            raise ValueError(f"unknown pattern {pattern}")
+        await producer.close()
+
+
+def pulsar_topic_pattern(url: str, topic: str, pattern: str, payload: bytes, window: int, tally: Tally,
+                         backlog: int) -> None:
+    import pulsar
+
+    client = pulsar.Client(url, operation_timeout_seconds=60, io_threads=2,
+                           logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    try:
+        if pattern in ("pulsar_send", "pulsar_send_async"):
+            producer = client.create_producer(topic, max_pending_messages=window, block_if_queue_full=True)
+            if pattern == "pulsar_send":
+                while tally.running():
+                    started = time.perf_counter()
+                    producer.send(payload)
+                    tally.done(started, None)
+            else:
+                def sent(started: float, outcome, message_id) -> None:
+                    tally.done(started, None if outcome == pulsar.Result.Ok else RuntimeError(str(outcome)))
+
+                while tally.running():
+                    producer.send_async(payload, functools.partial(sent, time.perf_counter()))
+                producer.flush()
+            producer.close()
+            return
+        # receive / batch_receive: a backlog written first (send_async, batching on), then read from the start.
+        consumer = client.subscribe(topic, "patterns", initial_position=pulsar.InitialPosition.Earliest,
+                                    receiver_queue_size=1000,
+                                    batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(1000, 1 << 20, 100))
+        producer = client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=1,
+                                          max_pending_messages=20_000, block_if_queue_full=True)
+        for _ in range(backlog):
+            producer.send_async(payload, None)
+        producer.flush()
+        producer.close()
+        received = 0
+        tally.measure_from = time.perf_counter()
+        while received < backlog:
+            if pattern == "pulsar_receive":
+                messages = [consumer.receive(60_000)]
+            else:
+                messages = list(consumer.batch_receive())
+            for message in messages:
+                consumer.acknowledge(message)
+            tally.untimed += len(messages)
+            received += len(messages)
+        tally.deadline = time.perf_counter()
+        consumer.close()
+    finally:
+        client.close()
+
+
+def run_topic_level(arguments: argparse.Namespace, label: str) -> dict[str, dict]:
+    results = {}
+    pulsar_port = free_port()
+    url = f"pulsar://127.0.0.1:{pulsar_port}"
+    payload = os.urandom(arguments.entry_bytes)
+    with bench_cluster(3, broker_count=1, broker_options=["--pulsar-port", str(pulsar_port)]) as cluster:
+        for number, pattern in enumerate(TOPIC_PATTERNS):
+            topic = f"patterns-{number}"
+            with Progress(f"{label}: topic {pattern}", total=None, unit="s"):
+                began = time.perf_counter()
+                tally = Tally(began + arguments.warmup_seconds, began + arguments.warmup_seconds + arguments.seconds)
+                if pattern.startswith("quire_"):
+                    trio.run(quire_topic_pattern, cluster.zk_hosts, cluster.root, topic, pattern, payload, arguments.window, tally)
+                else:
+                    if pattern in ("pulsar_receive", "pulsar_batch_receive"):
+                        trio.run(create_topic, cluster.zk_hosts, cluster.root, topic)
+                    pulsar_topic_pattern(url, f"persistent://public/default/{topic}", pattern, payload, arguments.window,
+                                         tally, arguments.backlog)
+            seconds = tally.deadline - tally.measure_from if pattern.endswith("receive") else arguments.seconds
+            system = "quire" if pattern.startswith("quire_") else "pulsar-client"
+            results[pattern] = tally.result(system, pattern, arguments.window, arguments.entry_bytes, round(seconds, 3))
+            results[pattern]["name"] = "caller_patterns_topic"
+            if pattern.endswith("receive"):
+                results[pattern]["parameters"].update(backlog=arguments.backlog, ack="each message", receiver_queue=1000)
+            print(json.dumps(results[pattern]), flush=True)
+    return results
+
+
+async def create_topic(zk_hosts: str, root: str, topic: str) -> None:
+    from broker.client import Client
+
+    async with Client.connect(zk_hosts, root) as client:
+        await client.create_topic(topic, ensemble_size=3, write_quorum=3, ack_quorum=2)
 
 
 # --- main ----------------------------------------------------------------------------
@@ -304,6 +474,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--skip-jetstream", action="store_true")
     parser.add_argument("--rounds", type=ranges.count, default=1,
                         help="each round runs every pattern once, JetStream's too; the summary gives medians")
+    parser.add_argument("--skip-topic-level", action="store_true",
+                        help="only the ledger client's patterns (not the broker's and the Pulsar client's)")
+    parser.add_argument("--backlog", type=ranges.bench_backlog, default=100_000,
+                        help="messages of the topic-level receive and batch_receive runs")
     return parser
 
 
@@ -319,8 +493,14 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
             if servers is not None:
                 measured["jetstream"] = asyncio.run(jetstream_all(servers, arguments, label))
             rounds.append(measured)
+    topic = None if arguments.skip_topic_level else run_topic_level(arguments, "topic level")
     print(table(rounds), file=sys.stderr, flush=True)
-    print(json.dumps(summarize(rounds)), flush=True)
+    summary = summarize(rounds)
+    if topic is not None:
+        summary["topic_level_per_s"] = {pattern: value["entries_per_s"] for pattern, value in topic.items()}
+        print("\n".join(f"{pattern:29s} {value['entries_per_s']:12,.0f} /s   p50 {value['latency_ms_p50'] or 0:7.2f} ms"
+                        for pattern, value in topic.items()), file=sys.stderr, flush=True)
+    print(json.dumps(summary), flush=True)
     return 0
 
 

@@ -117,11 +117,29 @@ def _direct_writer(stream) -> Callable[[bytes], int] | None:
     return None
 
 
+# The writer's coalescing (`coalesce_rounds`): it sends once this many
+# rounds in a row passed with nothing scheduled, this many bytes are queued,
+# or this long has passed.
+COALESCE_IDLE_ROUNDS = 4
+COALESCE_BYTES = 256 * 1024
+COALESCE_S = 0.002
+
+
 class FrameOutput:
-    def __init__(self, stream: trio.SocketStream, *, gather: Callable[[], None] | None = None) -> None:
+    def __init__(self, stream: trio.SocketStream, *, gather: Callable[[], None] | None = None,
+                 coalesce_rounds: int = 0) -> None:
         """`gather`, if given, is called before every send to queue what its
-        owner was still gathering (a client's ADD_BATCH)."""
+        owner was still gathering (a client's ADD_BATCH).
+
+        `coalesce_rounds`: before a send, the writer task lets the other
+        runnable tasks run for up to this many scheduling rounds while they
+        keep scheduling more (callers that yield between requests, such as
+        a task per add, then share a send instead of paying one each, and
+        so does the peer); a round in which nobody scheduled anything sends
+        at once."""
         self._stream = stream
+        self._coalesce_rounds = coalesce_rounds
+        self._schedules = 0  # calls of schedule(): the coalescing rounds watch it move
         # Written straight to the socket by `flush`, without a scheduling point.
         self._write_now = _direct_writer(stream)
         self._gather = gather
@@ -148,6 +166,7 @@ class FrameOutput:
     def schedule(self) -> None:
         """Leave what is queued (or being gathered) to the writer task, which
         sends it in one write with whatever else is queued before it runs."""
+        self._schedules += 1
         if self._frames or self._gather is not None:
             self._writer_wakeup.set()
 
@@ -191,6 +210,26 @@ class FrameOutput:
         self._drained.set()
         self._drained = trio.Event()
 
+    async def _coalesce(self) -> None:
+        """Let the other runnable tasks queue more before a send: until a
+        few rounds pass in which nobody scheduled anything, COALESCE_BYTES
+        are queued, or COALESCE_S have passed (a busy loop's rounds are long)."""
+        seen, idle = self._schedules, 0
+        deadline = trio.current_time() + COALESCE_S
+        for _ in range(self._coalesce_rounds):
+            # To the back of the run queue: every task runnable now runs first.
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if self._socket_full or self.bytes >= COALESCE_BYTES or trio.current_time() >= deadline:
+                return
+            if self._schedules == seen:
+                # trio runs each round's tasks in a random order: a round
+                # without a schedule() may only mean this task ran first.
+                idle += 1
+                if idle == COALESCE_IDLE_ROUNDS:
+                    return
+            else:
+                seen, idle = self._schedules, 0
+
     async def run_writer(self) -> None:
         """Send what `flush()` did not, until cancelled; raises what
         `send_all` raises when the connection breaks."""
@@ -201,6 +240,10 @@ class FrameOutput:
                 self._writer_wakeup = trio.Event()
                 await self._writer_wakeup.wait()
                 continue
+            if self._coalesce_rounds and not self._socket_full:
+                await self._coalesce()
+                if self._gather is not None:
+                    self._gather()
             frames = self._frames
             data = frames[0] if len(frames) == 1 else b"".join(frames)
             self._frames = []

@@ -63,6 +63,9 @@ log = logging.getLogger(__name__)
 # (or when the connection's writer runs, whichever comes first).
 ADD_BATCH_GATHER_ADDS = 128
 ADD_BATCH_GATHER_BYTES = 128 * 1024
+# Scheduling rounds the connection's writer waits while callers keep adding
+# (see FrameOutput): callers that yield between adds then share a send.
+COALESCE_ROUNDS = 64
 Callback = Callable[["Response | BookieConnectionError"], None]
 
 
@@ -212,7 +215,7 @@ class BookieClient:
         self._batching = batching  # the bookie speaks protocol 2
         self._gathering: _AddBatch | None = None
         self._gather_bytes_max = min(ADD_BATCH_GATHER_BYTES, frame_bytes_max - 64)
-        self._output = FrameOutput(stream, gather=self._seal_batch)
+        self._output = FrameOutput(stream, gather=self._seal_batch, coalesce_rounds=COALESCE_ROUNDS)
         self._failure: BookieConnectionError | None = None
         self._failed = trio.Event()
         self._decoder: FrameDecoder | None = None

@@ -78,13 +78,17 @@ class PendingAdd:
         return self.entry_id
 
     async def wait_done(self) -> None:
-        """Wait until the add completed or failed (without raising)."""
+        """Wait until the add completed or failed (without raising). Not a
+        scheduling point when it is done already (a cancelled caller is
+        still cancelled here): a task that awaits each of its adds in turn
+        then hands the next ones over without yielding, and they leave for
+        the bookies together."""
         if not self.done:
             if self._event is None:
                 self._event = trio.Event()
             await self._event.wait()
         else:
-            await trio.lowlevel.checkpoint()
+            await trio.lowlevel.checkpoint_if_cancelled()
 
 
 class LedgerWriter:

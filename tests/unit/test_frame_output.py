@@ -160,3 +160,58 @@ async def test_flushes_on_a_full_socket_leave_the_queue_to_the_writer(monkeypatc
     output.queue(b"after")
     output.flush()
     assert output.bytes == 0
+
+
+class CountingStream:
+    """A stream that records each send (no socket: the writer task's path only)."""
+
+    def __init__(self) -> None:
+        self.sends: list[bytes] = []
+
+    async def send_all(self, data) -> None:
+        self.sends.append(bytes(data))
+        await trio.lowlevel.checkpoint()
+
+
+@pytest.mark.parametrize("coalesce_rounds", [0, 64])
+async def test_a_coalescing_writer_shares_one_send_between_callers_that_yield(coalesce_rounds):
+    # Ten tasks, each queueing a frame, yielding, queueing the next (a task
+    # per request). Without coalescing the writer sends as soon as it runs;
+    # with it, it waits while the tasks keep queueing, and sends them together.
+    stream = CountingStream()
+    output = FrameOutput(stream, coalesce_rounds=coalesce_rounds)
+
+    async def caller(index: int) -> None:
+        for round_ in range(5):
+            output.queue(b"%d.%d;" % (index, round_))
+            output.schedule()
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(output.run_writer)
+        async with trio.open_nursery() as callers:
+            for index in range(10):
+                callers.start_soon(caller, index)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    sent = b"".join(stream.sends)
+    assert sorted(sent.split(b";")[:-1]) == sorted(b"%d.%d" % (index, round_) for index in range(10) for round_ in range(5))
+    if coalesce_rounds:
+        assert len(stream.sends) <= 2, len(stream.sends)
+    else:
+        assert len(stream.sends) >= 4, len(stream.sends)
+
+
+async def test_a_coalescing_writer_sends_at_once_when_nobody_adds(autojump_clock):
+    # One frame and nobody else runnable: a few empty rounds, then it leaves
+    # (no clock time passes: idle rounds end it, not the deadline).
+    stream = CountingStream()
+    output = FrameOutput(stream, coalesce_rounds=64)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(output.run_writer)
+        began = trio.current_time()
+        output.queue(b"alone")
+        output.schedule()
+        await trio.testing.wait_all_tasks_blocked()
+        assert stream.sends == [b"alone"] and trio.current_time() == began
+        nursery.cancel_scope.cancel()
