@@ -99,6 +99,39 @@ class Tally:
 # --- quire ---------------------------------------------------------------------------
 
 
+async def task_per_call(call, window: int, tally: Tally) -> None:
+    """A new trio task for every `await call()`, at most `window` at a time."""
+    room = trio.Semaphore(window)
+
+    async def one() -> None:
+        started = time.perf_counter()
+        try:
+            await call()
+            tally.done(started, None)
+        finally:
+            room.release()
+
+    async with trio.open_nursery() as nursery:
+        while tally.running():
+            await room.acquire()
+            nursery.start_soon(one)
+
+
+async def pipelined(submit, window: int, tally: Tally) -> None:
+    """One task: `await submit()` gives something to `await .wait()` on
+    later; the oldest is awaited once `window` are in flight."""
+    in_flight: collections.deque = collections.deque()
+    while tally.running():
+        if len(in_flight) >= window:
+            started, pending = in_flight.popleft()
+            await pending.wait()
+            tally.done(started, None)
+        in_flight.append((time.perf_counter(), await submit()))
+    for started, pending in in_flight:
+        await pending.wait()
+        tally.done(started, None)
+
+
 async def quire_pattern(handle: LedgerHandle, pattern: str, payload: bytes, window: int, tally: Tally) -> None:
     if pattern == "sequential":
         while tally.running():
@@ -106,20 +139,7 @@ async def quire_pattern(handle: LedgerHandle, pattern: str, payload: bytes, wind
             await handle.add(payload)
             tally.done(started, None)
     elif pattern == "task_per_add":
-        room = trio.Semaphore(window)
-
-        async def one() -> None:
-            started = time.perf_counter()
-            try:
-                await handle.add(payload)
-                tally.done(started, None)
-            finally:
-                room.release()
-
-        async with trio.open_nursery() as nursery:
-            while tally.running():
-                await room.acquire()
-                nursery.start_soon(one)
+        await task_per_call(functools.partial(handle.add, payload), window, tally)
     elif pattern == "long_lived_tasks":
         async def loop() -> None:
             while tally.running():
@@ -131,16 +151,7 @@ async def quire_pattern(handle: LedgerHandle, pattern: str, payload: bytes, wind
             for _ in range(window):
                 nursery.start_soon(loop)
     elif pattern == "pipelined":
-        in_flight: collections.deque = collections.deque()
-        while tally.running():
-            if len(in_flight) >= window:
-                started, pending = in_flight.popleft()
-                await pending.wait()
-                tally.done(started, None)
-            in_flight.append((time.perf_counter(), await handle.submit_add(payload)))
-        for started, pending in in_flight:
-            await pending.wait()
-            tally.done(started, None)
+        await pipelined(functools.partial(handle.submit_add, payload), window, tally)
     elif pattern == "callback":
         room = trio.Semaphore(window)
 
@@ -304,31 +315,9 @@ async def quire_topic_pattern(zk_hosts: str, root: str, topic: str, pattern: str
         await client.create_topic(topic, ensemble_size=3, write_quorum=3, ack_quorum=2)
         producer = await client.create_producer(topic, pending_messages_max=window)
         if pattern == "quire_send_task_per_message":
-            room = trio.Semaphore(window)
-
-            async def one() -> None:
-                started = time.perf_counter()
-                try:
-                    await producer.send(payload)
-                    tally.done(started, None)
-                finally:
-                    room.release()
-
-            async with trio.open_nursery() as nursery:
-                while tally.running():
-                    await room.acquire()
-                    nursery.start_soon(one)
+            await task_per_call(functools.partial(producer.send, payload), window, tally)
         elif pattern == "quire_send_pipelined":
-            in_flight: collections.deque = collections.deque()
-            while tally.running():
-                if len(in_flight) >= window:
-                    started, future = in_flight.popleft()
-                    await future.wait()
-                    tally.done(started, None)
-                in_flight.append((time.perf_counter(), await producer.send_async(payload)))
-            for started, future in in_flight:
-                await future.wait()
-                tally.done(started, None)
+            await pipelined(functools.partial(producer.send_async, payload), window, tally)
         else:
             raise ValueError(f"unknown pattern {pattern}")
         await producer.close()
