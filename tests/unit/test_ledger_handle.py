@@ -129,3 +129,32 @@ async def test_one_timer_replaces_the_bookies_that_leave_an_add_unanswered(autoj
         await trio.sleep(0.2)
         assert client.add_timeouts.watched == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_every_task_waiting_on_an_add_wakes_and_a_cancelled_one_leaves(autojump_clock):
+    # Three tasks wait on one add, and a fourth wait is cancelled while they
+    # do (it leaves the add's waiters): the three wake with its entry id
+    # once it completes; waiting on a done add returns at once.
+    import trio.testing
+
+    async with trio.open_nursery() as nursery:
+        client = StandInClient(nursery)
+        handle = LedgerHandle(client.services, make_core(), b"key")
+        pending = handle.submit_add_nowait(b"entry")
+        woken: list[int] = []
+
+        async def waiter() -> None:
+            woken.append(await pending.wait())
+
+        async with trio.open_nursery() as waiters:
+            waiters.start_soon(waiter)
+            waiters.start_soon(waiter)
+            with trio.move_on_after(1):
+                await pending.wait_done()  # cancelled after 1 s: it leaves the waiters
+            waiters.start_soon(waiter)
+            await trio.testing.wait_all_tasks_blocked()
+            answer_ok(client, "b0")
+            answer_ok(client, "b1")
+        assert woken == [0, 0, 0]
+        assert await pending.wait() == 0
+        nursery.cancel_scope.cancel()
