@@ -18,7 +18,10 @@ JetStream context:
 - `writer`: one task, `async with lh.writer(window)` / JetStream's
   pipelined loop (nats-py has no writer);
 - `add_many`: one task, `await lh.add_many(window entries)` / `window`
-  `publish_async` then all awaited (nats-py has no batch publish).
+  `publish_async` then all awaited (nats-py has no batch publish);
+- `sync_writer`: plain code in a thread, the sync facade's
+  `with lh.writer(window) as w: w.add(data)` (quire only: nats-py has no
+  synchronous API).
 
 At the topic level, on 3 bookies and a broker (same sizes): quire's
 `producer.send` from a task per message (a semaphore of `window`) and
@@ -59,7 +62,10 @@ from quire.cli_parsing import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"
-PATTERNS = ("sequential", "task_per_add", "long_lived_tasks", "pipelined", "callback", "writer", "add_many")
+PATTERNS = ("sequential", "task_per_add", "long_lived_tasks", "pipelined", "callback", "writer", "add_many", "sync_writer")
+# nats-py has no synchronous API: these run for quire alone.
+QUIRE_ONLY = ("sync_writer",)
+COMPARED = tuple(pattern for pattern in PATTERNS if pattern not in QUIRE_ONLY)
 RATIO_TO_JETSTREAM_MIN = 1.5
 SLOWEST_TO_FASTEST_MIN = 0.6
 SEQUENTIAL_P50_RATIO_MAX = 1.2
@@ -186,17 +192,35 @@ async def quire_pattern(handle: LedgerHandle, pattern: str, payload: bytes, wind
         raise ValueError(f"unknown pattern {pattern}")
 
 
+def sync_writer(zk_hosts: str, root: str, payload: bytes, window: int, tally: Tally) -> None:
+    """Plain (not async) code in a thread: the sync facade's `lh.writer(window)`.
+    Adds are counted, not timed (the writer hands back no handle per add)."""
+    from ledger_client.sync import BookKeeper as SyncBookKeeper
+
+    with SyncBookKeeper.connect(zk_hosts, root, pending_adds_max=max(window, 1000)) as bk:
+        handle = bk.create_ledger(3, 3, 2, password=PASSWORD)
+        with handle.writer(window) as writer:
+            while tally.running():
+                writer.add(payload)
+                if time.perf_counter() >= tally.measure_from:
+                    tally.untimed += 1
+        handle.close()
+
+
 async def run_quire(zk_hosts: str, root: str, arguments: argparse.Namespace, label: str) -> dict[str, dict]:
     results = {}
     payload = os.urandom(arguments.entry_bytes)
     async with BookKeeper.connect(zk_hosts, root, pending_adds_max=max(arguments.window, 1000)) as bk:
         for pattern in PATTERNS:
-            handle = await bk.create_ledger(3, 3, 2, password=PASSWORD)
+            handle = None if pattern in QUIRE_ONLY else await bk.create_ledger(3, 3, 2, password=PASSWORD)
             with Progress(f"{label}: quire {pattern}", total=None, unit="s"):
                 began = time.perf_counter()
                 tally = Tally(began + arguments.warmup_seconds, began + arguments.warmup_seconds + arguments.seconds)
-                await quire_pattern(handle, pattern, payload, arguments.window, tally)
-            await handle.close()
+                if handle is None:
+                    await trio.to_thread.run_sync(sync_writer, zk_hosts, root, payload, arguments.window, tally)
+                else:
+                    await quire_pattern(handle, pattern, payload, arguments.window, tally)
+                    await handle.close()
             results[pattern] = tally.result("quire", pattern, arguments.window, arguments.entry_bytes, arguments.seconds)
             print(json.dumps(results[pattern]), flush=True)
     return results
@@ -282,7 +306,7 @@ async def jetstream_all(servers: list[str], arguments: argparse.Namespace, label
     nc = await nats.connect(servers=servers)
     try:
         js = nc.jetstream(publish_async_max_pending=arguments.window)
-        for pattern in PATTERNS:
+        for pattern in COMPARED:
             await add_jetstream_stream(js, "PATTERNS", "bench")
             with Progress(f"{label}: jetstream {pattern}", total=None, unit="s"):
                 began = time.perf_counter()
@@ -419,20 +443,21 @@ def summarize(rounds: list[dict[str, dict[str, dict]]]) -> dict:
     quire_rates = {pattern: median_of("quire", pattern, "entries_per_s") for pattern in PATTERNS}
     summary: dict = {"name": "caller_patterns_summary", "rounds": len(rounds), "quire_entries_per_s": quire_rates}
     parallel = [pattern for pattern in PATTERNS if pattern != "sequential"]
+    compared_parallel = [pattern for pattern in parallel if pattern in COMPARED]
     summary["slowest_to_fastest"] = round(min(quire_rates[p] for p in parallel) / max(quire_rates[p] for p in parallel), 3)
     met = {"slowest_to_fastest": summary["slowest_to_fastest"] >= SLOWEST_TO_FASTEST_MIN}
     if all("jetstream" in r for r in rounds):
-        summary["jetstream_entries_per_s"] = {pattern: median_of("jetstream", pattern, "entries_per_s") for pattern in PATTERNS}
+        summary["jetstream_entries_per_s"] = {pattern: median_of("jetstream", pattern, "entries_per_s") for pattern in COMPARED}
         ratios = {pattern: round(statistics.median(
             r["quire"][pattern]["entries_per_s"] / r["jetstream"][pattern]["entries_per_s"]
-            if r["jetstream"][pattern]["entries_per_s"] else 0.0 for r in rounds), 3) for pattern in PATTERNS}
+            if r["jetstream"][pattern]["entries_per_s"] else 0.0 for r in rounds), 3) for pattern in COMPARED}
         summary["ratio_to_jetstream"] = ratios
         p50_ratio = round(statistics.median(
             r["quire"]["sequential"]["latency_ms_p50"] / r["jetstream"]["sequential"]["latency_ms_p50"] for r in rounds), 3)
         summary["sequential_p50_ms"] = {"quire": median_of("quire", "sequential", "latency_ms_p50"),
                                         "jetstream": median_of("jetstream", "sequential", "latency_ms_p50"),
                                         "ratio": p50_ratio}
-        met.update({f"{pattern}_vs_jetstream": ratios[pattern] >= RATIO_TO_JETSTREAM_MIN for pattern in parallel})
+        met.update({f"{pattern}_vs_jetstream": ratios[pattern] >= RATIO_TO_JETSTREAM_MIN for pattern in compared_parallel})
         met["sequential_p50"] = p50_ratio <= SEQUENTIAL_P50_RATIO_MAX
     summary["targets"] = {"ratio_to_jetstream_min": RATIO_TO_JETSTREAM_MIN, "slowest_to_fastest_min": SLOWEST_TO_FASTEST_MIN,
                           "sequential_p50_ratio_max": SEQUENTIAL_P50_RATIO_MAX}
@@ -444,8 +469,8 @@ def table(rounds: list[dict[str, dict[str, dict]]]) -> str:
     lines = ["pattern           quire adds/s   p50 ms   jetstream msg/s   p50 ms   ratio"]
     for pattern in PATTERNS:
         quire = statistics.median(r["quire"][pattern]["entries_per_s"] for r in rounds)
-        quire_p50 = statistics.median(r["quire"][pattern]["latency_ms_p50"] for r in rounds)
-        if all("jetstream" in r for r in rounds):
+        quire_p50 = statistics.median(r["quire"][pattern]["latency_ms_p50"] or 0.0 for r in rounds)
+        if all("jetstream" in r for r in rounds) and pattern in COMPARED:
             js = statistics.median(r["jetstream"][pattern]["entries_per_s"] for r in rounds)
             js_p50 = statistics.median(r["jetstream"][pattern]["latency_ms_p50"] for r in rounds)
             lines.append(f"{pattern:17s} {quire:12,.0f} {quire_p50:8.2f} {js:17,.0f} {js_p50:8.2f} {quire / js if js else 0:7.2f}")
