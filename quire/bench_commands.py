@@ -9,6 +9,7 @@ BENCHMARKS = {
     "bookie_add": "one bookie, one client pipelining 1 KiB adds, fsync on",
     "ledger_write": "the ledger client on 3 bookies, and NATS JetStream as the reference",
     "caller_patterns": "the ledger client's add called eight ways (a task per add, pipelined, a writer, the sync facade, ...), each against NATS JetStream called the same way; quire's and the Pulsar client's send and receive patterns",
+    "scaling": "cost curves as the work grows: entry size, open ledgers, topics, durable subscriptions, bookies, catch-up reads by entry size (PNG plots)",
     "ledger_read": "catch-up read of a closed 1M-entry ledger",
     "broker_pubsub": "broker publish, end to end and backlog, and NATS JetStream as the reference",
     "pulsar_client": "the official Pulsar client against quire, with NATS JetStream and quire's own client in the same run",
