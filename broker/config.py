@@ -5,6 +5,7 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass, field
 
+from broker.cursor_ledger import CURSOR_WRITES_PER_S_DEFAULT
 from broker.dispatcher import DELAYED_MAX_DEFAULT
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_records import TopicPolicies
@@ -32,6 +33,9 @@ class BrokerConfig:
     # Delayed messages each subscription holds in memory; past it they are
     # spilled to a local file in runs sorted by time (broker/delayed_index.py).
     delayed_memory_messages: int = DELAYED_MAX_DEFAULT
+    # Appends to cursor ledgers per second, all subscriptions together
+    # (broker/cursor_ledger.py).
+    cursor_writes_per_s: int = CURSOR_WRITES_PER_S_DEFAULT
     frame_bytes_max: int = 16 * 1024 * 1024
     requests_in_flight_max: int = 1_000  # per connection
     connection_output_bytes_max: int = 64 * 1024 * 1024  # a connection's unsent answers; past it, reading stops

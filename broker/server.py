@@ -39,6 +39,7 @@ from broker.access import AccessControl
 from broker.admin import AdminHandler
 from broker.authorization import Action
 from broker.config import BrokerConfig
+from broker.cursor_ledger import CursorWritePacer
 from broker.dispatcher import SubscriptionType
 from broker.errors import (
     BadRequestError,
@@ -168,6 +169,7 @@ class BrokerServer:
             lambda service, error: self.hosting.request_unload(service, error),
             retention_check_interval_s=config.retention_check_interval_s, lease=Lease(config.session_timeout_ms),
             delayed_memory_messages=config.delayed_memory_messages,
+            cursor_pacer=CursorWritePacer(config.cursor_writes_per_s),
         )
         self.hosting = PartitionHosting(self.context, store, self.ownership, partition_policies=self.partition_policies,
                                         close_clients=self._close_clients, session_timeout_ms=config.session_timeout_ms)

@@ -20,6 +20,8 @@ import trio
 from broker.compaction import CompactedView
 from broker.compaction_core import CompactedEntry, CompactionError
 from broker.cursor import Cursor
+from broker.cursor_ledger import CursorLedger, CursorWritePacer
+from broker.cursor_ledger_core import CursorPlacement
 from broker.delayed_index import DiskSpillFile, SpillError
 from broker.dispatcher import DELAYED_MAX_DEFAULT, Delivery, Dispatcher, EntryRef, HashRanges, SubscriptionType
 from broker.errors import BrokerError, TopicFencedError
@@ -64,6 +66,7 @@ class PartitionAccess(Protocol):
     managed_ledger: ManagedLedger
     topic_store: TopicStore
     compacted_view: CompactedView | None  # the partition's last compaction, if any
+    cursor_pacer: CursorWritePacer  # the broker's bound on cursor-ledger appends
 
     @property
     def lease(self) -> Lease: ...
@@ -121,14 +124,23 @@ class Subscription:
         important: bool,
         cursor_version: int | None,
         created_ms: int,
+        retired_ledgers: tuple[int, ...] = (),
         core_class: type[SubscriptionCore] = SubscriptionCore,
         delayed_memory_messages: int = DELAYED_MAX_DEFAULT,
     ) -> None:
+        """`retired_ledgers`: cursor ledgers of an earlier load, deleted
+        once the cursor's node no longer names them (read_stored_cursor)."""
         self.partition = partition
         self.core: SubscriptionCore[AckWaiter] = core_class(
             name, subscription_type, cursor, durable=durable, important=important, created_ms=created_ms,
             cursor_version=cursor_version, partition_index=partition.partition_index, delayed_spill=DiskSpillFile,
             delayed_max=delayed_memory_messages,
+        )
+        managed_ledger = partition.managed_ledger
+        self.cursor_ledger = CursorLedger(
+            managed_ledger.bookkeeper, partition.topic_store, partition.name, name,
+            CursorPlacement(cursor_version, retired=retired_ledgers), password=managed_ledger.password,
+            policies=lambda: managed_ledger.policies, pacer=partition.cursor_pacer,
         )
         self.consumers: dict[int, ConsumerLink] = {}
         self.messages_out = 0
@@ -251,14 +263,14 @@ class Subscription:
         failure: BrokerError = TopicFencedError(f"subscription {self.name} of {partition.name}: cursor write did not finish")
         written = False
         try:
-            version = await partition.topic_store.write_cursor(partition.name, self.name, write.record, write.expected_version)
+            version = await self.cursor_ledger.write(write.record, inline=write.inline)
             written = True
         except NodeExistsError:
             if write.expected_version is None:
                 raise
             failure = TopicFencedError(f"subscription {self.name} of {partition.name}: cursor created by another broker")
             raise failure from None
-        except MetadataError as error:
+        except (MetadataError, BKError) as error:
             failure = TopicFencedError(f"subscription {self.name} of {partition.name}: cursor write failed: {error}")
             raise failure from None
         finally:
@@ -279,7 +291,9 @@ class Subscription:
         self._persist_wakeup.set()
         if write and self.durable:
             async with self._write_lock:  # after the write in flight, whose waiters it answers
-                if self.core.unwritten:
+                # Into the node, retiring the cursor's ledger: the next
+                # owner reads the node alone, recovering no ledger.
+                if self.core.unwritten or self.cursor_ledger.ledger_id is not None:
                     try:
                         await self._write(self.core.force_write())
                     except BrokerError as error:
@@ -551,6 +565,9 @@ class Subscription:
             "important": self.important,
             "mark_delete_offset": self.cursor.mark_delete,
             "individually_acknowledged_ranges": len(self.cursor.acked),
+            # Where its acknowledgements are written (None: into its node).
+            "cursor_ledger": self.cursor_ledger.ledger_id,
+            "cursor_ledger_entries": self.cursor_ledger.placement.entries,
             "backlog_messages": self.backlog(),
             "messages_out": self.messages_out,
             "expired_messages": self.expired_messages,

@@ -49,6 +49,10 @@ class CursorWrite:
     record: dict
     expected_version: int | None
     change: int  # the changes it covers
+    # Into the cursor's ZooKeeper node itself, not appended to its ledger
+    # (broker/cursor_ledger_core.py): the forced writes (at load, at
+    # creation, at an unload, when it turns important).
+    inline: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +229,7 @@ class SubscriptionCore(Generic[Waiter]):
         """A write whatever changed (at load, so that the version moves on
         before anything is dispatched, and when the cursor is created)."""
         assert self._writing is None, "a forced cursor write while another is in flight"
-        self._writing = CursorWrite(self.record(), self.cursor_version, self._changes)
+        self._writing = CursorWrite(self.record(), self.cursor_version, self._changes, inline=True)
         return self._writing
 
     def cursor_written(self, write: CursorWrite, version: int) -> list[Waiter]:

@@ -23,6 +23,8 @@ from framing.codec import describe
 from broker.compaction import CompactedView, CompactionState, CompactionStatus, Compactor
 from broker.compaction_core import CompactionRecord
 from broker.cursor import Cursor
+from broker.cursor_ledger import CursorWritePacer, read_stored_cursor
+from broker.cursor_ledger_core import stored_placement
 from broker.dispatcher import DELAYED_MAX_DEFAULT, HashRanges, SubscriptionType
 from broker.errors import (
     BadRequestError,
@@ -61,6 +63,7 @@ PRODUCER_EARLIER_BATCHES_WAIT_S = 10.0  # a reconnecting producer waits at most 
 LIFECYCLE_COMMANDS_MAX = 8  # the partition core's commands waiting to be carried out (a few at a time, by its rules)
 HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
+CURSOR_LOADS_AT_ONCE = 16  # cursors read (and their ledgers recovered) at once while a partition loads
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
 COMPACTION_RETRY_AFTER_S = 60.0  # the compaction threshold starts no compaction this soon after one failed
 
@@ -77,6 +80,7 @@ class BrokerContext:
     retention_check_interval_s: float = POLICY_REFRESH_INTERVAL_S
     lease: Lease = field(default_factory=Lease)
     delayed_memory_messages: int = DELAYED_MAX_DEFAULT  # per subscription; past it, spilled (broker/delayed_index.py)
+    cursor_pacer: CursorWritePacer = field(default_factory=CursorWritePacer)  # the broker's cursor-ledger appends
     # The cores' classes (the simulator's planted mistakes replace one).
     publish_core_class: type[PublishCore] = PublishCore
     subscription_core_class: type[SubscriptionCore] = SubscriptionCore
@@ -125,6 +129,7 @@ class PartitionService:
         self.partition_index = partition_index
         self.policies = policies
         self.topic_store = context.topic_store
+        self.cursor_pacer = context.cursor_pacer
         self.managed_ledger = ManagedLedger(
             context.bookkeeper, context.topic_store, name, policies,
             password=context.ledger_password, cache=context.cache, on_fenced=self.fence,
@@ -229,20 +234,54 @@ class PartitionService:
         found = await self.topic_store.read_compaction(self.name)
         if found is not None:
             self._compaction_switched(found[0])
-        for subscription_name, (record, version) in (await self.topic_store.read_cursors(self.name)).items():
+        stored = await self.topic_store.read_cursors(self.name)
+        loaded: dict[str, Subscription] = {}
+        failures: list[TopicFencedError] = []
+
+        async def load(subscription_name: str, record: dict, version: int) -> None:
             try:
-                cursor = Cursor.from_record(record)
-                kind = SubscriptionType.parse(record.get("type", "exclusive"))
+                loaded[subscription_name] = await self._stored_subscription(subscription_name, record, version)
             except ValueError as error:
                 log.error("partition %s: cursor %s unreadable, left alone: %s", self.name, subscription_name, error)
-                continue
-            subscription = Subscription(
-                self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
-                cursor_version=version, core_class=self.context.subscription_core_class, delayed_memory_messages=self.context.delayed_memory_messages, created_ms=record.get("created_ms", 0),
-            )
-            self._skip_trimmed(subscription)
-            self.subscriptions[subscription_name] = subscription
+            except TopicFencedError as error:
+                failures.append(error)
+
+        # Each may recover its cursor ledger: a few at a time.
+        limiter = trio.CapacityLimiter(CURSOR_LOADS_AT_ONCE)
+
+        async def load_limited(*args) -> None:
+            async with limiter:
+                await load(*args)
+
+        async with trio.open_nursery() as nursery:
+            for subscription_name, (record, version) in stored.items():
+                nursery.start_soon(load_limited, subscription_name, record, version)
+        if failures:
+            raise failures[0]
+        for subscription_name in stored:
+            if subscription_name in loaded:
+                self.subscriptions[subscription_name] = loaded[subscription_name]
         return list(self.subscriptions)
+
+    async def _stored_subscription(self, subscription_name: str, node_record: dict, version: int) -> Subscription:
+        """A durable subscription from its stored cursor: the node's record,
+        or the last entry of the cursor ledger it names (recovered, which
+        fences the previous owner's appends). ValueError: malformed."""
+        try:
+            record, retired = await read_stored_cursor(self.context.bookkeeper, self.context.ledger_password, self.name,
+                                                       subscription_name, node_record)
+        except BKError as error:
+            raise TopicFencedError(f"partition {self.name}: the ledger of cursor {subscription_name} cannot be "
+                                   f"recovered now: {error}") from None
+        cursor = Cursor.from_record(record)
+        kind = SubscriptionType.parse(record.get("type", "exclusive"))
+        subscription = Subscription(
+            self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
+            cursor_version=version, retired_ledgers=retired, core_class=self.context.subscription_core_class,
+            delayed_memory_messages=self.context.delayed_memory_messages, created_ms=record.get("created_ms", 0),
+        )
+        self._skip_trimmed(subscription)
+        return subscription
 
     def _lifecycle(self, commands: list[partition_core.Command]) -> None:
         """Commands of the partition core while it serves or unloads: carried
@@ -606,13 +645,7 @@ class PartitionService:
         if stored is None:
             raise TopicFencedError(f"the cursor of {subscription_name} on {self.name} came and went: subscribe again")
         record, version = stored
-        subscription = Subscription(
-            self, subscription_name, SubscriptionType.parse(record.get("type", "exclusive")), Cursor.from_record(record),
-            durable=True, important=bool(record.get("important")), cursor_version=version,
-            core_class=self.context.subscription_core_class, delayed_memory_messages=self.context.delayed_memory_messages, created_ms=record.get("created_ms", 0),
-        )
-        self._skip_trimmed(subscription)
-        return subscription
+        return await self._stored_subscription(subscription_name, record, version)
 
     def remove_consumer(self, subscription_name: str, consumer_id: int, *, keep: bool = False) -> None:
         """A consumer went away; a non-durable subscription goes with its
@@ -642,6 +675,7 @@ class PartitionService:
         del self.subscriptions[subscription_name]
         if subscription.durable:
             await self.topic_store.delete_cursor(self.name, subscription_name)
+            await subscription.cursor_ledger.delete_ledgers(subscription.cursor_ledger.owned_ledgers())
 
     # --- housekeeping ------------------------------------------------------------------------
 
@@ -754,13 +788,34 @@ class PartitionService:
         for subscription in self.subscriptions.values():
             subscription.wake()
 
-    async def delete_compacted_ledgers(self, record: CompactionRecord) -> None:
-        """The partition is deleted: so are the ledgers its compaction record names."""
-        for ledger_id in record.ledger_ids:
+    async def cursor_ledgers(self) -> tuple[int, ...]:
+        """Every cursor ledger of the partition's durable subscriptions:
+        those their nodes name or list as retired, and those this load made."""
+        ledger_ids = {ledger_id for subscription in self.subscriptions.values() if subscription.durable
+                      for ledger_id in subscription.cursor_ledger.owned_ledgers()}
+        for subscription_name, (record, _) in (await self.topic_store.read_cursors(self.name)).items():
+            try:
+                named, retired = stored_placement(record)
+            except ValueError as error:
+                log.error("partition %s: cursor %s unreadable, its ledgers left alone: %s", self.name, subscription_name, error)
+                continue
+            ledger_ids.update(retired)
+            if named is not None:
+                ledger_ids.add(named)
+        return tuple(sorted(ledger_ids))
+
+    async def delete_ledgers(self, ledger_ids: tuple[int, ...]) -> None:
+        """The partition is deleted: so are these ledgers of its own (one
+        gone already is no error)."""
+        for ledger_id in ledger_ids:
             try:
                 await self.context.bookkeeper.delete_ledger(ledger_id)
             except NoSuchLedgerError:
                 pass
+
+    async def delete_compacted_ledgers(self, record: CompactionRecord) -> None:
+        """The partition is deleted: so are the ledgers its compaction record names."""
+        await self.delete_ledgers(tuple(record.ledger_ids))
 
     def compaction_due(self) -> bool:
         """Whether the compaction threshold asks for a compaction now."""

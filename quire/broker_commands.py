@@ -7,6 +7,7 @@ import socket
 
 import trio
 
+from broker.cursor_ledger import CURSOR_WRITES_PER_S_DEFAULT
 from broker.dispatcher import DELAYED_MAX_DEFAULT
 from broker.publish_buffer import PUBLISH_BUFFER_BYTES_DEFAULT
 from broker.topic_records import TopicPolicies
@@ -121,6 +122,10 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                         help="delayed messages each shared subscription holds in memory; past it they are spilled to an unnamed "
                              "file in $TMPDIR, in runs sorted by time (Pulsar's delayed delivery bucket tracker does the same "
                              "with ledgers)")
+    parser.add_argument("--cursor-writes-per-s", type=Bounded("integer", 1, 10_000_000, why="a bound, not a target"), metavar="N",
+                        default=CURSOR_WRITES_PER_S_DEFAULT,
+                        help="appends to cursor ledgers the broker makes per second, all subscriptions together (each "
+                             "subscription has one write in flight; acknowledgements arriving meanwhile go into its next)")
     parser.add_argument("--publish-buffer-bytes", type=ranges.positive_memory_bytes, default=PUBLISH_BUFFER_BYTES_DEFAULT,
                         help="producers' batches taken and not yet persisted or answered, all partitions together "
                              "(Pulsar's maxMessagePublishBufferSizeInMB); past it the broker stops reading from producers' "
@@ -197,6 +202,7 @@ def run(arguments: argparse.Namespace) -> int:
             ledger_password=arguments.ledger_password.encode(),
             entry_cache_bytes=arguments.entry_cache_bytes,
             delayed_memory_messages=arguments.delayed_memory_messages,
+            cursor_writes_per_s=arguments.cursor_writes_per_s,
             publish_buffer_bytes=arguments.publish_buffer_bytes,
             frame_bytes_max=arguments.frame_bytes_max,
             auto_topic_creation=not arguments.no_auto_topic_creation,

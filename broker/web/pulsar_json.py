@@ -234,6 +234,8 @@ def internal_stats(partition: dict) -> dict:
         "cursors": {name: {"markDeleteOffset": subscription["mark_delete_offset"],
                            "individuallyDeletedRanges": subscription["individually_acknowledged_ranges"],
                            "messagesConsumedCounter": subscription["messages_out"],
+                           "cursorLedger": -1 if subscription["cursor_ledger"] is None else subscription["cursor_ledger"],
+                           "cursorLedgerLastEntry": subscription["cursor_ledger_entries"] - 1,
                            "state": "Open", "active": bool(subscription["consumers"]),
                            "properties": {}}
                     for name, subscription in partition["subscriptions"].items() if subscription["durable"]},

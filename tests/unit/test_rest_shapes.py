@@ -69,7 +69,8 @@ def describe(messages_in: int, backlog: int) -> dict:
         "messages_in_per_s": 1.5, "bytes_in_per_s": 15.0, "messages_out_per_s": 0.0,
         "producers": [{"producer_id": "p", "messages_in": messages_in, "last_sequence_id": messages_in - 1}],
         "subscriptions": {"s": {"type": "key_shared", "durable": True, "important": False, "mark_delete_offset": -1,
-                                "individually_acknowledged_ranges": 0, "backlog_messages": backlog, "messages_out": 0,
+                                "individually_acknowledged_ranges": 0, "cursor_ledger": 9, "cursor_ledger_entries": 4,
+                                "backlog_messages": backlog, "messages_out": 0,
                                 "held_for_redelivery": 0, "unacknowledged_messages": 0,
                                 "consumers": [{"name": "c", "permits": 10, "unacknowledged": 0, "messages_out": 0,
                                                "active": True}]}},
@@ -98,6 +99,7 @@ def test_internal_stats_list_the_ledgers_and_the_durable_cursors():
                                     "firstOffset": 0, "messages": 7}]
     assert internal["state"] == "LedgerOpened" and internal["currentLedgerEntries"] == 2
     assert internal["cursors"]["s"]["markDeleteOffset"] == -1
+    assert internal["cursors"]["s"]["cursorLedger"] == 9 and internal["cursors"]["s"]["cursorLedgerLastEntry"] == 3
 
 
 def test_a_namespace_answer_has_pulsars_policy_names():
