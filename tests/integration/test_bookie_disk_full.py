@@ -269,7 +269,7 @@ async def test_a_journal_on_the_full_disk_keeps_its_reserve(small_disk, bookies)
     await disk_full_scenario(bookies, small_disk, shared_journal=True, read_s=10)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=230)
 @pytest.mark.parametrize("shared_journal", [False, True])
 async def test_a_full_disk_for_minutes(small_disk, bookies, shared_journal):
     await disk_full_scenario(bookies, small_disk, shared_journal=shared_journal, read_s=180)

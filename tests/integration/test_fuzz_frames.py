@@ -95,7 +95,7 @@ def test_hostile_frames_close_only_their_own_connection(shared_cluster, protocol
     _fuzz(shared_cluster, protocol, CASES_DEFAULT)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=380)
 @pytest.mark.parametrize("protocol", [BOOKIE, BROKER, PULSAR])
 def test_a_hundred_thousand_hostile_frames(shared_cluster, protocol):
     _fuzz(shared_cluster, protocol, CASES_SLOW)

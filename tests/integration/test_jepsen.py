@@ -34,7 +34,7 @@ def test_a_short_jepsen_run_is_valid(tmp_path):
     assert_valid_run(work_dir, *run_quire_jepsen(work_dir, 20, seed=1))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=220)
 def test_a_long_jepsen_run_is_valid(tmp_path):
     work_dir = tmp_path / "jepsen"
     assert_valid_run(work_dir, *run_quire_jepsen(work_dir, 180, seed=2))

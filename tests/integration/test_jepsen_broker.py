@@ -35,7 +35,7 @@ def test_a_short_broker_jepsen_run_is_valid(tmp_path):
     assert_valid_run(work_dir, *run_quire_jepsen(work_dir, 25, seed=39, broker=True))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=240)
 def test_a_long_broker_jepsen_run_is_valid(tmp_path):
     work_dir = tmp_path / "jepsen"
     assert_valid_run(work_dir, *run_quire_jepsen(work_dir, 180, seed=13, broker=True))

@@ -10,7 +10,7 @@ import pytest
 from sim.kill_cycles import run_kill_cycles
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=300)
 async def test_everything_acknowledged_is_consumed_exactly_once_through_kill_cycles(zk_hosts, zk_root, tmp_path):
     report = await run_kill_cycles(tmp_path, zk_hosts, cycles=20, seed=20, root=zk_root)
     assert report.cycles == 20

@@ -101,7 +101,7 @@ def test_a_batch_of_broker_seeds_keeps_every_invariant():
                           completed.stdout, re.MULTILINE)) == 30
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=120)
 def test_a_long_batch_of_broker_seeds_keeps_every_invariant():
     completed = quire_sim("--broker", "--seeds", "500", "--first-seed", "20000", "--jobs", "2", timeout_s=3600)
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]

@@ -76,7 +76,7 @@ def test_a_batch_of_seeds_keeps_every_invariant():
                           completed.stdout, re.MULTILINE)) == 40
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=110)
 def test_a_long_batch_of_seeds_keeps_every_invariant():
     completed = quire_sim("--seeds", "600", "--first-seed", "20000", "--jobs", "2", timeout_s=3600)
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-2000:]
