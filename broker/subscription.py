@@ -568,6 +568,9 @@ class Subscription:
             # Where its acknowledgements are written (None: into its node).
             "cursor_ledger": self.cursor_ledger.ledger_id,
             "cursor_ledger_entries": self.cursor_ledger.placement.entries,
+            # Acknowledgement batches (and seeks, skips) taken, not yet durable:
+            # those a crash now would deliver again.
+            "cursor_unwritten_changes": self.core.unwritten_changes,
             "backlog_messages": self.backlog(),
             "messages_out": self.messages_out,
             "expired_messages": self.expired_messages,

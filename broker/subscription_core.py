@@ -262,6 +262,11 @@ class SubscriptionCore(Generic[Waiter]):
         """Changes not yet durable."""
         return self._persisted < self._changes
 
+    @property
+    def unwritten_changes(self) -> int:
+        """Changes taken (acknowledgement batches, seeks, skips) not yet durable."""
+        return self._changes - self._persisted
+
     def stop(self) -> None:
         """Take no more acknowledgements and dispatch nothing more; the
         acknowledgements taken may still be written (a graceful unload)

@@ -236,6 +236,7 @@ def internal_stats(partition: dict) -> dict:
                            "messagesConsumedCounter": subscription["messages_out"],
                            "cursorLedger": -1 if subscription["cursor_ledger"] is None else subscription["cursor_ledger"],
                            "cursorLedgerLastEntry": subscription["cursor_ledger_entries"] - 1,
+                           "unwrittenChanges": subscription["cursor_unwritten_changes"],
                            "state": "Open", "active": bool(subscription["consumers"]),
                            "properties": {}}
                     for name, subscription in partition["subscriptions"].items() if subscription["durable"]},

@@ -52,11 +52,15 @@ async def test_delayed_messages_wait_for_their_time_across_a_broker_kill(zk_host
                 received[message.data().decode()] = time.time()
                 consumer.acknowledge(message)
             # The client groups acknowledgements: wait until the owner has
-            # them (only the delayed messages left), then kill it.
+            # them (only the delayed messages left) and has made them
+            # durable (one taken and not yet written is delivered again
+            # after a crash: at-least-once), then kill it.
             stats_url = f"{owner.web_url}/admin/v2/persistent/public/default/delayed/stats"
+            internal_url = f"{owner.web_url}/admin/v2/persistent/public/default/delayed/internalStats"
             deadline = time.monotonic() + 20
-            while requests.get(stats_url, timeout=10).json()["subscriptions"]["work"]["msgBacklog"] != 5:
-                assert time.monotonic() < deadline, "the acknowledgements never reached the broker"
+            while requests.get(stats_url, timeout=10).json()["subscriptions"]["work"]["msgBacklog"] != 5 or \
+                    requests.get(internal_url, timeout=10).json()["cursors"]["work"]["unwrittenChanges"]:
+                assert time.monotonic() < deadline, "the acknowledgements never became durable at the broker"
                 time.sleep(0.05)
             kill()  # the owner dies with the delayed messages held
             while len(received) < 10:

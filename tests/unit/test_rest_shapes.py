@@ -69,7 +69,7 @@ def describe(messages_in: int, backlog: int) -> dict:
         "messages_in_per_s": 1.5, "bytes_in_per_s": 15.0, "messages_out_per_s": 0.0,
         "producers": [{"producer_id": "p", "messages_in": messages_in, "last_sequence_id": messages_in - 1}],
         "subscriptions": {"s": {"type": "key_shared", "durable": True, "important": False, "mark_delete_offset": -1,
-                                "individually_acknowledged_ranges": 0, "cursor_ledger": 9, "cursor_ledger_entries": 4,
+                                "individually_acknowledged_ranges": 0, "cursor_ledger": 9, "cursor_ledger_entries": 4, "cursor_unwritten_changes": 0,
                                 "backlog_messages": backlog, "messages_out": 0,
                                 "held_for_redelivery": 0, "unacknowledged_messages": 0,
                                 "consumers": [{"name": "c", "permits": 10, "unacknowledged": 0, "messages_out": 0,
