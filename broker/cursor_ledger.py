@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # acknowledgements arriving while it waits go into its next write).
 CURSOR_WRITES_PER_S_DEFAULT = 10_000
 ORPHAN_DELETE_S = 5.0  # deleting a ledger nothing names, after a failed write
+CREATE_LEDGER_S = 10.0  # making a cursor ledger, not cancellable, takes at most this
 
 
 def encode_record(record: dict) -> bytes:
@@ -117,10 +118,13 @@ class CursorLedger:
             while not isinstance(step, Written):
                 step = await self._carry_out(step)
         except BaseException:
-            orphan = placement.failed()
-            handle, self._new_handle = self._new_handle, None
-            if orphan is not None and handle is not None:
-                await self._delete_orphan(orphan)
+            placement.failed()
+            # A ledger made for this write that the node does not name (or
+            # may not: a compare-and-set whose answer was lost falls back to
+            # the record the node holds, which covers everything answered).
+            orphan, self._new_handle = self._new_handle, None
+            if orphan is not None:
+                await self._delete_orphan(orphan.ledger_id)
             raise
         assert step.version is not None, "a cursor write left its node uncreated"
         return step.version
@@ -135,10 +139,17 @@ class CursorLedger:
             return placement.appended()
         if isinstance(step, CreateLedger):
             policies = self.policies()
-            self._new_handle = await self.bookkeeper.create_ledger(
-                policies.ensemble_size, policies.write_quorum, policies.ack_quorum, password=self.password,
-                custom_metadata={"partition": self.partition.encode(), "cursor": self.subscription.encode()},
-            )
+            # Shielded: a creation cancelled half-way would make a ledger in
+            # ZooKeeper that nothing here knows of, to delete.
+            with trio.CancelScope(shield=True), trio.move_on_after(CREATE_LEDGER_S):
+                self._new_handle = await self.bookkeeper.create_ledger(
+                    policies.ensemble_size, policies.write_quorum, policies.ack_quorum, password=self.password,
+                    custom_metadata={"partition": self.partition.encode(), "cursor": self.subscription.encode()},
+                )
+            if self._new_handle is None:
+                raise MetadataError(f"making a ledger for cursor {self.subscription} of {self.partition} took over "
+                                    f"{CREATE_LEDGER_S:g} s")
+            await trio.lowlevel.checkpoint_if_cancelled()  # (cancelled meanwhile: the ledger is deleted as an orphan)
             return placement.ledger_created(self._new_handle.ledger_id)
         if isinstance(step, WriteNode):
             version = await self.topic_store.write_cursor(self.partition, self.subscription, step.record, step.expected_version)
@@ -198,7 +209,7 @@ async def read_stored_cursor(bookkeeper: BookKeeper, password: bytes, partition:
     except NoSuchLedgerError:
         log.error("cursor %s of %s: its ledger %d is gone; its position is the one its node holds (messages "
                   "acknowledged since are delivered again)", subscription, partition, ledger_id)
-        return node_record, retired + (ledger_id,)
+        return _bare(node_record), retired + (ledger_id,)
     record = node_record
     last_entry_id = handle.last_add_confirmed
     if last_entry_id >= 0:

@@ -231,8 +231,8 @@ class PartitionHosting:
                 compaction = await self.context.topic_store.read_compaction(service.name)
                 cursor_ledgers = await service.cursor_ledgers()
                 await self.context.topic_store.delete_partition_records(service.name)
-                await service.managed_ledger.delete()
                 await service.delete_ledgers(cursor_ledgers)
+                await service.managed_ledger.delete()
                 if compaction is not None:
                     await service.delete_compacted_ledgers(compaction[0])
             except (BrokerError, BKError, MetadataError) as error:

@@ -300,6 +300,22 @@ class Subscription:
                         log.warning("%s", error)
         self.close()
 
+    async def delete_cursor(self) -> None:
+        """The subscription is deleted (closed already): after the write in
+        flight, its cursor ledgers are retired into its node and deleted,
+        then the node. Raises TopicFencedError when a step fails: the node
+        stays, listing what is left to delete, and the next load finds the
+        subscription (delete it again)."""
+        partition = self.partition
+        async with self._write_lock:  # a write in flight must not land after the node is gone
+            if self.cursor_ledger.owned_ledgers():
+                await self._write(self.core.force_write())  # inline: every ledger retired, then deleted
+            left = self.cursor_ledger.owned_ledgers()
+            if left:
+                raise TopicFencedError(f"subscription {self.name} of {partition.name}: cursor ledgers {list(left)} not "
+                                       "deleted yet; its cursor is kept, listing them: delete the subscription again")
+            await partition.topic_store.delete_cursor(partition.name, self.name)
+
     async def write_cursor(self) -> None:
         """Write the cursor now, whatever changed (at load, at creation,
         when it turns important). Raises NodeExistsError when creating it

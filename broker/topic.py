@@ -266,15 +266,20 @@ class PartitionService:
     async def _stored_subscription(self, subscription_name: str, node_record: dict, version: int) -> Subscription:
         """A durable subscription from its stored cursor: the node's record,
         or the last entry of the cursor ledger it names (recovered, which
-        fences the previous owner's appends). ValueError: malformed."""
+        fences the previous owner's appends). ValueError: malformed;
+        TopicFencedError: its ledger cannot be recovered now (the load
+        fails, and is tried again)."""
         try:
             record, retired = await read_stored_cursor(self.context.bookkeeper, self.context.ledger_password, self.name,
                                                        subscription_name, node_record)
-        except BKError as error:
+        except (BKError, MetadataError) as error:
             raise TopicFencedError(f"partition {self.name}: the ledger of cursor {subscription_name} cannot be "
                                    f"recovered now: {error}") from None
-        cursor = Cursor.from_record(record)
-        kind = SubscriptionType.parse(record.get("type", "exclusive"))
+        try:
+            cursor = Cursor.from_record(record)
+            kind = SubscriptionType.parse(record.get("type", "exclusive"))
+        except (KeyError, TypeError, AttributeError) as error:
+            raise ValueError(f"malformed cursor record {record!r:.200}: {error!r}") from None
         subscription = Subscription(
             self, subscription_name, kind, cursor, durable=True, important=bool(record.get("important")),
             cursor_version=version, retired_ledgers=retired, core_class=self.context.subscription_core_class,
@@ -674,8 +679,7 @@ class PartitionService:
         subscription.close()
         del self.subscriptions[subscription_name]
         if subscription.durable:
-            await self.topic_store.delete_cursor(self.name, subscription_name)
-            await subscription.cursor_ledger.delete_ledgers(subscription.cursor_ledger.owned_ledgers())
+            await subscription.delete_cursor()
 
     # --- housekeeping ------------------------------------------------------------------------
 
