@@ -81,6 +81,8 @@ Step = Append | CreateLedger | WriteNode | DeleteLedgers | Written
 def stored_placement(node_record: dict) -> tuple[int | None, tuple[int, ...]]:
     """The ledger a stored node names (None: the node holds the record) and
     the ledgers it lists as retired. Raises ValueError when malformed."""
+    if type(node_record) is not dict:
+        raise ValueError(f"a cursor record is an object, not {node_record!r:.50}")
     ledger_id = node_record.get(LEDGER_FIELD)
     retired = node_record.get(RETIRED_FIELD, [])
     if ledger_id is not None and (type(ledger_id) is not int or ledger_id < 0):

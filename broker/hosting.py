@@ -231,12 +231,19 @@ class PartitionHosting:
                 compaction = await self.context.topic_store.read_compaction(service.name)
                 cursor_ledgers = await service.cursor_ledgers()
                 await self.context.topic_store.delete_partition_records(service.name)
-                await service.delete_ledgers(cursor_ledgers)
-                await service.managed_ledger.delete()
-                if compaction is not None:
-                    await service.delete_compacted_ledgers(compaction[0])
             except (BrokerError, BKError, MetadataError) as error:
                 failures.append(error)
+            else:
+                # The records are gone: every kind of ledger is tried, a
+                # failure of one leaving the others to go.
+                steps = [lambda: service.delete_ledgers(cursor_ledgers), service.managed_ledger.delete]
+                if compaction is not None:
+                    steps.append(lambda: service.delete_compacted_ledgers(compaction[0]))
+                for step in steps:
+                    try:
+                        await step()
+                    except (BrokerError, BKError, MetadataError) as error:
+                        failures.append(error)
         self._carry_out(self.core.stopped(service.name))
 
     async def _release(self, partition: str, session_id: int) -> None:

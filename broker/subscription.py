@@ -314,7 +314,9 @@ class Subscription:
             if left:
                 raise TopicFencedError(f"subscription {self.name} of {partition.name}: cursor ledgers {list(left)} not "
                                        "deleted yet; its cursor is kept, listing them: delete the subscription again")
-            await partition.topic_store.delete_cursor(partition.name, self.name)
+            # At the version this broker wrote: one another broker wrote
+            # since is not this broker's to delete.
+            await partition.topic_store.delete_cursor(partition.name, self.name, expected_version=self.core.cursor_version)
 
     async def write_cursor(self) -> None:
         """Write the cursor now, whatever changed (at load, at creation,

@@ -679,7 +679,19 @@ class PartitionService:
         subscription.close()
         del self.subscriptions[subscription_name]
         if subscription.durable:
-            await subscription.delete_cursor()
+            # Under the subscribe lock: a subscribe of the same name waits,
+            # rather than adopting the cursor being deleted.
+            async with self._subscribe_lock:
+                try:
+                    await subscription.delete_cursor()
+                except (BrokerError, MetadataError) as error:
+                    # Left half-deleted (its node lists what is left, or
+                    # another broker wrote it): the partition loads again,
+                    # finding the subscription, which can be deleted again.
+                    failure = TopicFencedError(f"deleting subscription {subscription_name!r} of {self.name} did not "
+                                               f"finish: {error}")
+                    self.fence(failure)
+                    raise failure from None
 
     # --- housekeeping ------------------------------------------------------------------------
 

@@ -225,9 +225,14 @@ class TopicStore:
         partition over. Returns the new version."""
         return await self._write_versioned(cursor_path(partition, subscription), record, expected_version)
 
-    async def delete_cursor(self, partition: str, subscription: str) -> None:
+    async def delete_cursor(self, partition: str, subscription: str, *, expected_version: int | None = None) -> None:
+        """Delete a cursor (gone already is no error); with
+        `expected_version`, only at that version (BadVersionError)."""
         try:
-            await self.store.delete(cursor_path(partition, subscription))
+            if expected_version is None:
+                await self.store.delete(cursor_path(partition, subscription))
+            else:
+                await self.store.delete(cursor_path(partition, subscription), expected_version)
         except NoNodeError:
             pass
 

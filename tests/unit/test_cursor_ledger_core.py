@@ -119,6 +119,9 @@ def test_a_stored_node_says_which_ledger_and_which_are_retired():
     for malformed in ({"ledger": "3"}, {"ledger": -1}, {"retired": 1}, {"retired": [1, "2"]}, {"ledger": True}):
         with pytest.raises(ValueError):
             stored_placement({**RECORD, **malformed})
+    for not_an_object in ([], 1, None, "x"):
+        with pytest.raises(ValueError, match="object"):
+            stored_placement(not_an_object)
 
 
 def test_the_pacer_lets_a_burst_through_then_spaces_writes_at_its_rate():
