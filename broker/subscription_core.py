@@ -187,9 +187,12 @@ class SubscriptionCore(Generic[Waiter]):
 
     def when_durable(self, waiter: Waiter) -> tuple:
         """Answer `waiter` once every change made so far is durable: returns
-        it at once when nothing needs writing."""
+        it at once when nothing needs writing. Raises TopicFencedError when
+        the write can no longer come (closed, or a write failed)."""
         if not self.durable or not self.unwritten:
             return (waiter,)
+        if self.closed or self.write_failed:
+            raise TopicFencedError(f"subscription {self.name} is being unloaded: make the change again once it is served")
         self._waiting.append((self._changes, waiter))
         return ()
 

@@ -124,6 +124,14 @@ def test_consumers_of_another_type_are_refused_while_one_is_connected():
     assert core.subscription_type is SubscriptionType.SHARED
 
 
+def test_a_seek_on_a_closed_subscription_is_refused_rather_than_left_waiting():
+    core = make_core(SubscriptionType.EXCLUSIVE, durable=True)
+    core.close()
+    core.seek(50, 10, 30)
+    with pytest.raises(TopicFencedError):
+        core.when_durable("seek")
+
+
 def test_it_dispatches_only_within_the_lease_and_until_closed():
     core = make_core()
     assert core.may_dispatch(True) and not core.may_dispatch(False)
