@@ -25,7 +25,7 @@ from broker.cursor_ledger_core import (
     stored_placement,
 )
 from broker.topic_records import TopicPolicies
-from broker.topic_store import TopicStore
+from broker.topic_store import TopicStore, record_bytes
 from coordination.store import MetadataError
 from ledger_client import BookKeeper, LedgerHandle
 from ledger_client.errors import BKError, NoSuchLedgerError
@@ -39,10 +39,6 @@ log = logging.getLogger(__name__)
 CURSOR_WRITES_PER_S_DEFAULT = 10_000
 ORPHAN_DELETE_S = 5.0  # deleting a ledger nothing names, after a failed write
 CREATE_LEDGER_S = 10.0  # making a cursor ledger, not cancellable, takes at most this
-
-
-def encode_record(record: dict) -> bytes:
-    return json.dumps(record, separators=(",", ":")).encode()
 
 
 class CursorWritePacer:
@@ -59,7 +55,6 @@ class CursorWritePacer:
         self._tokens = self.burst
         self._clock = clock
         self._updated: float | None = None
-        self.waited = 0  # writes that had to wait for their turn
 
     def reserve(self, now: float) -> float:
         """Take a token; returns how long to wait until it is due (0: now)."""
@@ -72,7 +67,6 @@ class CursorWritePacer:
     async def take(self) -> None:
         delay = self.reserve(self._clock())
         if delay > 0:
-            self.waited += 1
             await trio.sleep(delay)
 
 
@@ -101,8 +95,6 @@ class CursorLedger:
         self.pacer = pacer
         self.handle: LedgerHandle | None = None  # open on placement.ledger_id
         self._new_handle: LedgerHandle | None = None
-        self.appends = 0  # records appended to cursor ledgers
-        self.node_writes = 0  # ... and written to the ZooKeeper node
 
     @property
     def ledger_id(self) -> int | None:
@@ -134,8 +126,7 @@ class CursorLedger:
         if isinstance(step, Append):
             assert self.handle is not None and self.handle.ledger_id == step.ledger_id
             await self.pacer.take()
-            await self.handle.add(encode_record(step.record))
-            self.appends += 1
+            await self.handle.add(record_bytes(step.record))
             return placement.appended()
         if isinstance(step, CreateLedger):
             policies = self.policies()
@@ -153,7 +144,6 @@ class CursorLedger:
             return placement.ledger_created(self._new_handle.ledger_id)
         if isinstance(step, WriteNode):
             version = await self.topic_store.write_cursor(self.partition, self.subscription, step.record, step.expected_version)
-            self.node_writes += 1
             named = step.record.get(LEDGER_FIELD)
             if named is not None:
                 assert self._new_handle is not None and self._new_handle.ledger_id == named
@@ -231,4 +221,4 @@ def _bare(record: dict) -> dict:
     return {key: value for key, value in record.items() if key not in (LEDGER_FIELD, RETIRED_FIELD)}
 
 
-__all__ = ["CURSOR_WRITES_PER_S_DEFAULT", "CursorLedger", "CursorWritePacer", "encode_record", "read_stored_cursor"]
+__all__ = ["CURSOR_WRITES_PER_S_DEFAULT", "CursorLedger", "CursorWritePacer", "read_stored_cursor"]

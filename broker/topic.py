@@ -238,24 +238,21 @@ class PartitionService:
         loaded: dict[str, Subscription] = {}
         failures: list[TopicFencedError] = []
 
-        async def load(subscription_name: str, record: dict, version: int) -> None:
-            try:
-                loaded[subscription_name] = await self._stored_subscription(subscription_name, record, version)
-            except ValueError as error:
-                log.error("partition %s: cursor %s unreadable, left alone: %s", self.name, subscription_name, error)
-            except TopicFencedError as error:
-                failures.append(error)
-
         # Each may recover its cursor ledger: a few at a time.
         limiter = trio.CapacityLimiter(CURSOR_LOADS_AT_ONCE)
 
-        async def load_limited(*args) -> None:
+        async def load(subscription_name: str, record: dict, version: int) -> None:
             async with limiter:
-                await load(*args)
+                try:
+                    loaded[subscription_name] = await self._stored_subscription(subscription_name, record, version)
+                except ValueError as error:
+                    log.error("partition %s: cursor %s unreadable, left alone: %s", self.name, subscription_name, error)
+                except TopicFencedError as error:
+                    failures.append(error)
 
         async with trio.open_nursery() as nursery:
             for subscription_name, (record, version) in stored.items():
-                nursery.start_soon(load_limited, subscription_name, record, version)
+                nursery.start_soon(load, subscription_name, record, version)
         if failures:
             raise failures[0]
         for subscription_name in stored:

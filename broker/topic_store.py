@@ -41,6 +41,11 @@ WATCHED_TOPICS_MAX = 100_000  # records kept by read_topic_watched; past it they
 # --- the store -------------------------------------------------------------------------
 
 
+def record_bytes(record: dict) -> bytes:
+    """A record as stored: compact JSON (in a node, or a cursor ledger's entry)."""
+    return json.dumps(record, separators=(",", ":")).encode()
+
+
 class TopicStore:
     """The broker's records in the metadata store (trio)."""
 
@@ -258,7 +263,7 @@ class TopicStore:
         return await self._write_versioned(compaction_path(partition), record.to_dict(), expected_version)
 
     async def _write_versioned(self, path: str, record: dict, expected_version: int | None) -> int:
-        data = json.dumps(record, separators=(",", ":")).encode()
+        data = record_bytes(record)
         if expected_version is None:
             await self.store.create(path, data, make_parents=True)
             return 0
@@ -266,4 +271,4 @@ class TopicStore:
         return stat.version
 
 
-__all__ = ["TopicStore"]
+__all__ = ["TopicStore", "record_bytes"]

@@ -15,7 +15,7 @@ import requests
 import trio
 
 from broker.client import Client
-from tests.support import wait_until_async
+from tests.support import wait_until, wait_until_async
 from tests.integration.bookie_processes import bookies  # noqa: F401 (fixtures)
 from tests.integration.broker_processes import brokers  # noqa: F401
 
@@ -57,11 +57,9 @@ async def test_delayed_messages_wait_for_their_time_across_a_broker_kill(zk_host
             # after a crash: at-least-once), then kill it.
             stats_url = f"{owner.web_url}/admin/v2/persistent/public/default/delayed/stats"
             internal_url = f"{owner.web_url}/admin/v2/persistent/public/default/delayed/internalStats"
-            deadline = time.monotonic() + 20
-            while requests.get(stats_url, timeout=10).json()["subscriptions"]["work"]["msgBacklog"] != 5 or \
-                    requests.get(internal_url, timeout=10).json()["cursors"]["work"]["unwrittenChanges"]:
-                assert time.monotonic() < deadline, "the acknowledgements never became durable at the broker"
-                time.sleep(0.05)
+            wait_until(lambda: requests.get(stats_url, timeout=10).json()["subscriptions"]["work"]["msgBacklog"] == 5 and
+                       requests.get(internal_url, timeout=10).json()["cursors"]["work"]["unwrittenChanges"] == 0,
+                       deadline_s=20, what="the acknowledgements durable at the broker", poll_s=0.05)
             kill()  # the owner dies with the delayed messages held
             while len(received) < 10:
                 message = consumer.receive(60_000)
