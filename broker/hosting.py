@@ -82,6 +82,7 @@ class PartitionHosting:
             self._nursery = nursery
             nursery.start_soon(self._session_loop, generation)
             nursery.start_soon(self._lease_loop)
+            nursery.start_soon(self.context.housekeeping.run)
             task_status.started()
 
     def _carry_out(self, commands: list[OwnershipCommand]) -> None:

@@ -20,6 +20,29 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from broker.errors import BrokerStatus
 
 RATE_WINDOW_S = 10.0  # a partition's rates are over this many seconds
+RATE_SAMPLES_MAX = 16  # samples kept (one a second): more than the window
+
+
+class CounterRates:
+    """Per-second rates of some counters, over the last RATE_WINDOW_S
+    seconds, from samples taken by the broker's housekeeping clock."""
+
+    __slots__ = ("names", "samples")
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+        self.samples: collections.deque[tuple[float, tuple[int, ...]]] = collections.deque(maxlen=RATE_SAMPLES_MAX)
+
+    def sample(self, now: float, counts: tuple[int, ...]) -> None:
+        self.samples.append((now, counts))
+
+    def rates(self, now: float, counts: tuple[int, ...]) -> dict[str, float]:
+        """`counts` are the counters' values now."""
+        past = next((sample for sample in self.samples if now - sample[0] <= RATE_WINDOW_S), None)
+        if past is None or now - past[0] <= 0:
+            return dict.fromkeys(self.names, 0.0)
+        elapsed = now - past[0]
+        return {name: round((count - earlier) / elapsed, 1) for name, count, earlier in zip(self.names, counts, past[1])}
 
 
 @dataclass
@@ -29,22 +52,18 @@ class PartitionStats:
     messages_in: int = 0
     bytes_in: int = 0
     messages_out: int = 0
-    samples: collections.deque = field(default_factory=lambda: collections.deque(maxlen=64))
+    history: CounterRates = field(
+        default_factory=lambda: CounterRates("messages_in_per_s", "bytes_in_per_s", "messages_out_per_s"))
+
+    def counts(self) -> tuple[int, int, int]:
+        return self.messages_in, self.bytes_in, self.messages_out
 
     def sample(self, now: float) -> None:
-        self.samples.append((now, self.messages_in, self.bytes_in, self.messages_out))
+        self.history.sample(now, self.counts())
 
     def rates(self, now: float) -> dict[str, float]:
         """Per second over the last RATE_WINDOW_S seconds."""
-        past = [sample for sample in self.samples if now - sample[0] <= RATE_WINDOW_S]
-        if not past or now - past[0][0] <= 0:
-            return {"messages_in_per_s": 0.0, "bytes_in_per_s": 0.0, "messages_out_per_s": 0.0}
-        elapsed = now - past[0][0]
-        return {
-            "messages_in_per_s": round((self.messages_in - past[0][1]) / elapsed, 1),
-            "bytes_in_per_s": round((self.bytes_in - past[0][2]) / elapsed, 1),
-            "messages_out_per_s": round((self.messages_out - past[0][3]) / elapsed, 1),
-        }
+        return self.history.rates(now, self.counts())
 
 
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, float("inf"))

@@ -27,6 +27,7 @@ from broker.dispatcher import DELAYED_MAX_DEFAULT, Delivery, Dispatcher, EntryRe
 from broker.errors import BrokerError, TopicFencedError
 from broker.managed_ledger import EntryGoneError, ManagedLedger, Position, StoredEntry
 from broker.message_format import MalformedEntryError, decode_entry
+from broker.metrics import CounterRates
 from broker.subscription_core import CursorWrite, SubscriptionCore
 from ledger_client import BKError
 from broker.protocol import MessageDelivery
@@ -145,6 +146,7 @@ class Subscription:
         self.consumers: dict[int, ConsumerLink] = {}
         self.messages_out = 0
         self.expired_messages = 0  # acknowledged on its behalf: message TTL, an admin's expiry
+        self.history = CounterRates("messages_out_per_s", "expired_per_s")  # sampled by the partition's housekeeping
         self.read_position: Position | None = None
         self.idle_since = time.monotonic()  # when its last consumer left
         self._wakeup = trio.Event()
@@ -576,6 +578,10 @@ class Subscription:
         self.wake()
         self._persist_wakeup.set()
 
+    def counts(self) -> tuple[int, int]:
+        """The counters its rates are of (`history`)."""
+        return self.messages_out, self.expired_messages
+
     def stats(self) -> dict:
         return {
             "type": self.subscription_type.value,
@@ -592,6 +598,7 @@ class Subscription:
             "backlog_messages": self.backlog(),
             "messages_out": self.messages_out,
             "expired_messages": self.expired_messages,
+            **self.history.rates(time.monotonic(), self.counts()),
             "held_for_redelivery": self.dispatcher.replay_count,
             "unacknowledged_messages": self.dispatcher.unacked_total,
             "delayed_messages": self.dispatcher.delayed_count,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import time
 
+import trio
+
 from broker.authorization import NamespacePolicies, TenantInfo
 from broker.errors import ConflictError, NotFoundError
 from broker.topic_names import DEFAULT_NAMESPACE, DEFAULT_TENANT, namespace_of_topic
@@ -115,19 +117,33 @@ class TenantStore:
         seconds, and a namespace may have thousands (`max_age_s` 0: read it now)."""
         tenant, name = split_namespace(namespace_of_topic(topic))
         path = namespace_path(tenant, name)
-        reads = self.topic_store.namespace_reads
-        now = time.monotonic()
+        reads, in_flight = self.topic_store.namespace_reads, self.topic_store.namespace_reads_in_flight
         found = reads.get(path)
-        if found is None or now - found[0] >= max_age_s:
+        if found is not None and time.monotonic() - found[0] < max_age_s:
+            return record.policies_under(found[1])
+        reading = in_flight.get(path)
+        if reading is not None and max_age_s > 0:
+            # Another topic of the namespace is reading it: its answer serves both
+            # (not a caller that asks for a read begun after its call).
+            await reading.wait()
+            found = reads.get(path)
+            if found is not None:
+                return record.policies_under(found[1])
+        reading = in_flight[path] = trio.Event()
+        try:
+            now = time.monotonic()
             try:
                 data, _ = await self.store.get(path)
             except NoNodeError:
                 data = None
             if len(reads) >= NAMESPACE_READS_MAX:
                 reads.clear()
-            found = reads[path] = (now, data)
-        policies = {} if found[1] is None else NamespacePolicies.from_bytes(found[1]).policies
-        return record.policies_under(policies)
+            found = reads[path] = (now, {} if data is None else NamespacePolicies.from_bytes(data).policies)
+        finally:
+            if in_flight.get(path) is reading:
+                del in_flight[path]
+            reading.set()
+        return record.policies_under(found[1])
 
     async def update_namespace(self, namespace: str, change) -> NamespacePolicies:
         """Apply `change` (policies -> policies) with compare-and-set, retried

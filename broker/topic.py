@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -39,6 +40,7 @@ from broker.errors import (
     SubscriptionNotFoundError,
     TopicFencedError,
 )
+from broker.housekeeping import HousekeepingClock
 from broker.lease import Lease
 from broker.managed_ledger import EntryCache, EntryGoneError, ManagedLedger, Position
 from broker.metrics import PartitionStats
@@ -61,7 +63,6 @@ log = logging.getLogger(__name__)
 PUBLISH_QUEUE_BATCHES_MAX = 1_000  # batches taken from connections and not yet handed to the ledger
 PRODUCER_EARLIER_BATCHES_WAIT_S = 10.0  # a reconnecting producer waits at most this long for its earlier batches
 LIFECYCLE_COMMANDS_MAX = 8  # the partition core's commands waiting to be carried out (a few at a time, by its rules)
-HOUSEKEEPING_INTERVAL_S = 1.0
 POLICY_REFRESH_INTERVAL_S = 5.0
 CURSOR_LOADS_AT_ONCE = 16  # cursors read (and their ledgers recovered) at once while a partition loads
 NON_DURABLE_IDLE_S = 60.0  # a reader's subscription without its consumer this long is dropped
@@ -81,6 +82,7 @@ class BrokerContext:
     lease: Lease = field(default_factory=Lease)
     delayed_memory_messages: int = DELAYED_MAX_DEFAULT  # per subscription; past it, spilled (broker/delayed_index.py)
     cursor_pacer: CursorWritePacer = field(default_factory=CursorWritePacer)  # the broker's cursor-ledger appends
+    housekeeping: HousekeepingClock = field(default_factory=HousekeepingClock)  # run by the broker's hosting
     # The cores' classes (the simulator's planted mistakes replace one).
     publish_core_class: type[PublishCore] = PublishCore
     subscription_core_class: type[SubscriptionCore] = SubscriptionCore
@@ -145,6 +147,12 @@ class PartitionService:
         self.lifecycle = PartitionCore(name, self.publishing, self.managed_ledger.core)
         self._lifecycle_commands: collections.deque[partition_core.Command] = collections.deque()
         self._lifecycle_wakeup = trio.Event()
+        self._housekeeping_due = trio.Event()  # set by the broker's housekeeping clock
+        # Monotonic: policies, TTL and retention last checked. Each partition
+        # starts at its own point of the interval (from its name), so that a
+        # broker's thousands of partitions do not all check in the same tick.
+        interval_s = context.retention_check_interval_s
+        self._retention_checked_s = time.monotonic() - interval_s * (zlib.crc32(name.encode()) % 1024) / 1024
         self._stopped = trio.Event()
         self._batch_finished = trio.Event()
         self._producers_left = trio.Event()  # set when a producer goes (one waiting for exclusive access asks again)
@@ -692,30 +700,42 @@ class PartitionService:
 
     # --- housekeeping ------------------------------------------------------------------------
 
+    def housekeeping_tick(self, now: float) -> None:
+        """The broker's housekeeping clock, once a second: what needs no
+        waiting is done here; the rest wakes `_housekeeping_loop`."""
+        self.stats.sample(now)
+        for subscription in list(self.subscriptions.values()):
+            subscription.history.sample(now, subscription.counts())
+            if not subscription.durable and not subscription.consumers and now - subscription.idle_since >= NON_DURABLE_IDLE_S:
+                self._drop_subscription(subscription)
+        if (self.managed_ledger.rollover_reason() is not None
+                or now - self._retention_checked_s >= self.context.retention_check_interval_s):
+            self._housekeeping_due.set()
+
     async def _housekeeping_loop(self) -> None:
-        last_retention_check = 0.0
-        while True:
-            await trio.sleep(HOUSEKEEPING_INTERVAL_S)
-            now = time.monotonic()
-            self.stats.sample(now)
-            for subscription in list(self.subscriptions.values()):
-                if not subscription.durable and not subscription.consumers and now - subscription.idle_since >= NON_DURABLE_IDLE_S:
-                    self._drop_subscription(subscription)
-            try:
-                if self.managed_ledger.rollover_reason() is not None:
-                    await self.managed_ledger.rollover()
-                if now - last_retention_check >= self.context.retention_check_interval_s:
-                    last_retention_check = now
-                    await self._refresh_policies()
-                    await self.expire_messages()
-                    await self.apply_retention()
-                    if self.compaction_due():
-                        self.compact()
-            except BrokerError as error:
-                self.fence(error)
-                return
-            except (BKError, MetadataError) as error:
-                log.warning("partition %s: housekeeping failed, retried later: %s", self.name, error)
+        self.context.housekeeping.join(self.housekeeping_tick)
+        try:
+            while True:
+                await self._housekeeping_due.wait()
+                self._housekeeping_due = trio.Event()
+                try:
+                    if self.managed_ledger.rollover_reason() is not None:
+                        await self.managed_ledger.rollover()
+                    now = time.monotonic()
+                    if now - self._retention_checked_s >= self.context.retention_check_interval_s:
+                        self._retention_checked_s = now
+                        await self._refresh_policies()
+                        await self.expire_messages()
+                        await self.apply_retention()
+                        if self.compaction_due():
+                            self.compact()
+                except BrokerError as error:
+                    self.fence(error)
+                    return
+                except (BKError, MetadataError) as error:
+                    log.warning("partition %s: housekeeping failed, retried later: %s", self.name, error)
+        finally:
+            self.context.housekeeping.leave(self.housekeeping_tick)
 
     async def _rollover_loop(self) -> None:
         """Roll the open ledger over as soon as it is full (housekeeping

@@ -52,8 +52,9 @@ class TopicStore:
     def __init__(self, store: AsyncMetadataStore) -> None:
         self.store = store
         # Namespaces' records as their topics' policy checks read them
-        # (broker.tenant_store): path -> (read at, monotonic s; data or None).
-        self.namespace_reads: dict[str, tuple[float, bytes | None]] = {}
+        # (broker.tenant_store): path -> (read at, monotonic s; its policies, {} without a record).
+        self.namespace_reads: dict[str, tuple[float, dict]] = {}
+        self.namespace_reads_in_flight: dict[str, trio.Event] = {}  # path: set once its read ends
         # Topics' records as loaded partitions' policy checks read them:
         # topic -> (record, read at (monotonic s), set when the node changes).
         self._watched_topics: dict[str, tuple[TopicRecord, float, trio.Event]] = {}

@@ -132,7 +132,7 @@ def add_run(parser: argparse.ArgumentParser) -> None:
                              "connections until half of it is left")
     parser.add_argument("--frame-bytes-max", type=ranges.frame_bytes, default=16 * 1024**2, help="largest frame a client may send; a longer one closes its connection")
     parser.add_argument("--no-auto-topic-creation", action="store_true", help="refuse producers and consumers of unknown topics")
-    parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often retention and rollover by time are checked")
+    parser.add_argument("--retention-check-interval", type=ranges.interval, default=5_000, metavar="DURATION", help="how often each partition checks its policies, message TTL and retention")
     add_policies(parser, defaults=True)
     from quire.security_options import add_authentication, add_bookie_client, add_tls_server
 

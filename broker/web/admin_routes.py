@@ -262,6 +262,8 @@ def policy_routes(prefix: str, scope: _Scope) -> list[tuple[str, str, Any]]:
     return [
         *[(method, f"{prefix}/{name}", handlers[kind]) for name in POLICY_PATHS
           for method, kind in (("GET", "get"), ("POST", "set"), ("DELETE", "remove"))],
+        # Pulsar sets a namespace's compaction threshold with PUT (a topic's with POST): both take either.
+        ("PUT", prefix + "/compactionThreshold", handlers["set"]),
         ("GET", prefix + "/backlogQuotaMap", handlers["get_quotas"]),
         ("POST", prefix + "/backlogQuota", handlers["set_quota"]),
         ("DELETE", prefix + "/backlogQuota", handlers["remove_quota"]),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from broker.errors import BadRequestError
+from broker.errors import BadRequestError, NotAllowedError
 from broker.topic_names import pulsar_name
 
 MB = 1024 * 1024
@@ -77,7 +77,9 @@ def retention_json(policies: dict) -> dict:
 def backlog_quota_policies(body: Any, quota_type: str | None) -> dict:
     """Pulsar's BacklogQuota (destination_storage: a size) as quire's policies."""
     if quota_type not in (None, DESTINATION_STORAGE):
-        raise BadRequestError(f"quire keeps a backlog quota by size ({DESTINATION_STORAGE}), not {quota_type[:50]!r}")
+        if quota_type == "message_age":
+            raise NotAllowedError(f"quire keeps a backlog quota by size ({DESTINATION_STORAGE}), not by message age")
+        raise BadRequestError(f"backlogQuotaType must be {DESTINATION_STORAGE} or message_age, got {quota_type[:50]!r}")
     if not isinstance(body, dict):
         raise BadRequestError("a backlog quota is {\"limitSize\": BYTES, \"policy\": \"producer_exception\"}")
     size = body.get("limitSize", body.get("limit"))
@@ -87,10 +89,10 @@ def backlog_quota_policies(body: Any, quota_type: str | None) -> dict:
     if policy not in BACKLOG_POLICIES:
         raise BadRequestError(f"policy must be one of {', '.join(BACKLOG_POLICIES)}")
     if policy != BACKLOG_POLICY:
-        raise BadRequestError(f"quire refuses producers past the quota ({BACKLOG_POLICY}); it does not do {policy}")
+        raise NotAllowedError(f"quire refuses producers past the quota ({BACKLOG_POLICY}); it does not do {policy}")
     limit_time = body.get("limitTime", -1)
     if limit_time not in (-1, 0, None):
-        raise BadRequestError("quire keeps a backlog quota by size; limitTime must be -1")
+        raise NotAllowedError("quire keeps a backlog quota by size; limitTime must be -1")
     return {"backlog_quota_bytes": None if size == -1 else size}
 
 
@@ -145,13 +147,13 @@ def topic_stats(partition: dict) -> dict:
     subscriptions = {}
     for name, subscription in partition["subscriptions"].items():
         subscriptions[name] = {
-            "msgRateOut": 0.0,
+            "msgRateOut": subscription["messages_out_per_s"],
             "msgOutCounter": subscription["messages_out"],
             "msgBacklog": subscription["backlog_messages"],
             "unackedMessages": subscription["unacknowledged_messages"],
             "type": SUBSCRIPTION_TYPES.get(subscription["type"], subscription["type"]),
             "isDurable": subscription["durable"],
-            "msgRateExpired": 0.0,
+            "msgRateExpired": subscription["expired_per_s"],
             "totalMsgExpired": subscription.get("expired_messages", 0),
             "msgDelayed": subscription.get("delayed_messages", 0),
             "consumers": [{"consumerName": consumer["name"], "availablePermits": consumer["permits"],

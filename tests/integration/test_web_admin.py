@@ -6,6 +6,7 @@ used by the official Pulsar client given an http:// service URL, and
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pulsar
@@ -100,7 +101,10 @@ async def test_clusters_tenants_and_namespaces_answer_as_pulsar(shared_cluster):
     quota = {"limitSize": 1 << 20, "policy": "producer_exception"}
     assert (await rest("POST", f"{V2}/namespaces/{namespace}/backlogQuota", quota)).status_code == 204
     assert (await rest("GET", f"{V2}/namespaces/{namespace}/backlogQuotaMap")).json()["destination_storage"]["limitSize"] == 1 << 20
-    assert (await rest("POST", f"{V2}/namespaces/{namespace}/backlogQuota", {"limitSize": 1, "policy": "consumer_backlog_eviction"})).status_code == 400
+    assert (await rest("POST", f"{V2}/namespaces/{namespace}/backlogQuota", {"limitSize": 1, "policy": "consumer_backlog_eviction"})).status_code == 501
+    # Pulsar sets a namespace's compaction threshold with PUT.
+    assert (await rest("PUT", f"{V2}/namespaces/{namespace}/compactionThreshold", 100 << 20)).status_code == 204
+    assert (await rest("GET", f"{V2}/namespaces/{namespace}/compactionThreshold")).json() == 100 << 20
     policies = (await rest("GET", f"{V2}/namespaces/{namespace}")).json()
     assert policies["retention_policies"] == retention and policies["deduplicationEnabled"] is False
     assert (await rest("DELETE", f"{V2}/namespaces/{namespace}/retention")).status_code == 204
@@ -218,8 +222,16 @@ async def test_topics_stats_and_subscriptions_over_rest(shared_cluster):
     assert await backlog() == 10
     assert (await rest("POST", path + "/subscription/missing/skip/1")).status_code == 404
 
+    # Reset to a time between two sends: the messages published from then on are the backlog.
+    await trio.sleep(0.05)
+    between_ms = int(time.time() * 1000)
+    await trio.sleep(0.05)
+    await produce(shared_cluster, name, 4)
+    assert (await rest("POST", path + f"/subscription/audit/resetcursor/{between_ms}")).status_code == 204
+    assert await backlog() == 4
+
     stats = (await rest("GET", path + "/stats")).json()
-    assert stats["msgInCounter"] == 10 and stats["storageSize"] > 0
+    assert stats["msgInCounter"] == 14 and stats["storageSize"] > 0
     assert (await rest("PUT", path + "/unload")).status_code == 204
     assert (await rest("DELETE", path + "/subscription/audit")).status_code == 204
     assert (await rest("GET", path + "/subscriptions")).json() == []

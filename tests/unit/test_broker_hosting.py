@@ -12,6 +12,7 @@ import trio
 from broker.lease import Lease
 from broker.ownership import BrokerInfo, Ownership
 from broker.hosting import PartitionHosting
+from broker.housekeeping import HousekeepingClock
 from coordination.async_store import AsyncMetadataStore
 from coordination.memory_store import InMemoryMetadataServer
 
@@ -23,7 +24,7 @@ async def hosting_after_one_expiry() -> tuple[int | None, int]:
     raw = server.connect(session_timeout_ms=10_000)
     store = AsyncMetadataStore(raw)
     ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:1"))
-    context = SimpleNamespace(lease=Lease(10_000))
+    context = SimpleNamespace(lease=Lease(10_000), housekeeping=HousekeepingClock())
     hosting = PartitionHosting(context, store, ownership, partition_policies=None, close_clients=lambda service: None,
                                session_timeout_ms=10_000)
     generation = store.session_generation
