@@ -36,6 +36,23 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[index]
 
 
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU a process has used (every thread), or None if it is gone."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            # After the command's closing parenthesis (it may hold spaces)
+            # the state is field 3 of proc(5): utime (14) and stime (15) follow.
+            fields = stat.read().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
+
+
 def rss_mb(pid: int) -> float:
     """The process's resident memory in MiB (as every "_mb" here)."""
     with open(f"/proc/{pid}/status") as status:

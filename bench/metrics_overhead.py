@@ -16,29 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 
 import trio
 
-from bench.cluster import bench_cluster
+from bench.cluster import bench_cluster, cpu_seconds
 from bench.ledger_write import write_ledgers
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
 from quire.cli_parsing import Parser
 
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(pids: list[int]) -> float:
+def cpu_seconds_of(pids: list[int]) -> float:
     """User + system time of the processes so far."""
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / CLOCK_TICKS_PER_S
+    return sum(cpu_seconds(pid) or 0.0 for pid in pids)
 
 
 async def measure(zk_hosts: str, root: str, pids: list[int], metrics: str, seconds: float, ledgers: int) -> list[dict]:
@@ -47,10 +38,10 @@ async def measure(zk_hosts: str, root: str, pids: list[int], metrics: str, secon
         for window in (1, 1000):
             # No warm-up: every add of the phase counts, so that the CPU time
             # it took divides by all of them.
-            cpu_before = cpu_seconds(pids)
+            cpu_before = cpu_seconds_of(pids)
             result = await write_ledgers(bk, window=window, ledgers=ledgers, entry_bytes=1024, seconds=seconds, warmup_s=0,
                                          label=f"metrics {metrics}, window {window}")
-            cpu_s = cpu_seconds(pids) - cpu_before
+            cpu_s = cpu_seconds_of(pids) - cpu_before
             results.append({
                 "name": "metrics_overhead", "bookie_metrics": metrics, "window": window, "ledgers": ledgers,
                 "entries_per_s": result["entries_per_s"], "latency_ms_p50": result["latency_ms_p50"],

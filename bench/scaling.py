@@ -58,6 +58,7 @@ import trio
 from bench.cluster import (
     BenchCluster,
     bench_cluster,
+    cpu_seconds,
     latency_summary,
     rss_mb,
     start_process,
@@ -158,7 +159,6 @@ BROKER_SERVING_S_MAX = 120
 ZOOKEEPER_PROBE_S = 5.0
 PROGRESS_EVERY_S = 0.25
 TOPICS_MAX = 100_000  # topics or subscriptions one point makes: ZooKeeper nodes, open ledgers, consumers in one process
-CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 POINT_TYPES = {
     "entry_size": ranges.entry_bytes,
@@ -220,20 +220,6 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def emit(result: dict) -> None:
     print(json.dumps(result), flush=True)
-
-
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU a process has used (every thread), or None if it is gone."""
-    if pid is None:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            # After the command's closing parenthesis (it may hold spaces)
-            # the state is field 3 of proc(5): utime (14) and stime (15) follow.
-            fields = stat.read().rpartition(")")[2].split()
-    except FileNotFoundError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
 
 
 def zookeeper_zxid(zk: ZooKeeperServer) -> int:

@@ -118,17 +118,17 @@ class TenantStore:
         tenant, name = split_namespace(namespace_of_topic(topic))
         path = namespace_path(tenant, name)
         reads, in_flight = self.topic_store.namespace_reads, self.topic_store.namespace_reads_in_flight
-        found = reads.get(path)
-        if found is not None and time.monotonic() - found[0] < max_age_s:
-            return record.policies_under(found[1])
-        reading = in_flight.get(path)
-        if reading is not None and max_age_s > 0:
-            # Another topic of the namespace is reading it: its answer serves both
-            # (not a caller that asks for a read begun after its call).
-            await reading.wait()
+        while True:
             found = reads.get(path)
-            if found is not None:
+            if found is not None and time.monotonic() - found[0] < max_age_s:
                 return record.policies_under(found[1])
+            reading = in_flight.get(path)
+            if reading is None or max_age_s <= 0:
+                break
+            # Another topic of the namespace is reading it: its answer serves both
+            # (not a caller that asks for a read begun after its call). If that
+            # read failed, look again: read, or wait for another's.
+            await reading.wait()
         reading = in_flight[path] = trio.Event()
         try:
             now = time.monotonic()

@@ -148,11 +148,12 @@ class PartitionService:
         self._lifecycle_commands: collections.deque[partition_core.Command] = collections.deque()
         self._lifecycle_wakeup = trio.Event()
         self._housekeeping_due = trio.Event()  # set by the broker's housekeeping clock
-        # Monotonic: policies, TTL and retention last checked. Each partition
-        # starts at its own point of the interval (from its name), so that a
-        # broker's thousands of partitions do not all check in the same tick.
-        interval_s = context.retention_check_interval_s
-        self._retention_checked_s = time.monotonic() - interval_s * (zlib.crc32(name.encode()) % 1024) / 1024
+        # Monotonic: policies, TTL and retention last checked (0: never, so
+        # at the first tick). After its first check each partition keeps its
+        # own point of the interval (from its name), so that a broker's
+        # thousands of partitions do not all check in the same tick.
+        self._retention_checked_s = 0.0
+        self._retention_phase = (zlib.crc32(name.encode()) % 1024) / 1024
         self._stopped = trio.Event()
         self._batch_finished = trio.Event()
         self._producers_left = trio.Event()  # set when a producer goes (one waiting for exclusive access asks again)
@@ -703,14 +704,14 @@ class PartitionService:
     def housekeeping_tick(self, now: float) -> None:
         """The broker's housekeeping clock, once a second: what needs no
         waiting is done here; the rest wakes `_housekeeping_loop`."""
+        if (self.managed_ledger.rollover_reason() is not None
+                or now - self._retention_checked_s >= self.context.retention_check_interval_s):
+            self._housekeeping_due.set()
         self.stats.sample(now)
         for subscription in list(self.subscriptions.values()):
             subscription.history.sample(now, subscription.counts())
             if not subscription.durable and not subscription.consumers and now - subscription.idle_since >= NON_DURABLE_IDLE_S:
                 self._drop_subscription(subscription)
-        if (self.managed_ledger.rollover_reason() is not None
-                or now - self._retention_checked_s >= self.context.retention_check_interval_s):
-            self._housekeeping_due.set()
 
     async def _housekeeping_loop(self) -> None:
         self.context.housekeeping.join(self.housekeeping_tick)
@@ -722,8 +723,10 @@ class PartitionService:
                     if self.managed_ledger.rollover_reason() is not None:
                         await self.managed_ledger.rollover()
                     now = time.monotonic()
-                    if now - self._retention_checked_s >= self.context.retention_check_interval_s:
-                        self._retention_checked_s = now
+                    interval_s = self.context.retention_check_interval_s
+                    if now - self._retention_checked_s >= interval_s:
+                        first = self._retention_checked_s == 0.0
+                        self._retention_checked_s = now - (interval_s * self._retention_phase if first else 0.0)
                         await self._refresh_policies()
                         await self.expire_messages()
                         await self.apply_retention()

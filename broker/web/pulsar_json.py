@@ -201,7 +201,8 @@ def partitioned_stats(partitions: dict[str, dict], *, per_partition: bool) -> di
             if total is None:
                 subscriptions[name] = {**subscription, "consumers": list(subscription["consumers"])}
                 continue
-            for field in ("msgRateOut", "msgOutCounter", "msgBacklog", "unackedMessages", "totalMsgExpired", "msgDelayed"):
+            for field in ("msgRateOut", "msgOutCounter", "msgBacklog", "unackedMessages", "msgRateExpired", "totalMsgExpired",
+                          "msgDelayed"):
                 total[field] = _sum([total[field], subscription[field]])
             total["consumers"].extend(subscription["consumers"])
     summed.update(

@@ -15,6 +15,7 @@ from broker.topic_records import TopicPolicies, TopicRecord
 from broker.topic_store import TopicStore
 from coordination.async_store import AsyncMetadataStore
 from coordination.memory_store import InMemoryMetadataServer
+from coordination.store import ConnectionLossError
 
 
 async def test_every_member_ticks_once_per_interval(autojump_clock):
@@ -108,3 +109,35 @@ def test_rates_are_over_the_samples_of_the_last_window():
     for second in range(100):
         rates.sample(float(second), (second, 0))
     assert len(rates.samples) == RATE_SAMPLES_MAX
+
+
+async def test_a_failed_namespace_read_leaves_its_waiters_to_read_again(autojump_clock):
+    server = InMemoryMetadataServer()
+    store = _CountingStore(server.connect(30_000))
+    tenants = TenantStore(TopicStore(store))
+    await TopicStore(store).ensure_layout()
+    await tenants.ensure_defaults()
+    record = TopicRecord(0, TopicPolicies())
+    failing = store.get
+
+    async def fail_once(path: str):
+        store.get = failing
+        await trio.sleep(0.01)
+        raise ConnectionLossError("ZooKeeper went away")
+
+    store.get = fail_once
+    outcomes: list[str] = []
+
+    async def check(delay: float) -> None:
+        await trio.sleep(delay)
+        try:
+            await tenants.policies_in_effect("public/default/t", record)
+            outcomes.append("read")
+        except ConnectionLossError:
+            outcomes.append("failed")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(check, 0.0)
+        nursery.start_soon(check, 0.001)  # waits for the first one's read, which fails
+    assert sorted(outcomes) == ["failed", "read"]
+    assert store.gets == 1 and not tenants.topic_store.namespace_reads_in_flight

@@ -94,7 +94,7 @@ def test_topic_stats_and_their_sum_over_partitions():
     total = partitioned_stats({"t-partition-0": stats, "t-partition-1": topic_stats(describe(3, 2))}, per_partition=True)
     assert total["msgInCounter"] == 10 and total["msgRateIn"] == 3.0
     assert total["subscriptions"]["s"]["msgBacklog"] == 7 and len(total["subscriptions"]["s"]["consumers"]) == 2
-    assert total["subscriptions"]["s"]["msgRateOut"] == 5.0
+    assert total["subscriptions"]["s"]["msgRateOut"] == 5.0 and total["subscriptions"]["s"]["msgRateExpired"] == 1.0
     assert set(total["partitions"]) == {"persistent://public/default/t-partition-0", "persistent://public/default/t-partition-1"}
     assert stats["subscriptions"]["s"]["msgBacklog"] == 5  # the partition's own stats are not changed by the sum
     assert partitioned_stats({"t-partition-0": stats}, per_partition=False)["partitions"] == {}
