@@ -80,13 +80,17 @@ class _CountingStore(AsyncMetadataStore):
         return await super().get(path)
 
 
-async def test_a_namespace_checked_by_many_topics_at_once_is_read_once(autojump_clock):
-    server = InMemoryMetadataServer()
-    store = _CountingStore(server.connect(30_000))
+async def counting_tenants() -> tuple[_CountingStore, TenantStore, TopicRecord]:
+    """A tenant store over an in-memory ZooKeeper that counts its reads, and a topic's record."""
+    store = _CountingStore(InMemoryMetadataServer().connect(30_000))
     tenants = TenantStore(TopicStore(store))
     await TopicStore(store).ensure_layout()
     await tenants.ensure_defaults()
-    record = TopicRecord(0, TopicPolicies())
+    return store, tenants, TopicRecord(0, TopicPolicies())
+
+
+async def test_a_namespace_checked_by_many_topics_at_once_is_read_once(autojump_clock):
+    store, tenants, record = await counting_tenants()
     async with trio.open_nursery() as nursery:
         for index in range(100):
             nursery.start_soon(tenants.policies_in_effect, f"public/default/t-{index}", record)
@@ -112,12 +116,7 @@ def test_rates_are_over_the_samples_of_the_last_window():
 
 
 async def test_a_failed_namespace_read_leaves_its_waiters_to_read_again(autojump_clock):
-    server = InMemoryMetadataServer()
-    store = _CountingStore(server.connect(30_000))
-    tenants = TenantStore(TopicStore(store))
-    await TopicStore(store).ensure_layout()
-    await tenants.ensure_defaults()
-    record = TopicRecord(0, TopicPolicies())
+    store, tenants, record = await counting_tenants()
     failing = store.get
 
     async def fail_once(path: str):
