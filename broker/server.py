@@ -366,19 +366,16 @@ class BrokerServer:
         return found[0]
 
     async def partition_policies(self, partition: str) -> tuple[str, int, TopicPolicies]:
-        """(topic, partition index, policies) of a partition that exists.
-        The topic's record is the watched copy the partition's policy checks
-        keep (read again once it changed): a lookup, the load that follows
-        and the loaded partition's checks read it from ZooKeeper once."""
+        """(topic, partition index, policies) of a partition that exists."""
         check_name(partition)
-        record = await self.topic_store.read_topic_watched(partition)
-        if record is not None and record.partitions == 0:
-            return partition, -1, await self.tenant_store.policies_in_effect(partition, record)
+        found = await self.topic_store.read_topic(partition)
+        if found is not None and found[0].partitions == 0:
+            return partition, -1, await self.tenant_store.policies_in_effect(partition, found[0])
         topic, index = split_partition(partition)
         if index >= 0:
-            record = await self.topic_store.read_topic_watched(topic)
-            if record is not None and index < record.partitions:
-                return topic, index, await self.tenant_store.policies_in_effect(topic, record)
+            found = await self.topic_store.read_topic(topic)
+            if found is not None and index < found[0].partitions:
+                return topic, index, await self.tenant_store.policies_in_effect(topic, found[0])
         raise TopicNotFoundError(f"no partition or topic {partition!r}")
 
     async def lookup(self, partition: str, authoritative: bool) -> tuple[BrokerInfo, bool]:

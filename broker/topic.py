@@ -148,7 +148,6 @@ class PartitionService:
         self._lifecycle_commands: collections.deque[partition_core.Command] = collections.deque()
         self._lifecycle_wakeup = trio.Event()
         self._housekeeping_due = trio.Event()  # set by the broker's housekeeping clock
-        self._compaction_read = False  # the compaction record read while loading
         # Monotonic: policies, TTL and retention last checked (0: never, so
         # at the first tick). After its first check each partition keeps its
         # own point of the interval (from its name), so that a broker's
@@ -177,7 +176,7 @@ class PartitionService:
         while not self.lifecycle.serving:
             assert commands, f"partition {self.name}: the load stopped at {self.lifecycle.phase.value}"
             commands.extend(await self._carry_out(commands.popleft()))
-        if self.compaction_record is None and not self._compaction_read:
+        if self.compaction_record is None:
             found = await self.topic_store.read_compaction(self.name)
             if found is not None:
                 self._compaction_switched(found[0])
@@ -242,7 +241,6 @@ class PartitionService:
         """Make the durable subscriptions from their cursors (an unreadable
         one is left alone); their names."""
         found = await self.topic_store.read_compaction(self.name)
-        self._compaction_read = True  # the load need not read it again
         if found is not None:
             self._compaction_switched(found[0])
         stored = await self.topic_store.read_cursors(self.name)
