@@ -42,9 +42,21 @@ def cannot_run_here(reason: str) -> None:
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on at the time of the call."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different TCP ports on 127.0.0.1 that nothing listens on at
+    the time of the call: bound all at once, so that the kernel cannot give
+    the same port twice (two `free_port` calls in a row can)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def free_port_run(count: int, *, tries_max: int = 200) -> int:

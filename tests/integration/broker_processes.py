@@ -15,7 +15,7 @@ from broker.client.connection import BrokerConnection
 from broker.errors import AuthenticationError, ConnectionClosedError
 from tests.integration.bookie_processes import bookies  # noqa: F401 (a fixture)
 from tests.integration.processes import QuireProcess, print_logs
-from tests.support import free_port
+from tests.support import free_ports
 
 START_DEADLINE_S = 30.0
 SESSION_TIMEOUT_MS = 4_000  # how long a killed broker keeps its partitions
@@ -69,8 +69,9 @@ class BrokerFactory:
     created: list[BrokerProcess] = field(default_factory=list)
 
     def new(self, *options: str) -> BrokerProcess:
-        broker = BrokerProcess(self.zk_hosts, self.root, self.base / f"broker-{len(self.created) + 1}", free_port(), list(options),
-                               pulsar_port=free_port(), web_port=free_port())
+        port, pulsar_port, web_port = free_ports(3)
+        broker = BrokerProcess(self.zk_hosts, self.root, self.base / f"broker-{len(self.created) + 1}", port, list(options),
+                               pulsar_port=pulsar_port, web_port=web_port)
         self.created.append(broker)
         return broker
 

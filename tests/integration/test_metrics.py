@@ -32,7 +32,7 @@ from tests.integration.bookie_processes import BookieFactory, BookieProcess, boo
 from tests.integration.broker_processes import brokers  # noqa: F401 (fixture)
 from tests.integration.processes import print_logs
 from tests.integration.test_bookie_durability import KEY, PipelinedWriter
-from tests.support import free_port, free_port_run, raw_exchange, wait_until, wait_until_async
+from tests.support import free_port, free_port_run, free_ports, raw_exchange, wait_until, wait_until_async
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 ENTRIES = 200
@@ -80,7 +80,7 @@ async def put_ledger_load(zk_hosts: str, zk_root: str) -> None:
 
 
 async def test_metrics_scraped_over_http_move_under_load(zk_hosts, zk_root, bookies, brokers):
-    bookie_metrics_ports = [free_port() for _ in range(3)]
+    bookie_metrics_ports = free_ports(3)
     for port in bookie_metrics_ports:
         await bookies.started("--metrics-port", str(port))
     broker_metrics_port = free_port()
@@ -194,8 +194,8 @@ async def test_metrics_port_in_use_at_start_is_one_clear_line(zk_hosts, zk_root,
         # The bookie wrote no cookie before it failed: its directories start
         # on free ports, although its id (its address) is another now.
         refused = bookies.created[0]
-        again = BookieProcess(refused.zk_hosts, refused.root, refused.directory, free_port(),
-                              ["--metrics-port", str(free_port())])
+        port, metrics_port = free_ports(2)
+        again = BookieProcess(refused.zk_hosts, refused.root, refused.directory, port, ["--metrics-port", str(metrics_port)])
         bookies.created.append(again)
         await again.started()
 

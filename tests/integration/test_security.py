@@ -23,7 +23,7 @@ from security.tokens import create_key_pair, create_secret_key, create_token, wr
 from tests.integration.bookie_processes import BookieFactory
 from tests.integration.broker_processes import BrokerFactory
 from tests.integration.processes import print_logs
-from tests.support import free_port, wait_until_async
+from tests.support import free_ports, wait_until_async
 
 pytestmark = pytest.mark.integration
 
@@ -87,8 +87,7 @@ def secure_cluster(zookeeper, tmp_path_factory):
     tls_files = write_tls_files(base / "tls", hosts=["127.0.0.1", "localhost"], roles=["svc", "stranger"])
     bookie_factory = BookieFactory(zookeeper.address, root, base)
     broker_factory = BrokerFactory(zookeeper.address, root, base)
-    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, free_port(), free_port(), free_port(),
-                            free_port())
+    cluster = SecureCluster(zookeeper.address, root, secret_key, None, tls_files, *free_ports(4))
 
     async def start() -> None:
         for _ in range(3):
