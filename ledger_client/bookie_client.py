@@ -320,6 +320,11 @@ class BookieClient:
         about to be, not answered yet."""
         return self._in_flight_max - self._in_flight_slots.available
 
+    def adds_unanswered(self) -> bool:
+        """Whether an add sent to this bookie, or queued to go, has had no
+        answer yet (reads and other calls do not count)."""
+        return self._gathering is not None or any(type(callback) is not _Call for callback in self._pending.values())
+
     async def wait_closed(self) -> BookieConnectionError:
         """Return (the reason) once the connection has failed or closed."""
         await self._failed.wait()

@@ -27,6 +27,9 @@ CONNECTING_REQUESTS_MAX = 100_000  # queued while a connection is being opened
 # this long instead of each trying to connect again.
 RECONNECT_DELAY_S = 0.5
 CONNECT_TIMEOUT_S = 5.0
+# A client closing waits this long at most for its adds' last copies.
+CLOSE_DRAIN_S = 1.0
+DRAIN_POLL_S = 0.002
 
 
 @dataclass(eq=False)
@@ -185,6 +188,23 @@ class BookiePool:
         waiting, connection.waiting = connection.waiting, []
         for submit, callback in waiting:
             self._submit(client, submit, callback)
+
+    async def drain_adds(self, deadline_s: float = CLOSE_DRAIN_S) -> None:
+        """Wait, at most `deadline_s`, until every bookie still connected (or
+        being connected to) has answered the adds sent to it. An add
+        completes at the ack quorum; a client closed right after its last
+        add would otherwise drop the copies still on their way to the
+        slower bookies of its write sets, leaving them to auto-recovery."""
+        with trio.move_on_after(deadline_s):
+            while any(self._adds_unanswered(connection) for connection in self._connections.values()):
+                await trio.sleep(DRAIN_POLL_S)
+
+    @staticmethod
+    def _adds_unanswered(connection: _Connection) -> bool:
+        client = connection.client
+        if client is None:
+            return bool(connection.waiting)
+        return not client.closed and client.adds_unanswered()
 
     def close(self) -> None:
         """Refuse new requests; the owner cancels the nursery to close

@@ -124,6 +124,10 @@ class BookKeeper:
                     )
                     try:
                         yield bk
+                        # A clean exit: the copies of the last adds still
+                        # going to slower bookies land before the
+                        # connections close.
+                        await pool.drain_adds()
                     finally:
                         pool.close()
                         nursery.cancel_scope.cancel()

@@ -114,3 +114,39 @@ async def test_a_bookie_that_calls_itself_by_another_id_is_refused():
         assert "'bookie-2', not 'bookie-1'" in str(writer.failures[0][1])
         pool.close()
         nursery.cancel_scope.cancel()
+
+
+async def test_draining_waits_for_the_answers_to_adds_still_on_their_way():
+    # A client closing right after its last add (complete at the ack
+    # quorum) waits for the slower bookies' answers, so that their copies
+    # are not dropped with the connection; a bookie that never answers
+    # holds the close up only for the bound.
+    async def answer_late(stream: trio.SocketStream) -> None:
+        await trio.sleep(0.3)
+        await answer_every_add(stream)
+
+    async def never_answer(stream: trio.SocketStream) -> None:
+        decoder = FrameDecoder()
+        data = await stream.receive_some(65536)
+        decoder.feed(data)
+        await stream.send_all(encode_hello_reply(HelloReply(Status.OK, 2, "bookie-1", 1 << 20)))
+        await trio.sleep_forever()
+
+    for handler, answered in ((answer_late, True), (never_answer, False)):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.serve_listeners, handler, listeners)
+            pool = BookiePool(Registry(address), nursery)
+            writer = Writer()
+            for entry_id in range(3):
+                pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+            started = trio.current_time()
+            await pool.drain_adds(deadline_s=2.0)
+            waited = trio.current_time() - started
+            if answered:
+                assert writer.acknowledged_entry_ids == [0, 1, 2] and waited < 2.0
+            else:
+                assert writer.acknowledged_entry_ids == [] and waited >= 2.0
+            pool.close()
+            nursery.cancel_scope.cancel()
