@@ -18,7 +18,7 @@ from typing import Awaitable, Callable
 import trio
 
 from broker.errors import BrokerError, NotOwnerError, ServiceUnavailableError, TopicFencedError
-from broker.ownership import Ownership
+from broker.ownership import Owner, Ownership
 from broker.ownership_core import (
     Access,
     CancelLoad,
@@ -46,7 +46,7 @@ LEASE_RENEWALS = 5  # renewals per session timeout
 # Tries of a release that ZooKeeper failed while the session still holds the node.
 RELEASE_RETRY = RetryPolicy(tries_max=5, delay_initial_ms=100.0, delay_max_ms=2_000.0)
 
-PartitionPolicies = Callable[[str], Awaitable[tuple[str, int, TopicPolicies]]]
+PartitionPolicies = Callable[..., Awaitable[tuple[str, int, TopicPolicies]]]  # (partition, *, watch)
 
 
 class PartitionHosting:
@@ -152,8 +152,10 @@ class PartitionHosting:
 
     # --- loading ------------------------------------------------------------------------------
 
-    async def serving(self, partition: str) -> PartitionService:
-        """The loaded partition, loading it if this broker owns it."""
+    async def serving(self, partition: str, claimed: Owner | None = None) -> PartitionService:
+        """The loaded partition, loading it if this broker owns it.
+        `claimed`: the owner a claim this broker just made answered (the
+        node it created), which needs no second read."""
         while True:
             access = self.core.access(partition)
             if access is Access.SERVE:
@@ -170,7 +172,7 @@ class PartitionHosting:
                     raise ServiceUnavailableError(f"loading {partition} failed: {self._load_errors.get(partition, '?')}; retry")
                 continue
             releases = self.core.releases
-            owner = await self.ownership.owner_of(partition)
+            owner, claimed = claimed or await self.ownership.owner_of(partition), None
             if owner is None or not self.ownership.is_mine(owner):
                 raise NotOwnerError(f"broker {self.broker_id} does not own {partition}")
             if self.core.access(partition) is Access.ABSENT:
@@ -186,7 +188,9 @@ class PartitionHosting:
         scope = self._load_scopes[partition] = trio.CancelScope()
         try:
             with scope:
-                topic, index, policies = await self.partition_policies(partition)
+                # Read after the claim, not from a copy kept before it: the
+                # topic may have been deleted meanwhile.
+                topic, index, policies = await self.partition_policies(partition, watch=True)
                 service = self._services[partition] = PartitionService(self.context, partition, topic, index, policies,
                                                                        session_id=session_id)
                 with trio.fail_after(LOAD_TIMEOUT_S):

@@ -365,15 +365,17 @@ class BrokerServer:
             raise TopicNotFoundError(f"topic {topic!r} was deleted")
         return found[0]
 
-    async def partition_policies(self, partition: str) -> tuple[str, int, TopicPolicies]:
-        """(topic, partition index, policies) of a partition that exists."""
+    async def partition_policies(self, partition: str, *, watch: bool = False) -> tuple[str, int, TopicPolicies]:
+        """(topic, partition index, policies) of a partition that exists,
+        read now; with `watch`, the topic's record read is also the one its
+        policy checks start from (TopicStore.read_topic)."""
         check_name(partition)
-        found = await self.topic_store.read_topic(partition)
+        found = await self.topic_store.read_topic(partition, watch=watch)
         if found is not None and found[0].partitions == 0:
             return partition, -1, await self.tenant_store.policies_in_effect(partition, found[0])
         topic, index = split_partition(partition)
         if index >= 0:
-            found = await self.topic_store.read_topic(topic)
+            found = await self.topic_store.read_topic(topic, watch=watch)
             if found is not None and index < found[0].partitions:
                 return topic, index, await self.tenant_store.policies_in_effect(topic, found[0])
         raise TopicNotFoundError(f"no partition or topic {partition!r}")
@@ -387,6 +389,7 @@ class BrokerServer:
         await self.partition_policies(partition)
         owner = await self.ownership.owner_of(partition)
         live = {} if owner is not None else await self.ownership.live_brokers()
+        claimed = None  # the owner this broker's claim answered: serving needs not read it again
         while True:
             decision = decide_lookup(
                 partition, self.info.broker_id, self.store.session_id,
@@ -394,7 +397,7 @@ class BrokerServer:
                 stopping=self.stopping, authoritative=authoritative,
             )
             if decision.answer is Answer.SERVE:
-                await self.serving(partition)
+                await self.hosting.serving(partition, claimed)
                 return self.info, False
             if decision.answer is Answer.ELSEWHERE:
                 return owner.info, False
@@ -402,7 +405,7 @@ class BrokerServer:
                 return live[decision.broker_id], True
             if decision.answer is Answer.RETRY:
                 raise ServiceUnavailableError(decision.reason)
-            owner = await self.ownership.claim(partition)  # then decide again, with its owner
+            owner = claimed = await self.ownership.claim(partition)  # then decide again, with its owner
 
     async def serving(self, partition: str) -> PartitionService:
         """The loaded partition, loading it if this broker owns it."""

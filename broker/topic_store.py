@@ -71,12 +71,26 @@ class TopicStore:
             raise ValueError(f"partitions must be in 0..{PARTITIONS_MAX}, got {record.partitions}")
         await self.store.create(topic_path(topic), record.to_bytes(), make_parents=True)
 
-    async def read_topic(self, topic: str) -> tuple[TopicRecord, int] | None:
+    async def read_topic(self, topic: str, *, watch: bool = False) -> tuple[TopicRecord, int] | None:
+        """The topic's record and version, read now. With `watch`, the read
+        also sets a watch and becomes the copy `read_topic_watched` answers
+        from: a partition's load reads its record fresh, and its policy
+        checks then start from that read instead of one of their own."""
         try:
-            data, stat = await self.store.get(topic_path(topic))
+            if watch:
+                data, stat, changed = await self.store.get_watch(topic_path(topic))
+            else:
+                data, stat = await self.store.get(topic_path(topic))
         except NoNodeError:
+            if watch:
+                self._watched_topics.pop(topic, None)
             return None
-        return TopicRecord.from_bytes(data), stat.version
+        record = TopicRecord.from_bytes(data)
+        if watch:
+            if len(self._watched_topics) >= WATCHED_TOPICS_MAX:
+                self._watched_topics.clear()
+            self._watched_topics[topic] = (record, time.monotonic(), changed)
+        return record, stat.version
 
     async def read_topic_watched(self, topic: str) -> TopicRecord | None:
         """The topic's record as of its last change: read again only once
@@ -100,16 +114,8 @@ class TopicStore:
             record = TopicRecord.from_bytes(data)
             self._watched_topics[topic] = (record, now, cached[2])
             return record
-        try:
-            data, _, changed = await self.store.get_watch(topic_path(topic))
-        except NoNodeError:
-            self._watched_topics.pop(topic, None)
-            return None
-        record = TopicRecord.from_bytes(data)
-        if len(self._watched_topics) >= WATCHED_TOPICS_MAX:
-            self._watched_topics.clear()
-        self._watched_topics[topic] = (record, now, changed)
-        return record
+        found = await self.read_topic(topic, watch=True)
+        return None if found is None else found[0]
 
     async def write_topic(self, topic: str, record: TopicRecord, expected_version: int) -> None:
         await self.store.set(topic_path(topic), record.to_bytes(), expected_version)
