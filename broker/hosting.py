@@ -152,10 +152,11 @@ class PartitionHosting:
 
     # --- loading ------------------------------------------------------------------------------
 
-    async def serving(self, partition: str, claimed: Owner | None = None) -> PartitionService:
+    async def serving(self, partition: str, claimed: tuple[Owner, int] | None = None) -> PartitionService:
         """The loaded partition, loading it if this broker owns it.
         `claimed`: the owner a claim this broker just made answered (the
-        node it created), which needs no second read."""
+        node it created, with the session it was created in), and the count
+        of releases taken before the claim; it needs no second read."""
         while True:
             access = self.core.access(partition)
             if access is Access.SERVE:
@@ -171,8 +172,11 @@ class PartitionHosting:
                 if self.core.access(partition) is not Access.SERVE:
                     raise ServiceUnavailableError(f"loading {partition} failed: {self._load_errors.get(partition, '?')}; retry")
                 continue
-            releases = self.core.releases
-            owner, claimed = claimed or await self.ownership.owner_of(partition), None
+            if claimed is not None:
+                (owner, releases), claimed = claimed, None
+            else:
+                releases = self.core.releases
+                owner = await self.ownership.owner_of(partition)
             if owner is None or not self.ownership.is_mine(owner):
                 raise NotOwnerError(f"broker {self.broker_id} does not own {partition}")
             if self.core.access(partition) is Access.ABSENT:

@@ -240,9 +240,14 @@ class Ownership:
     async def claim(self, partition: str) -> Owner:
         """Take the partition if nobody owns it; returns its owner (this
         broker, or whoever got there first)."""
+        # The session taken before the create: one that ended and was
+        # replaced while it ran must not be named as the node's (its node
+        # went with it), or this broker would serve a partition it holds no
+        # node for. The ownership core refuses a session that is not current.
+        session_id = self.store.session_id
         try:
             await self.store.create(owner_path(partition), self.info.to_bytes(), ephemeral=True, make_parents=True)
-            return Owner(self.info, self.store.session_id)
+            return Owner(self.info, session_id)
         except NodeExistsError:
             owner = await self.owner_of(partition)
             if owner is None:

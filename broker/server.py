@@ -389,7 +389,7 @@ class BrokerServer:
         await self.partition_policies(partition)
         owner = await self.ownership.owner_of(partition)
         live = {} if owner is not None else await self.ownership.live_brokers()
-        claimed = None  # the owner this broker's claim answered: serving needs not read it again
+        claimed = None  # (the owner this broker's claim answered, releases before it): serving need not read it again
         while True:
             decision = decide_lookup(
                 partition, self.info.broker_id, self.store.session_id,
@@ -405,7 +405,9 @@ class BrokerServer:
                 return live[decision.broker_id], True
             if decision.answer is Answer.RETRY:
                 raise ServiceUnavailableError(decision.reason)
-            owner = claimed = await self.ownership.claim(partition)  # then decide again, with its owner
+            releases = self.hosting.core.releases
+            owner = await self.ownership.claim(partition)  # then decide again, with its owner
+            claimed = (owner, releases)
 
     async def serving(self, partition: str) -> PartitionService:
         """The loaded partition, loading it if this broker owns it."""

@@ -76,8 +76,16 @@ class TopicStore:
         also sets a watch and becomes the copy `read_topic_watched` answers
         from: a partition's load reads its record fresh, and its policy
         checks then start from that read instead of one of their own."""
+        cached = self._watched_topics.get(topic) if watch else None
+        if cached is not None and not cached[2].is_set():
+            # Its watch is still set (ZooKeeper keeps one per path and
+            # client, kazoo one per call): a fresh read keeps it.
+            changed = cached[2]
+            watch_again = False
+        else:
+            watch_again = watch
         try:
-            if watch:
+            if watch_again:
                 data, stat, changed = await self.store.get_watch(topic_path(topic))
             else:
                 data, stat = await self.store.get(topic_path(topic))
@@ -99,21 +107,9 @@ class TopicStore:
         policies every few seconds: a broker with thousands of partitions
         would otherwise read thousands of records a second, most unchanged.
         None when the topic does not exist."""
-        now = time.monotonic()
         cached = self._watched_topics.get(topic)
-        if cached is not None and not cached[2].is_set():
-            if now - cached[1] < WATCHED_RECORD_AGE_MAX_S:
-                return cached[0]
-            # Its watch is still set (ZooKeeper keeps one per path and
-            # client): read without setting another.
-            try:
-                data, _ = await self.store.get(topic_path(topic))
-            except NoNodeError:
-                self._watched_topics.pop(topic, None)
-                return None
-            record = TopicRecord.from_bytes(data)
-            self._watched_topics[topic] = (record, now, cached[2])
-            return record
+        if cached is not None and not cached[2].is_set() and time.monotonic() - cached[1] < WATCHED_RECORD_AGE_MAX_S:
+            return cached[0]
         found = await self.read_topic(topic, watch=True)
         return None if found is None else found[0]
 

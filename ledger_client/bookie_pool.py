@@ -37,6 +37,7 @@ class _Connection:
     bookie_id: str
     client: BookieClient | None = None
     waiting: list[tuple[Callable[[BookieClient], None], Callback]] = field(default_factory=list)
+    adds_waiting: int = 0  # of `waiting`, the adds (the rest wait to read or call)
 
 
 class BookiePool:
@@ -70,7 +71,8 @@ class BookiePool:
         # Apart from `send_add_tail`: the closure's variables are cells,
         # made on every call of the function that holds it (four objects for
         # the garbage collector per send, where no closure is needed).
-        self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback, ledger_id, entry_id), callback)
+        self._dispatch(bookie_id, lambda client: client.submit_add_tail_nowait(tail, callback, ledger_id, entry_id), callback,
+                       add=True)
 
     async def call(self, bookie_id: str, request_factory: Callable[[int], Request]):
         """Send one request and wait for its answer (or raise
@@ -103,7 +105,7 @@ class BookiePool:
             raise outcome[0]
         return outcome[0]
 
-    def _dispatch(self, bookie_id: str, submit: Callable[[BookieClient], None], callback: Callback) -> None:
+    def _dispatch(self, bookie_id: str, submit: Callable[[BookieClient], None], callback: Callback, *, add: bool = False) -> None:
         if self._closed:
             self._fail_later(bookie_id, callback, BookieConnectionError(f"the client is closed (bookie {bookie_id})"))
             return
@@ -119,6 +121,7 @@ class BookiePool:
                 self._fail_later(bookie_id, callback, BookieConnectionError(f"too many requests wait for bookie {bookie_id}"))
             else:
                 connection.waiting.append((submit, callback))
+                connection.adds_waiting += add
             return
         self._submit(connection.client, submit, callback)
 
@@ -177,7 +180,7 @@ class BookiePool:
             # A refusal is the operator's to fix (a token, a role, TLS): said louder than a bookie that is down.
             log.log(logging.WARNING if isinstance(failure, BookieRefusedError) else logging.INFO, "%s", failure)
             self._down_until[bookie_id] = trio.current_time() + RECONNECT_DELAY_S
-        waiting, connection.waiting = connection.waiting, []
+        waiting, connection.waiting, connection.adds_waiting = connection.waiting, [], 0
         for _, callback in waiting:
             answer_add(callback, bookie_id, failure or BookieConnectionError(f"connection to bookie {bookie_id} closed"))
 
@@ -185,7 +188,7 @@ class BookiePool:
         # Apart from `_run_connection`, whose frame lives as long as the
         # connection: a local there would keep every request that waited,
         # entry bytes and all, for that long.
-        waiting, connection.waiting = connection.waiting, []
+        waiting, connection.waiting, connection.adds_waiting = connection.waiting, [], 0
         for submit, callback in waiting:
             self._submit(client, submit, callback)
 
@@ -203,7 +206,7 @@ class BookiePool:
     def _adds_unanswered(connection: _Connection) -> bool:
         client = connection.client
         if client is None:
-            return bool(connection.waiting)
+            return connection.adds_waiting > 0
         return not client.closed and client.adds_unanswered()
 
     def close(self) -> None:

@@ -46,3 +46,28 @@ def test_an_expiry_leaves_the_hosting_in_the_new_session_registered_again():
     for _ in range(RUNS):
         core_session, store_session = trio.run(hosting_after_one_expiry)
         assert core_session == store_session != 0
+
+
+async def test_a_claim_names_the_session_it_was_made_in():
+    # The claim's node is made in one session, which expires and is
+    # replaced before the claim returns: the claim must name the first
+    # session (its node went with it), so that the ownership core, now in
+    # the new session, refuses to load the partition on it.
+    server = InMemoryMetadataServer()
+    store = AsyncMetadataStore(server.connect(session_timeout_ms=10_000))
+    ownership = Ownership(store, BrokerInfo("b1", "127.0.0.1:1"))
+    first = store.session_id
+    create = store.create
+
+    async def create_then_expire(*args, **kwargs):
+        made = await create(*args, **kwargs)
+        server.expire_session(first)
+        with trio.fail_after(5):
+            while store.session_id in (0, first):
+                await trio.sleep(0.01)
+        return made
+
+    store.create = create_then_expire
+    owner = await ownership.claim("tenant/ns/t")
+    assert owner.session_id == first != store.session_id
+    assert not ownership.is_mine(owner)

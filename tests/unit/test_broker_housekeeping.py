@@ -130,7 +130,7 @@ async def test_a_failed_namespace_read_leaves_its_waiters_to_read_again(autojump
     async def check(delay: float) -> None:
         await trio.sleep(delay)
         try:
-            await tenants.policies_in_effect("public/default/t", record)
+            await tenants.policies_in_effect("t", record)
             outcomes.append("read")
         except ConnectionLossError:
             outcomes.append("failed")
@@ -140,3 +140,26 @@ async def test_a_failed_namespace_read_leaves_its_waiters_to_read_again(autojump
         nursery.start_soon(check, 0.001)  # waits for the first one's read, which fails
     assert sorted(outcomes) == ["failed", "read"]
     assert store.gets == 1 and not tenants.topic_store.namespace_reads_in_flight
+
+
+async def test_a_loads_read_of_its_topic_is_the_copy_the_policy_checks_start_from(autojump_clock):
+    # The load reads the topic's record fresh, with a watch: the first
+    # policy check then reads nothing, and a second load of the same topic
+    # reads fresh again but keeps the watch set (kazoo would keep one per call).
+    server = InMemoryMetadataServer()
+    store = _CountingStore(server.connect(30_000))
+    topics = TopicStore(store)
+    await topics.ensure_layout()
+    record = TopicRecord(0, TopicPolicies())
+    await topics.create_topic("t", record)
+
+    def watches() -> int:
+        return sum(len(watches) for watches in server._data_watches.values())
+
+    before = watches()
+    assert (await topics.read_topic("t", watch=True))[0] == record
+    gets = store.gets
+    assert await topics.read_topic_watched("t") == record
+    assert store.gets == gets
+    assert (await topics.read_topic("t", watch=True))[0] == record
+    assert store.gets == gets + 1 and watches() == before + 1
