@@ -161,11 +161,14 @@ class LedgerStorage:
             # Read-ahead is an optimisation and the read itself succeeded;
             # compaction may just have removed the log.
             return
-        for entry_id, entry_location, data in following:
-            # Only the copy the index points at: a recovery add may have
-            # written a newer copy of the entry into a later log.
-            if self.entry_index.get(ledger_id, entry_id) == entry_location:
-                self.read_cache.put(ledger_id, entry_id, data)
+        if not following:
+            return
+        entry_ids = [entry_id for entry_id, _, _ in following]
+        indexed = self.entry_index.locations_in(ledger_id, min(entry_ids), max(entry_ids))
+        # Only the copies the index points at: a recovery add may have
+        # written a newer copy of an entry into a later log.
+        self.read_cache.put_many(ledger_id, [(entry_id, data) for entry_id, entry_location, data in following
+                                             if indexed.get(entry_id) == entry_location])
 
     def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
         # The write cache first: a checkpoint that ends between the two

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Iterable
 
 
 class ReadCache:
@@ -23,17 +24,24 @@ class ReadCache:
             return data
 
     def put(self, ledger_id: int, entry_id: int, data: bytes) -> None:
-        if len(data) > self.bytes_max:
-            return
-        key = (ledger_id, entry_id)
+        self.put_many(ledger_id, ((entry_id, data),))
+
+    def put_many(self, ledger_id: int, entries: Iterable[tuple[int, bytes]]) -> None:
+        """Entries of one ledger, (entry id, data) each, under one lock."""
+        bytes_max = self.bytes_max
+        cached = self._entries
         with self._lock:
-            previous = self._entries.pop(key, None)
-            if previous is not None:
-                self.bytes -= len(previous)
-            self._entries[key] = data
-            self.bytes += len(data)
-            while self.bytes > self.bytes_max:
-                _, evicted = self._entries.popitem(last=False)
+            for entry_id, data in entries:
+                if len(data) > bytes_max:
+                    continue
+                key = (ledger_id, entry_id)
+                previous = cached.pop(key, None)
+                if previous is not None:
+                    self.bytes -= len(previous)
+                cached[key] = data
+                self.bytes += len(data)
+            while self.bytes > bytes_max:
+                _, evicted = cached.popitem(last=False)
                 self.bytes -= len(evicted)
 
     def discard(self, ledger_id: int, entry_id: int) -> None:

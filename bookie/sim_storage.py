@@ -265,6 +265,11 @@ class SimEntryIndex:
     def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None:
         return self._locations.get((ledger_id, entry_id))
 
+    def locations_in(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> dict[int, EntryLocation]:
+        locations = self._locations
+        return {entry_id: locations[ledger_id, entry_id] for entry_id in range(first_entry_id, last_entry_id + 1)
+                if (ledger_id, entry_id) in locations}
+
     def memtable_bytes(self) -> int:
         return 0
 

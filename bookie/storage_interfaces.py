@@ -205,6 +205,10 @@ class EntryLog(Protocol):
 class EntryIndex(Protocol):
     def get(self, ledger_id: int, entry_id: int) -> EntryLocation | None: ...
 
+    def locations_in(self, ledger_id: int, first_entry_id: int, last_entry_id: int) -> dict[int, EntryLocation]:
+        """The indexed locations of the ledger's entries within [first, last]
+        (one range scan: a read-ahead checks a run of entries at once)."""
+
     def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
         """Indexed entry ids of the ledger within [first, last], ascending."""
 

@@ -77,6 +77,19 @@ def test_read_ahead_fills_the_read_cache(storage):
     assert storage.read_memory(3, 1, 1, 1 << 20) == ([payload(3, 1)], False)
 
 
+def test_a_range_of_locations_is_what_each_lookup_finds(storage):
+    # The read-ahead checks its run of entries with one range scan of the
+    # index: the same locations as one lookup each, and no other ledger's.
+    for ledger_id in (2, 3, 4):
+        for entry_id in range(0, 30, 3 if ledger_id == 3 else 1):
+            storage.put(ledger_id, entry_id, payload(ledger_id, entry_id))
+    checkpoint(storage)
+    index = storage.entry_index
+    found = index.locations_in(3, 4, 22)
+    assert found == {entry_id: index.get(3, entry_id) for entry_id in range(6, 22, 3)}
+    assert index.locations_in(3, 31, 40) == {}
+
+
 def test_range_reads_stop_at_a_gap_and_respect_the_byte_bound(storage):
     for entry_id in (0, 1, 2, 4):
         storage.put(1, entry_id, payload(1, entry_id))
