@@ -35,6 +35,10 @@ from bookie.write_cache import WriteCache
 # under way; one move per read is all compaction can do (it waits for a
 # garbage-collection interval between moves of the same entry).
 LOCATION_LOOKUPS_MAX = 3
+# A read-ahead checks its entries against the index with one range scan
+# while their ids span less than this many times their number; past it (ids
+# far apart), with a lookup each.
+READ_AHEAD_SCAN_SPAN_MAX = 2
 
 
 @dataclass(slots=True)
@@ -164,11 +168,18 @@ class LedgerStorage:
         if not following:
             return
         entry_ids = [entry_id for entry_id, _, _ in following]
-        indexed = self.entry_index.locations_in(ledger_id, min(entry_ids), max(entry_ids))
+        first, last = min(entry_ids), max(entry_ids)
+        if last - first < READ_AHEAD_SCAN_SPAN_MAX * len(entry_ids):
+            located = self.entry_index.locations_in(ledger_id, first, last).get
+        else:
+            # Ids far apart (compaction puts survivors of several logs side
+            # by side): a lookup each, not a scan of every entry between.
+            def located(entry_id: int) -> EntryLocation | None:
+                return self.entry_index.get(ledger_id, entry_id)
         # Only the copies the index points at: a recovery add may have
         # written a newer copy of an entry into a later log.
         self.read_cache.put_many(ledger_id, [(entry_id, data) for entry_id, entry_location, data in following
-                                             if indexed.get(entry_id) == entry_location])
+                                             if located(entry_id) == entry_location])
 
     def entry_ids(self, ledger_id: int, first_entry_id: int, last_entry_id: int, ids_max: int) -> list[int]:
         # The write cache first: a checkpoint that ends between the two

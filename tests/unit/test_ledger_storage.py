@@ -90,6 +90,22 @@ def test_a_range_of_locations_is_what_each_lookup_finds(storage):
     assert index.locations_in(3, 31, 40) == {}
 
 
+def test_a_read_ahead_over_ids_far_apart_looks_each_up(storage, monkeypatch):
+    # Neighbours in a log may be entries far apart (compaction puts the
+    # survivors of several logs side by side): the read-ahead then looks
+    # each one up instead of scanning every entry of the ledger between them.
+    for entry_id in range(0, 3000, 1000):
+        storage.put(5, entry_id, payload(5, entry_id))
+    checkpoint(storage)
+    spans = []
+    scan = storage.entry_index.locations_in
+    monkeypatch.setattr(storage.entry_index, "locations_in",
+                        lambda ledger_id, first, last: spans.append(last - first) or scan(ledger_id, first, last))
+    assert storage.read(5, 0, 1, 1 << 20).entries == [payload(5, 0)]
+    assert spans == []
+    assert storage.read_memory(5, 1000, 1, 1 << 20) == ([payload(5, 1000)], False)
+
+
 def test_range_reads_stop_at_a_gap_and_respect_the_byte_bound(storage):
     for entry_id in (0, 1, 2, 4):
         storage.put(1, entry_id, payload(1, entry_id))
