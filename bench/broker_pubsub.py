@@ -32,7 +32,7 @@ import time
 
 import trio
 
-from bench.cluster import BenchCluster, bench_cluster, cpu_seconds, latency_summary
+from bench.cluster import BenchCluster, bench_cluster, cpu_percent_between, latency_summary, role_cpu_seconds
 from bench.ledger_write import jetstream_cluster
 from broker.client import Client
 from quire import cli_ranges as ranges
@@ -96,17 +96,6 @@ async def publish(client: Client, topic: str, *, batching: bool, window: int, me
                   measured, ended - measure_from, message_bytes, latencies)
 
 
-def cluster_cpu_seconds(cluster: BenchCluster | None) -> dict[str, float]:
-    """CPU seconds used so far by this process ("client"), the brokers, the
-    bookies and ZooKeeper (each role summed)."""
-    used = {"client": cpu_seconds(os.getpid()) or 0.0}
-    if cluster is not None:
-        used["broker"] = sum(cpu_seconds(process.pid) or 0.0 for _, process in cluster.brokers)
-        used["bookies"] = sum(cpu_seconds(process.pid) or 0.0 for _, process in cluster.bookies)
-        used["zookeeper"] = cpu_seconds(cluster.zk.pid) or 0.0
-    return used
-
-
 async def end_to_end(client: Client, topic: str, *, rate: int, message_bytes: int, seconds: float,
                      cluster: BenchCluster | None = None) -> dict:
     consumer = await client.subscribe(topic, "e2e", initial_position="latest")
@@ -129,7 +118,7 @@ async def end_to_end(client: Client, topic: str, *, rate: int, message_bytes: in
     def published(started: float, future) -> None:
         publish_latencies.append((time.perf_counter() - started) * 1000)
 
-    cpu_before, began_s = cluster_cpu_seconds(cluster), time.perf_counter()
+    cpu_before, began_s = role_cpu_seconds(cluster), time.perf_counter()
     with Progress(f"end-to-end at {rate} msg/s", total=total, unit="msg") as progress:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(receive_all)
@@ -144,7 +133,7 @@ async def end_to_end(client: Client, topic: str, *, rate: int, message_bytes: in
                 future.add_done_callback(functools.partial(published, now))
                 if number % 200 == 0:
                     progress.update(number)
-    elapsed_s, cpu_after = time.perf_counter() - began_s, cluster_cpu_seconds(cluster)
+    elapsed_s, cpu_after = time.perf_counter() - began_s, role_cpu_seconds(cluster)
     await producer.close()
     await consumer.close()
     outcome = result("broker_end_to_end", {"rate": rate, "message_bytes": message_bytes, "seconds": seconds, "ack": "each message"},
@@ -153,10 +142,10 @@ async def end_to_end(client: Client, topic: str, *, rate: int, message_bytes: in
     outcome.update({f"publish_{name}": value for name, value in latency_summary(publish_latencies).items()})
     # What each message cost, and how busy the machine's cores were:
     # latency at a steady rate is also a measure of queueing for them.
-    used = {role: cpu_after[role] - cpu_before[role] for role in cpu_after}
-    outcome["cpu_percent"] = {role: round(seconds_used / elapsed_s * 100, 1) for role, seconds_used in used.items()}
-    outcome["cpu_percent_total"] = round(sum(used.values()) / elapsed_s * 100, 1)
-    outcome["cpu_ms_per_message"] = round(sum(used.values()) / total * 1000, 3) if total else None
+    used_s = sum(cpu_after.values()) - sum(cpu_before.values())
+    outcome["cpu_percent"] = cpu_percent_between(cpu_before, cpu_after, elapsed_s)
+    outcome["cpu_percent_total"] = round(used_s / elapsed_s * 100, 1)
+    outcome["cpu_ms_per_message"] = round(used_s / total * 1000, 3) if total else None
     return outcome
 
 

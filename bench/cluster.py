@@ -53,6 +53,24 @@ def cpu_seconds(pid: int | None) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_S
 
 
+def role_cpu_seconds(cluster: "BenchCluster | None") -> dict[str, float]:
+    """CPU seconds used so far by this process ("client") and, in a
+    cluster, by its brokers (if it has any), its bookies and ZooKeeper
+    (each role summed)."""
+    used = {"client": cpu_seconds(os.getpid()) or 0.0}
+    if cluster is not None:
+        if cluster.brokers:
+            used["broker"] = sum(cpu_seconds(process.pid) or 0.0 for _, process in cluster.brokers)
+        used["bookies"] = sum(cpu_seconds(process.pid) or 0.0 for _, process in cluster.bookies)
+        used["zookeeper"] = cpu_seconds(cluster.zk.pid) or 0.0
+    return used
+
+
+def cpu_percent_between(before: dict[str, float], after: dict[str, float], elapsed_s: float) -> dict[str, float]:
+    """Each role's share of one core over `elapsed_s`, in percent."""
+    return {role: round((after[role] - before[role]) / elapsed_s * 100, 1) for role in after}
+
+
 def rss_mb(pid: int) -> float:
     """The process's resident memory in MiB (as every "_mb" here)."""
     with open(f"/proc/{pid}/status") as status:

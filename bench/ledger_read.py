@@ -20,7 +20,7 @@ import time
 
 import trio
 
-from bench.cluster import BenchCluster, bench_cluster, cpu_seconds
+from bench.cluster import BenchCluster, bench_cluster, cpu_percent_between, role_cpu_seconds
 from ledger_client.bookkeeper import BookKeeper
 from quire import cli_ranges as ranges
 from quire.cli_parsing import Parser
@@ -52,18 +52,11 @@ async def write_ledger(bk: BookKeeper, entries: int, entry_bytes: int) -> int:
 READ_TARGET_ENTRIES_PER_S = 250_000
 
 
-def cpu_used(cluster: BenchCluster | None) -> dict[str, float]:
-    used = {"client": cpu_seconds(os.getpid()) or 0.0}
-    if cluster is not None:
-        used["bookies"] = sum(cpu_seconds(process.pid) or 0.0 for _, process in cluster.bookies)
-    return used
-
-
 async def read_ledger(bk: BookKeeper, ledger_id: int, entry_bytes: int, cluster: BenchCluster | None = None) -> dict:
     rh = await bk.open_ledger(ledger_id, PASSWORD)
     last = rh.last_add_confirmed
     count = 0
-    cpu_before = cpu_used(cluster)
+    cpu_before = role_cpu_seconds(cluster)
     started = time.perf_counter()
     with Progress("reading it back", total=last + 1, unit="entries") as progress:
         async for entry in rh.read(0, last):
@@ -72,7 +65,7 @@ async def read_ledger(bk: BookKeeper, ledger_id: int, entry_bytes: int, cluster:
             if count % 10_000 == 0:
                 progress.update(count)
     elapsed = time.perf_counter() - started
-    cpu_after = cpu_used(cluster)
+    cpu_after = role_cpu_seconds(cluster)
     return {
         "name": "ledger_read",
         "parameters": {"entries": last + 1, "entry_bytes": entry_bytes, "ensemble": 3, "write_quorum": 3, "ack_quorum": 2,
@@ -81,7 +74,7 @@ async def read_ledger(bk: BookKeeper, ledger_id: int, entry_bytes: int, cluster:
         "mb_per_s": round(count * entry_bytes / elapsed / 1e6, 2),
         "seconds": round(elapsed, 2),
         # Which side bounds the rate: a share near 100% is one core's worth.
-        "cpu_percent": {role: round((cpu_after[role] - cpu_before[role]) / elapsed * 100, 1) for role in cpu_after},
+        "cpu_percent": cpu_percent_between(cpu_before, cpu_after, elapsed),
         "target": {"entries_per_s_min": READ_TARGET_ENTRIES_PER_S, "met": count / elapsed >= READ_TARGET_ENTRIES_PER_S},
     }
 

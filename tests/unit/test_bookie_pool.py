@@ -2,6 +2,7 @@
 OK at once: what the pool keeps of a request once it is answered, and a
 bookie at the address that is not the one the registry named."""
 
+import contextlib
 import functools
 import gc
 import weakref
@@ -74,46 +75,50 @@ async def answer_every_add(stream: trio.SocketStream, calls_itself: str = "booki
                 await stream.send_all(encode_add_ok(request.request_id, LEDGER, int.from_bytes(header[8:16], "big")))
 
 
+@contextlib.asynccontextmanager
+async def pool_of(handler):
+    """A pool whose "bookie-1" is `handler` on loopback; closed after."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, handler, listeners)
+        pool = BookiePool(Registry(address), nursery)
+        yield pool
+        pool.close()
+        nursery.cancel_scope.cancel()
+
+
+def send_adds(pool: BookiePool, writer: Writer, entry_ids) -> None:
+    for entry_id in entry_ids:
+        pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+
+
 async def test_adds_that_waited_for_the_connection_are_let_go_once_answered():
     # Adds sent before the connection is up wait in a list, handed to the
     # client once it connects. That list must not outlive the hand-over:
     # kept in the connection's task for as long as the connection lasts, it
     # held every waiting add's callback and bytes.
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, answer_every_add, listeners)
-        pool = BookiePool(Registry(address), nursery)
+    async with pool_of(answer_every_add) as pool:
         writer = Writer()
-        for entry_id in range(3):
-            pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+        send_adds(pool, writer, range(3))
         await wait_until_async(lambda: writer.acknowledged_entry_ids == [0, 1, 2], deadline_s=10, what="the three adds answered")
         gone = weakref.ref(writer)
         del writer
         gc.collect()
         assert gone() is None, f"still held by {[type(referrer).__name__ for referrer in gc.get_referrers(gone())]}"
-        pool.close()
-        nursery.cancel_scope.cancel()
 
 
 async def test_a_bookie_that_calls_itself_by_another_id_is_refused():
     # The registry sends "bookie-1" to an address where another bookie
     # answers (a stale registration): no add may land there, and each
     # fails as a lost connection to the bookie it was meant for.
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-    address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(trio.serve_listeners, functools.partial(answer_every_add, calls_itself="bookie-2"), listeners)
-        pool = BookiePool(Registry(address), nursery)
+    async with pool_of(functools.partial(answer_every_add, calls_itself="bookie-2")) as pool:
         writer = Writer(expect_failures=True)
-        for entry_id in range(2):
-            pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+        send_adds(pool, writer, range(2))
         await wait_until_async(lambda: len(writer.failures) == 2, deadline_s=10, what="both adds failed")
         assert writer.acknowledged_entry_ids == []
         assert [bookie_id for bookie_id, _ in writer.failures] == ["bookie-1", "bookie-1"]
         assert "'bookie-2', not 'bookie-1'" in str(writer.failures[0][1])
-        pool.close()
-        nursery.cancel_scope.cancel()
 
 
 async def test_draining_waits_for_the_answers_to_adds_still_on_their_way():
@@ -133,14 +138,9 @@ async def test_draining_waits_for_the_answers_to_adds_still_on_their_way():
         await trio.sleep_forever()
 
     for handler, answered in ((answer_late, True), (never_answer, False)):
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        address = f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.serve_listeners, handler, listeners)
-            pool = BookiePool(Registry(address), nursery)
+        async with pool_of(handler) as pool:
             writer = Writer()
-            for entry_id in range(3):
-                pool.send_add_tail("bookie-1", encode_add_tail(0, b"key", entry_id.to_bytes(16, "big")), writer, LEDGER, entry_id)
+            send_adds(pool, writer, range(3))
             started = trio.current_time()
             await pool.drain_adds(deadline_s=2.0)
             waited = trio.current_time() - started
@@ -148,5 +148,3 @@ async def test_draining_waits_for_the_answers_to_adds_still_on_their_way():
                 assert writer.acknowledged_entry_ids == [0, 1, 2] and waited < 2.0
             else:
                 assert writer.acknowledged_entry_ids == [] and waited >= 2.0
-            pool.close()
-            nursery.cancel_scope.cancel()

@@ -15,6 +15,7 @@ from broker.hosting import PartitionHosting
 from broker.housekeeping import HousekeepingClock
 from coordination.async_store import AsyncMetadataStore
 from coordination.memory_store import InMemoryMetadataServer
+from tests.support import wait_until_async
 
 RUNS = 20  # trio shuffles the tasks it wakes together: each run is a new draw
 
@@ -62,9 +63,7 @@ async def test_a_claim_names_the_session_it_was_made_in():
     async def create_then_expire(*args, **kwargs):
         made = await create(*args, **kwargs)
         server.expire_session(first)
-        with trio.fail_after(5):
-            while store.session_id in (0, first):
-                await trio.sleep(0.01)
+        await wait_until_async(lambda: store.session_id not in (0, first), deadline_s=5, what="a new session")
         return made
 
     store.create = create_then_expire
