@@ -5,6 +5,7 @@ SIGCONT, and killed by the kernel if the controller dies."""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,6 +23,31 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+# Below the kernel's ephemeral range (32768 and up by default), where no
+# port-0 listener (the run's proxies) and no outgoing connection takes a port.
+SERVER_PORTS = range(20_000, 32_000)
+
+
+def free_server_ports(count: int, *, rng: random.Random | None = None) -> list[int]:
+    """`count` different ports on 127.0.0.1 that nothing listens on at the
+    time of the call, for servers started later: chosen below the ephemeral
+    range, so that the proxies listening meanwhile (on ephemeral ports)
+    cannot take one, and checked all at once, so none is given twice."""
+    rng = rng or random.Random()
+    while True:
+        ports = rng.sample(SERVER_PORTS, count)
+        sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in ports]
+        try:
+            for sock, port in zip(sockets, ports):
+                sock.bind(("127.0.0.1", port))
+            return ports
+        except OSError:
+            continue  # one is in use: draw again
+        finally:
+            for sock in sockets:
+                sock.close()
 
 
 class ManagedProcess:

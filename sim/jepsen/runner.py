@@ -29,7 +29,7 @@ from coordination.zk_launcher import FOUR_LETTER_WORDS, ZooKeeperServer, four_le
 from sim.jepsen.checker import CheckResult, check
 from sim.jepsen.client import SESSION_MARKER
 from sim.jepsen.history import HistoryWriter, Operation, merge_histories
-from sim.jepsen.processes import ManagedProcess, free_port
+from sim.jepsen.processes import ManagedProcess, free_server_ports
 from sim.jepsen.proxy import ProxyMesh
 
 ZK = "zk"
@@ -308,9 +308,10 @@ class ClusterRun:
     async def run(self) -> JepsenReport:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         # `dump`: how the expire-session fault finds and confirms sessions.
-        zk = ZooKeeperServer(free_port(), self.work_dir / "zookeeper", die_with_parent=True,
+        zk_port, *server_ports = free_server_ports(1 + len(self.server_names))
+        zk = ZooKeeperServer(zk_port, self.work_dir / "zookeeper", die_with_parent=True,
                              four_letter_words=(*FOUR_LETTER_WORDS, "dump"))
-        self.ports = {name: free_port() for name in self.server_names}
+        self.ports = dict(zip(self.server_names, server_ports))
         mesh = ProxyMesh(self._links(zk.port))
         self.nemesis = Nemesis.recording_in(self.work_dir, self.start_monotonic, self.rng, zk.port, faults=self.selected_faults)
         zk.start()
