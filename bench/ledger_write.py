@@ -46,6 +46,8 @@ from quire.cli_parsing import Parser
 from quire.progress import Progress
 
 PASSWORD = b"bench"
+# 1,000 open ledgers as a share of one ledger's rate: the share the scaling target asks for.
+MANY_LEDGERS_RATIO_MIN = 0.9
 
 
 # --- quire -----------------------------------------------------------------------
@@ -308,12 +310,12 @@ def main(argv: list[str] | None = None, prog: str | None = None) -> int:
     targets = {
         "window_n_entries_per_s_min": 25_000,
         "window_1_latency_ms_p50_max": 1.0,
-        "many_ledgers_ratio_min": 0.8,
+        "many_ledgers_ratio_min": MANY_LEDGERS_RATIO_MIN,
     }
     met = {
         "window_n": summary["window_n_entries_per_s"] >= 25_000,
         "window_1": summary["window_1_latency_ms_p50"] <= 1.0,
-        "many_ledgers": summary["many_ledgers_ratio"] >= 0.8,
+        "many_ledgers": summary["many_ledgers_ratio"] >= MANY_LEDGERS_RATIO_MIN,
     }
     if servers is not None:
         targets["ratio_to_jetstream_min"] = 1.5
