@@ -22,7 +22,7 @@ from pathlib import Path
 
 import trio
 
-from sim.jepsen.processes import ManagedProcess, free_port
+from sim.jepsen.processes import ManagedProcess, free_server_ports
 
 SESSION_TIMEOUT_MS = 4_000  # a killed process's ZooKeeper nodes go this long after it
 SEND_DEADLINE_S = 60.0  # one message's sends and resends, through every fault
@@ -64,15 +64,17 @@ class KillCycles:
         self.interval_s = interval_s
         self.topic = topic
         self.window = window
-        self.bookies = [self._process("bookie", index) for index in range(bookies)]
-        self.brokers = [self._process("broker", index) for index in range(brokers)]
+        # Every server's port chosen at once, below the ephemeral range (as
+        # the Jepsen runs do): one at a time, two could get the same port.
+        ports = free_server_ports(bookies + brokers)
+        self.bookies = [self._process("bookie", index, ports[index]) for index in range(bookies)]
+        self.brokers = [self._process("broker", index, ports[bookies + index]) for index in range(brokers)]
         self.kills: dict[str, int] = {"bookie": 0, "broker": 0}
         self.acknowledged: set[int] = set()
         self.sent = 0
         self.on_cycle = lambda done: None  # progress: called with the cycles done
 
-    def _process(self, role: str, index: int) -> ManagedProcess:
-        port = free_port()
+    def _process(self, role: str, index: int, port: int) -> ManagedProcess:
         directory = self.work_dir / f"{role}-{index + 1}"
         common = ["--zk", self.zk_hosts, "--root", self.root, "--port", str(port), "--session-timeout-ms", str(SESSION_TIMEOUT_MS)]
         if role == "bookie":

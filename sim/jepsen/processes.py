@@ -19,12 +19,6 @@ from coordination.zk_launcher import die_with_parent_hook
 STOP_DEADLINE_S = 20.0
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 # Below the kernel's ephemeral range (32768 and up by default), where no
 # port-0 listener (the run's proxies) and no outgoing connection takes a port.
 SERVER_PORTS = range(20_000, 32_000)

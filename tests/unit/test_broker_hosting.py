@@ -34,10 +34,12 @@ async def hosting_after_one_expiry() -> tuple[int | None, int]:
         await nursery.start(hosting.run, generation)
         first = store.session_id
         server.expire_session(first)
-        with trio.fail_after(5):
-            while not (store.session_id not in (0, first) and hosting.core.session_id == store.session_id
-                       and await ownership.registered()):
-                await trio.sleep(0.01)
+
+        async def on_the_new_session() -> bool:
+            return (store.session_id not in (0, first) and hosting.core.session_id == store.session_id
+                    and await ownership.registered())
+
+        await wait_until_async(on_the_new_session, deadline_s=5, what="hosting registered on the new session")
         result = hosting.core.session_id, store.session_id
         nursery.cancel_scope.cancel()
     return result

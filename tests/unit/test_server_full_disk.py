@@ -31,6 +31,7 @@ from bookie.startup_recovery import recover
 from bookie.storage_interfaces import IndexWriteError
 from coordination.cluster_layout import ledger_path
 from ledger_client.bookie_client import BookieClient
+from tests.support import wait_until_async
 from tests.unit.test_gc_policy import metadata  # noqa: F401  (fixture)
 
 MIB = 1024 * 1024
@@ -99,9 +100,7 @@ async def assert_all_readable(client: BookieClient, count: int) -> None:
 
 
 async def wait_for(condition, what: str, deadline_s: float = 10.0) -> None:
-    with trio.fail_after(deadline_s):
-        while not condition():
-            await trio.sleep(0.01)
+    await wait_until_async(condition, deadline_s=deadline_s, what=what)
 
 
 class Running:
@@ -441,10 +440,12 @@ async def test_a_journal_disk_that_fills_while_serving_turns_writable_once_a_new
         # Room again: a disk check (once the refused batches are back) makes
         # a new file, and the bookie takes adds again.
         journal.growth_error = None
-        with trio.fail_after(10):
-            while server.core.read_only:
-                await server.retry_journal_file()
-                await trio.sleep(0.01)
+
+        async def writable_after_a_retry() -> bool:
+            await server.retry_journal_file()
+            return not server.core.read_only
+
+        await wait_for(writable_after_a_retry, "writable once a retry makes a journal file")
         assert server.read_only_causes == frozenset() and running.modes == [True, False]
         for entry_id in range(refused, refused + 10):
             assert await add(client, entry_id) is Status.OK
